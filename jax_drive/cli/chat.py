@@ -1,0 +1,91 @@
+"""`jax-drive chat`: talk to a local Flax language model (default: SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "chat",
+        help="chat with a local Flax language model",
+        description="One-shot with --prompt, otherwise an interactive loop (empty line or "
+        "/quit ends it, /reset clears the history).",
+    )
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="HF directory, .gguf file or 'smollm2-135m-instruct' (default)")
+    parser.add_argument("--prompt", default=None, help="one user message; print the reply and exit")
+    parser.add_argument("--system", default=None, help="optional system message")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--lora", default=None,
+                        help="optional PEFT adapter directory (adapter_config.json + "
+                        "adapter_model.safetensors) to apply")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import jax
+
+    from jax_drive.models import load_pretrained
+
+    if args.max_new_tokens < 1:
+        print("error: --max-new-tokens must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        model, _, tokenizer = load_pretrained(args.model, dtype=args.dtype)
+        if args.lora:
+            from jax_drive.models.export import load_peft
+
+            load_peft(model, args.lora)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from jax_drive.sampling import JaxEngine, SamplingParams
+
+    engine = JaxEngine(model, tokenizer)
+    try:
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    key = jax.random.key(args.seed)
+    history: list[dict] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+
+    def reply(text: str) -> str:
+        nonlocal key
+        key, sub = jax.random.split(key)
+        history.append({"role": "user", "content": text})
+        start = time.perf_counter()
+        completion = engine.generate_chat([history], params, sub)[0]
+        elapsed = time.perf_counter() - start
+        answer = completion.text.strip()
+        history.append({"role": "assistant", "content": answer})
+        print(f"[{completion.num_tokens} tokens, {elapsed:.1f} s]", file=sys.stderr)
+        return answer
+
+    if args.prompt is not None:
+        print(reply(args.prompt))
+        return 0
+    print("chat: empty line or /quit to exit, /reset to clear the history", file=sys.stderr)
+    while True:
+        try:
+            line = input("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if not line or line == "/quit":
+            return 0
+        if line == "/reset":
+            del history[1 if args.system else 0:]
+            continue
+        print(f"model> {reply(line)}")

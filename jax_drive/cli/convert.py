@@ -1,0 +1,43 @@
+"""`jax-drive convert SOURCE OUT`: GGUF / safetensors -> HF safetensors + config.json."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a GGUF file or HF safetensors directory to an HF safetensors checkpoint",
+    )
+    parser.add_argument("source", help="HF directory, .gguf file or 'smollm2-135m-instruct'")
+    parser.add_argument("out", help="output directory (created)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--lora", default=None,
+                        help="optional PEFT adapter directory to merge into the weights")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jax_drive.models import load_pretrained
+    from jax_drive.models.export import save_safetensors
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        print(f"error: {out} exists and is not empty (use --force)", file=sys.stderr)
+        return 2
+    try:
+        model, config, tokenizer = load_pretrained(args.source, dtype=args.dtype)
+        if args.lora:
+            from jax_drive.models.export import load_peft
+
+            load_peft(model, args.lora)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    save_safetensors(model, out, tokenizer=tokenizer)
+    print(f"wrote {config.architecture} model ({config.num_layers} layers, {args.dtype}) to {out}")
+    return 0

@@ -1,0 +1,124 @@
+"""``jax-drive data build``: write a JSONL dataset of chat records from generated scenes.
+
+Example::
+
+    jax-drive data build --kind multi --scenes 256 --out data/multi.jsonl --seed 0
+
+Scenes come from ``jax_drive.scenes.generate_scenes(PRNGKey(seed), ...)``; scene ``i``
+is reproducible from (seed, scene_id) alone (``meta.scene_seed`` in every record). Each
+chunk of ``--batch-size`` scenes is scored in one jitted scorer call (default: all scenes
+in one chunk). A data card (records per kind, first-turn failures per metric, RL
+categories, QA balance) is printed at the end and optionally written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+KINDS = ("single", "multi", "qa", "rl")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("data", help="build datasets (SFT single/multi-turn, PDM QA, RL prompts)")
+    sub = parser.add_subparsers(dest="data_command", required=True)
+    build = sub.add_parser("build", help="build one dataset kind from generated scenes")
+    build.add_argument("--kind", choices=KINDS, required=True, help="dataset kind")
+    build.add_argument("--scenes", type=int, required=True, help="number of generated scenes")
+    build.add_argument("--out", required=True, help="output JSONL file")
+    build.add_argument("--seed", type=int, default=0, help="PRNG seed of scenes and sampling (default 0)")
+    build.add_argument("--hard-fraction", type=float, default=None,
+                       help="share of hard scenes (default: the generator's default)")
+    build.add_argument("--perception", choices=("camera", "text", "none"), default="camera",
+                       help="prompt item 1: camera (MTDrive), text scene caption, or none")
+    build.add_argument("--no-image", action="store_true", help="omit the <image> placeholder")
+    build.add_argument("--system-prompt", action="store_true", help="prepend the PDM system message")
+    build.add_argument("--mock-turns", type=int, default=3, help="multi: noisy turns per mock sample (<2: off)")
+    build.add_argument("--reference", choices=("auto", "pdm_closed", "expert"), default="auto",
+                       help="EP reference used to score first turns (default auto: PDM-Closed if available)")
+    build.add_argument("--easy-ratio", type=float, default=1.0, help="rl: category-3 samples per hard sample")
+    build.add_argument("--qa-per-class", type=int, default=2, help="qa: yes and no questions per metric and scene")
+    build.add_argument("--batch-size", type=int, default=0, help="scenes per scorer call (0: all at once)")
+    build.add_argument("--card", default=None, help="also write the data card as JSON here")
+    build.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    build.set_defaults(func=run_build)
+
+
+def _check(args) -> None:
+    if args.scenes < 1:
+        raise SystemExit("error: --scenes must be >= 1")
+    if args.batch_size < 0:
+        raise SystemExit("error: --batch-size must be >= 0")
+    if args.hard_fraction is not None and not 0.0 <= args.hard_fraction <= 1.0:
+        raise SystemExit("error: --hard-fraction must be in [0, 1]")
+    if args.easy_ratio < 0:
+        raise SystemExit("error: --easy-ratio must be >= 0")
+    if args.qa_per_class < 1:
+        raise SystemExit("error: --qa-per-class must be >= 1")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"error: output folder {folder} does not exist")
+
+
+def run_build(args) -> int:
+    _check(args)
+    import jax
+    from tqdm import tqdm
+
+    from jax_drive.data import builders as B
+    from jax_drive.data.card import DataCard
+    from jax_drive.scenes import GeneratorConfig, generate_scenes
+    from jax_drive.text.prompts import PromptConfig
+    from jax_drive.text.qa import QAConfig
+
+    config = B.BuildConfig(
+        prompt=PromptConfig(perception=args.perception, image_placeholder=not args.no_image,
+                            system_prompt=args.system_prompt),
+        qa=QAConfig(per_class=args.qa_per_class),
+        reference=args.reference,
+        easy_ratio=args.easy_ratio,
+        mock_turns=args.mock_turns,
+    )
+    gen_config = GeneratorConfig() if args.hard_fraction is None else GeneratorConfig(hard_fraction=args.hard_fraction)
+    scene_key = jax.random.PRNGKey(args.seed)
+    build_key = jax.random.fold_in(scene_key, 0x5EED)
+    batch = args.batch_size or args.scenes
+    predictor = B.ConstantVelocityPredictor()
+    card = DataCard(kind=args.kind, num_scenes=args.scenes, seed=args.seed, out=args.out)
+    with open(args.out, "w", encoding="utf-8") as out, tqdm(
+        total=args.scenes, desc=f"data build {args.kind}", unit="scene", disable=args.no_progress
+    ) as bar:
+        for start, size in B.iterate_batches(args.scenes, batch):
+            bar.set_postfix_str("generating")
+            scene = generate_scenes(scene_key, size, gen_config, start_id=start)
+            key = jax.random.fold_in(build_key, start)
+            bar.set_postfix_str("building")
+            if args.kind == "single":
+                records, stats = B.build_single(scene, config), {}
+            elif args.kind == "multi":
+                records, stats = B.build_multi(scene, predictor, key, config)
+            elif args.kind == "qa":
+                records, qa_counts = B.build_qa(scene, key, config)
+                stats = {"qa": qa_counts}
+            else:
+                records, stats = B.build_rl(scene, predictor, key, config)
+            for record in records:
+                record["meta"]["scene_seed"] = args.seed
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            card.add_records(records)
+            card.add_stats(stats)
+            bar.update(size)
+    print(card.to_text())
+    if args.card:
+        with open(args.card, "w", encoding="utf-8") as f:
+            json.dump(card.to_dict(), f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser(prog="jax-drive")
+    register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args()
+    sys.exit(parsed.func(parsed))

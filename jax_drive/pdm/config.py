@@ -1,0 +1,145 @@
+"""Constants of the PDM score (NAVSIM v1.1 defaults, v2 extensions), in one frozen dataclass.
+
+Every number below is read off the public NAVSIM / nuPlan sources (see
+``/work/shared/reference/navsim_pdm.md``). The dataclass is hashable, so it can be passed
+to jitted functions as a static argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jax_drive.types import VehicleParameters
+
+
+@dataclasses.dataclass(frozen=True)
+class PDMConfig:
+    """All PDM-score constants.
+
+    Attributes (defaults = NAVSIM v1.1):
+      simulate: run the LQR tracker + kinematic bicycle model on the interpolated states
+        (NAVSIM behaviour). False scores the raw interpolated states, with speeds and
+        accelerations from finite differences.
+      check_finite: at the Python boundary, raise ``ValueError`` on NaN/inf poses. Turn it
+        off inside larger jitted programs: non-finite proposals then score 0 everywhere and
+        ``PDMResult.finite`` is False for them.
+      num_steps, dt: scoring grid, 41 states at 0.1 s (0 .. 4 s).
+
+      Ego vehicle (Chrysler Pacifica): ego_width, ego_front_length, ego_rear_length,
+        ego_wheel_base, ego_rear_axle_to_center (metres).
+
+      LQR tracker: q_longitudinal 10, r_longitudinal 1, q_lateral (1, 10, 0), r_lateral 1,
+        tracking_horizon 10 steps, jerk_penalty 1e-4, curvature_rate_penalty 1e-2,
+        initial_curvature_penalty 1e-10, stopping_gain 0.5, stopping_velocity 0.2 m/s.
+      Bicycle model: max_steering_angle pi/3, accel_time_constant 0.2 s,
+        steering_time_constant 0.05 s.
+
+      Collision / TTC: collision_stopped_speed 0.05 m/s (ego and track "stopped" in the
+        collision classification, <=), ttc_stopped_speed 5e-3 m/s (TTC skipped below, <),
+        ttc_future_frames (0, 3, 6, 9) observation frames ahead (0/0.3/0.6/0.9 s),
+        ahead_angle_deg 30, behind_angle_deg 150, static_collision_score 0.5.
+      ttc_v2_last_step 31: NAVSIM v2's observation ends at 4 s, so its TTC only looks at
+        steps t with t + 9 <= 40.
+
+      Progress: progress_distance_threshold 5.0 m.
+      Driving direction: ddc_horizon_steps 10 (window t-10 .. t, 11 samples),
+        ddc_compliance_threshold 2 m, ddc_violation_threshold 6 m.
+      Lane keeping (v2): lk_deviation_limit 0.5 m, lk_steps 20 consecutive steps.
+      History comfort (v2): hc_history_steps 14 (logged states at -1.5 .. -0.2 s; NAVSIM
+        samples [-1.5, 0) at 0.1 s and drops the last one).
+      Extended comfort (v2) RMS thresholds: ec_accel 0.7, ec_jerk 0.5, ec_yaw_rate 0.1,
+        ec_yaw_accel 0.1.
+
+      Comfort bounds (strict): lon accel in (min_lon_accel, max_lon_accel) =
+        (-4.05, 2.40) m/s^2, |lat accel| < 4.89, |jerk| < 8.37, |lon jerk| < 4.13 m/s^3,
+        |yaw rate| < 0.95 rad/s, |yaw accel| < 1.93 rad/s^2.
+      Savitzky-Golay settings (v1.1): acceleration window = whole horizon (41), poly 2;
+        jerk = derivative (poly 2, window = horizon) of the acceleration smoothed with
+        window 8; yaw rate poly 2 window 5; yaw accel poly 3 window 5.
+      v2 (history comfort): acceleration window 8, jerk derivative window 15.
+
+      Weights: PDMS = NC * DAC * (5 TTC + 5 EP + 2 C) / 12;
+        EPDMS = NC * DAC * DDC * TLC * (5 EP + 5 TTC + 2 LK + 2 HC + 2 EC) / 16.
+    """
+
+    simulate: bool = True
+    check_finite: bool = True
+    num_steps: int = 41
+    dt: float = 0.1
+
+    ego_width: float = 2.297
+    ego_front_length: float = 4.049
+    ego_rear_length: float = 1.127
+    ego_wheel_base: float = 3.089
+    ego_rear_axle_to_center: float = 1.461
+
+    q_longitudinal: float = 10.0
+    r_longitudinal: float = 1.0
+    q_lateral: tuple[float, float, float] = (1.0, 10.0, 0.0)
+    r_lateral: float = 1.0
+    tracking_horizon: int = 10
+    jerk_penalty: float = 1e-4
+    curvature_rate_penalty: float = 1e-2
+    initial_curvature_penalty: float = 1e-10
+    stopping_gain: float = 0.5
+    stopping_velocity: float = 0.2
+    max_steering_angle: float = math.pi / 3
+    accel_time_constant: float = 0.2
+    steering_time_constant: float = 0.05
+
+    collision_stopped_speed: float = 0.05
+    ttc_stopped_speed: float = 5e-3
+    ttc_future_frames: tuple[int, ...] = (0, 3, 6, 9)
+    ttc_v2_last_step: int = 31
+    ahead_angle_deg: float = 30.0
+    behind_angle_deg: float = 150.0
+    static_collision_score: float = 0.5
+
+    progress_distance_threshold: float = 5.0
+    ddc_horizon_steps: int = 10
+    ddc_compliance_threshold: float = 2.0
+    ddc_violation_threshold: float = 6.0
+    lk_deviation_limit: float = 0.5
+    lk_steps: int = 20
+    hc_history_steps: int = 14
+    ec_accel: float = 0.7
+    ec_jerk: float = 0.5
+    ec_yaw_rate: float = 0.1
+    ec_yaw_accel: float = 0.1
+
+    min_lon_accel: float = -4.05
+    max_lon_accel: float = 2.40
+    max_abs_lat_accel: float = 4.89
+    max_abs_jerk: float = 8.37
+    max_abs_lon_jerk: float = 4.13
+    max_abs_yaw_rate: float = 0.95
+    max_abs_yaw_accel: float = 1.93
+    accel_window_v1: int = 41
+    jerk_accel_window: int = 8
+    jerk_window_v1: int = 41
+    accel_window_v2: int = 8
+    jerk_window_v2: int = 15
+    yaw_window: int = 5
+
+    weight_ttc: float = 5.0
+    weight_ep: float = 5.0
+    weight_comfort: float = 2.0
+    weight_lk: float = 2.0
+    weight_hc: float = 2.0
+    weight_ec: float = 2.0
+
+    @property
+    def vehicle(self) -> VehicleParameters:
+        """Ego geometry as the shared :class:`VehicleParameters`."""
+        return VehicleParameters(
+            width=self.ego_width,
+            front_length=self.ego_front_length,
+            rear_length=self.ego_rear_length,
+            wheel_base=self.ego_wheel_base,
+            rear_axle_to_center=self.ego_rear_axle_to_center,
+        )
+
+    @property
+    def ego_length(self) -> float:
+        return self.ego_front_length + self.ego_rear_length

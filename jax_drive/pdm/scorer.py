@@ -1,0 +1,324 @@
+"""Batched PDM score: PDMS (NAVSIM v1.1) and EPDMS (NAVSIM v2) in one jitted call.
+
+Entry points: :func:`score_proposals` (each proposal scored as a (PDM-Closed reference,
+proposal) pair, as NAVSIM's ``pdm_score``) and :func:`score_candidates` (EP normalised
+over the whole candidate set, as PDM-Closed does internally).
+
+Defined results for edge cases:
+  * no valid agents: NC = TTC = 1 (nothing to hit);
+  * fewer than 2 valid route points: raw progress 0, so EP = 1 unless NC * DAC == 0
+    (the <= 5 m rule), lane keeping sees deviation 0 (LK = 1);
+  * non-finite proposals (only reachable with ``check_finite=False``): every score 0,
+    violations all False / -1, ``finite`` False; a non-finite reference counts as 0 progress;
+  * EC (two-frame extended comfort) needs the previous frame's simulated states, which a
+    single Scene does not carry: EC = 1 (use :func:`jax_drive.pdm.comfort.extended_comfort`
+    when both frames are at hand);
+  * HC (history comfort) uses the logged history poses and accelerations; the history yaw
+    rate / yaw acceleration needed to move accelerations to the box centre are finite
+    differences of the logged headings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_drive.pdm.comfort import is_comfortable_v1, is_comfortable_v2
+from jax_drive.pdm.config import PDMConfig
+from jax_drive.pdm.interpolate import interpolate_poses, unwrap_angles
+from jax_drive.pdm.metrics import (
+    driving_direction,
+    lane_keeping,
+    pose_windows,
+    route_distance,
+    route_progress,
+    run_steps,
+    scene_arrays,
+)
+from jax_drive.pdm.tracker import EgoTrajectory, simulate_states
+from jax_drive.types import NUM_OUTPUT_POSES, NUM_SCORE_STEPS, OUTPUT_DT, Scene, batch_shape
+
+
+@chex.dataclass(frozen=True)
+class Violations:
+    """Where rules failed, per output pose k = 0..7 (pose k covers simulated steps
+    5k+1 .. 5k+5; pose 0 also covers step 0). All (..., P, 8) unless noted.
+
+    dac_point: bool, a footprint corner left the drivable area.
+    nc_point: bool, an at-fault collision; nc_object int32 agent index (-1 none), the
+      worst object at the first such step; nc_box (..., P, 8, 7) [x, y, z, length, width,
+      height, heading] of that object at that step; nc_class int32 AgentType (-1 none).
+    ttc_point, ttc_object, ttc_box, ttc_class: the same for TTC failures (box at the
+      observation frame t + d that was hit).
+    """
+
+    dac_point: chex.Array
+    nc_point: chex.Array
+    nc_object: chex.Array
+    nc_box: chex.Array
+    nc_class: chex.Array
+    ttc_point: chex.Array
+    ttc_object: chex.Array
+    ttc_box: chex.Array
+    ttc_class: chex.Array
+
+
+@chex.dataclass(frozen=True)
+class PDMResult:
+    """Scores, all (..., P) float32 unless noted.
+
+    nc, dac, ddc, ttc (v1.1), ep (v1.1 rule), comfort (v1.1), pdms;
+    tlc, lk, hc, ec, epdms (NAVSIM v2; EPDMS uses ttc_v2 and ep_v2);
+    ttc_v2 (steps t <= 31 only), ep_v2 (clip(raw / max masked, 0, 1));
+    progress: raw route progress in metres; finite: bool, the proposal was finite;
+    violations: :class:`Violations`.
+    """
+
+    nc: chex.Array
+    dac: chex.Array
+    ddc: chex.Array
+    ttc: chex.Array
+    ep: chex.Array
+    comfort: chex.Array
+    pdms: chex.Array
+    tlc: chex.Array
+    lk: chex.Array
+    hc: chex.Array
+    ec: chex.Array
+    epdms: chex.Array
+    ttc_v2: chex.Array
+    ep_v2: chex.Array
+    progress: chex.Array
+    finite: chex.Array
+    violations: Violations
+
+
+def _history_states(scene, config: PDMConfig) -> dict:
+    """Logged history (unbatched scene) as (H,) arrays for history comfort."""
+    n = config.hc_history_steps
+    hp = jnp.asarray(scene.ego.history_poses, jnp.float32)
+    acc = jnp.asarray(scene.ego.history_acceleration, jnp.float32)
+    heading = unwrap_angles(hp[:, 2])
+    yaw_rate = jnp.gradient(heading, config.dt)
+    yaw_accel = jnp.gradient(yaw_rate, config.dt)
+    return {"ax": acc[:n, 0], "ay": acc[:n, 1], "heading": heading[:n],
+            "yaw_rate": yaw_rate[:n], "yaw_accel": yaw_accel[:n]}
+
+
+def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig) -> dict:
+    """All per-trajectory metrics for one scene and Q trajectories (fields (Q, 41))."""
+    sa = scene_arrays(scene, config)
+    t = {"x": traj.x, "y": traj.y, "heading": traj.heading, "speed": traj.speed}
+    steps = run_steps(t, sa, config)  # (T, Q) fields
+    nc = jnp.min(steps["nc"], axis=0)
+    dac = jnp.where(jnp.any(steps["non_drivable"], axis=0), 0.0, 1.0)
+    ttc = jnp.where(jnp.any(steps["ttc_fail"], axis=0), 0.0, 1.0)
+    ttc_v2 = jnp.where(jnp.any(steps["ttc_fail"][: config.ttc_v2_last_step + 1], axis=0), 0.0, 1.0)
+    tlc = jnp.where(jnp.any(steps["red_light"], axis=0), 0.0, 1.0)
+    ddc = driving_direction(steps["centre"], steps["oncoming"], config)
+    centre = steps["centre"]
+    progress = route_progress(centre[0], centre[-1], sa)
+    lk = lane_keeping(route_distance(centre, sa), steps["centre_in_intersection"], config)
+    comfort = is_comfortable_v1(traj.ax, traj.ay, traj.heading, config)
+    hist = _history_states(scene, config)
+    q = traj.x.shape[0]
+    cat = lambda name, sim: jnp.concatenate(
+        [jnp.broadcast_to(hist[name], (q,) + hist[name].shape), sim], axis=-1)
+    hc = is_comfortable_v2(cat("ax", traj.ax), cat("ay", traj.ay), cat("heading", traj.heading),
+                           cat("yaw_rate", traj.yaw_rate), cat("yaw_accel", traj.yaw_accel), config)
+
+    # Violations per output pose window.
+    win = jnp.asarray(pose_windows(traj.x.shape[-1], NUM_OUTPUT_POSES))  # (8, T)
+    ag = scene.agents
+
+    def details(flag, obj, frame):
+        # flag (T, Q) bool, obj (T, Q) int32, frame (T, Q) int32 -> per-window results.
+        fw = flag.T[:, None, :] & win[None]  # (Q, 8, T)
+        point = jnp.any(fw, -1)
+        first = jnp.argmax(fw, -1)  # (Q, 8)
+        o = jnp.take_along_axis(obj.T, first, axis=-1)
+        fr = jnp.take_along_axis(frame.T, first, axis=-1)
+        o = jnp.where(point, o, -1)
+        oi, fi = jnp.maximum(o, 0), jnp.maximum(fr, 0)
+        g = lambda a: jnp.asarray(a, jnp.float32)[oi, fi]
+        box = jnp.stack([g(ag.x), g(ag.y), g(ag.z), jnp.asarray(ag.length, jnp.float32)[oi],
+                         jnp.asarray(ag.width, jnp.float32)[oi],
+                         jnp.asarray(ag.height, jnp.float32)[oi], g(ag.heading)], -1)
+        box = jnp.where(point[..., None], box, 0.0)
+        cls = jnp.where(point, jnp.asarray(ag.agent_type, jnp.int32)[oi], -1)
+        return point, o, box, cls
+
+    step_idx = jnp.broadcast_to(jnp.arange(steps["nc"].shape[0])[:, None], steps["nc"].shape)
+    nc_p, nc_o, nc_b, nc_c = details(steps["nc"] < 1.0, steps["nc_object"], step_idx)
+    tt_p, tt_o, tt_b, tt_c = details(steps["ttc_fail"], steps["ttc_object"], steps["ttc_frame"])
+    dac_point = jnp.any(steps["non_drivable"].T[:, None, :] & win[None], -1)
+    viol = Violations(dac_point=dac_point, nc_point=nc_p, nc_object=nc_o, nc_box=nc_b,
+                      nc_class=nc_c, ttc_point=tt_p, ttc_object=tt_o, ttc_box=tt_b, ttc_class=tt_c)
+    return {"nc": nc, "dac": dac, "ddc": ddc, "ttc": ttc, "ttc_v2": ttc_v2, "tlc": tlc,
+            "lk": lk, "comfort": comfort, "hc": hc, "ec": jnp.ones_like(nc),
+            "progress": progress, "violations": viol}
+
+
+def _ep_rules(m: dict, norm_v1: chex.Array, norm_v2: chex.Array, config: PDMConfig):
+    """EP v1.1 and v2 from per-trajectory metrics and the normalisers (max masked progress)."""
+    mult = m["nc"] * m["dac"]
+    masked = m["progress"] * mult
+    thr = config.progress_distance_threshold
+    ep = jnp.where(norm_v1 > thr, masked / jnp.where(norm_v1 > thr, norm_v1, 1.0),
+                   jnp.where(mult == 0.0, 0.0, 1.0))
+    ep2 = jnp.where(norm_v2 > thr,
+                    jnp.clip(m["progress"] / jnp.where(norm_v2 > thr, norm_v2, 1.0), 0.0, 1.0), 1.0)
+    return ep, ep2
+
+
+def _aggregate(m: dict, ep, ep2, finite, config: PDMConfig) -> PDMResult:
+    """Combines metrics into PDMS / EPDMS; zeroes non-finite proposals."""
+    pdms = m["nc"] * m["dac"] * (config.weight_ttc * m["ttc"] + config.weight_ep * ep
+                                 + config.weight_comfort * m["comfort"]) / (
+        config.weight_ttc + config.weight_ep + config.weight_comfort)
+    wsum = config.weight_ep + config.weight_ttc + config.weight_lk + config.weight_hc + config.weight_ec
+    epdms = m["nc"] * m["dac"] * m["ddc"] * m["tlc"] * (
+        config.weight_ep * ep2 + config.weight_ttc * m["ttc_v2"] + config.weight_lk * m["lk"]
+        + config.weight_hc * m["hc"] + config.weight_ec * m["ec"]) / wsum
+    z = lambda a: jnp.where(finite, a, jnp.zeros_like(a))
+    v = m["violations"]
+    fb = finite[..., None]
+    viol = Violations(
+        dac_point=v.dac_point & fb, nc_point=v.nc_point & fb,
+        nc_object=jnp.where(fb, v.nc_object, -1), nc_box=jnp.where(fb[..., None], v.nc_box, 0.0),
+        nc_class=jnp.where(fb, v.nc_class, -1), ttc_point=v.ttc_point & fb,
+        ttc_object=jnp.where(fb, v.ttc_object, -1), ttc_box=jnp.where(fb[..., None], v.ttc_box, 0.0),
+        ttc_class=jnp.where(fb, v.ttc_class, -1))
+    return PDMResult(nc=z(m["nc"]), dac=z(m["dac"]), ddc=z(m["ddc"]), ttc=z(m["ttc"]), ep=z(ep),
+                     comfort=z(m["comfort"]), pdms=z(pdms), tlc=z(m["tlc"]), lk=z(m["lk"]),
+                     hc=z(m["hc"]), ec=z(m["ec"]), epdms=z(epdms), ttc_v2=z(m["ttc_v2"]),
+                     ep_v2=z(ep2), progress=z(m["progress"]), finite=finite, violations=viol)
+
+
+def _sanitize(states: chex.Array) -> tuple[chex.Array, chex.Array]:
+    """(..., K, 3) -> (zeros where any entry is non-finite, (...) finite flag)."""
+    finite = jnp.all(jnp.isfinite(states), axis=(-2, -1))
+    return jnp.where(finite[..., None, None], states, 0.0), finite
+
+
+def _pairs_single(scene, proposals, reference, config: PDMConfig) -> PDMResult:
+    """One scene: proposals (P, 8, 3) in 0.5 s steps, reference (40, 3) in 0.1 s steps."""
+    proposals, finite = _sanitize(jnp.asarray(proposals, jnp.float32))
+    reference, ref_finite = _sanitize(jnp.asarray(reference, jnp.float32))
+    states = jnp.concatenate([
+        interpolate_poses(scene, reference[None], 0.1),
+        interpolate_poses(scene, proposals, OUTPUT_DT)], axis=0)  # (1 + P, 41, 3)
+    traj = simulate_states(scene, states, config)
+    m = _metrics_single(scene, traj, config)
+    mult = m["nc"] * m["dac"]
+    masked = m["progress"] * mult * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
+    mult2 = mult * m["ddc"] * m["tlc"]
+    masked2 = m["progress"] * mult2 * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
+    norm = jnp.maximum(masked[0], masked[1:])
+    norm2 = jnp.maximum(masked2[0], masked2[1:])
+    props = jax.tree_util.tree_map(lambda a: a[1:], m)
+    ep, ep2 = _ep_rules(props, norm, norm2, config)
+    return _aggregate(props, ep, ep2, finite, config)
+
+
+def _candidates_single(scene, candidates, config: PDMConfig) -> PDMResult:
+    """One scene: candidates (P, 40, 3) at 0.1 s, EP normalised over the set."""
+    candidates, finite = _sanitize(jnp.asarray(candidates, jnp.float32))
+    states = interpolate_poses(scene, candidates, 0.1)
+    traj = simulate_states(scene, states, config)
+    m = _metrics_single(scene, traj, config)
+    f = finite.astype(jnp.float32)
+    norm = jnp.max(m["progress"] * m["nc"] * m["dac"] * f)
+    norm2 = jnp.max(m["progress"] * m["nc"] * m["dac"] * m["ddc"] * m["tlc"] * f)
+    ep, ep2 = _ep_rules(m, norm, norm2, config)
+    return _aggregate(m, ep, ep2, finite, config)
+
+
+def _flatten_scene(scene: Scene):
+    shape = batch_shape(scene)
+    flat = jax.tree_util.tree_map(lambda a: jnp.reshape(a, (-1,) + a.shape[len(shape):]), scene)
+    return flat, shape
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _score_proposals_jit(scene, proposals, reference, config: PDMConfig) -> PDMResult:
+    flat, shape = _flatten_scene(scene)
+    props = proposals.reshape((-1,) + proposals.shape[len(shape):])
+    ref = reference.reshape((-1,) + reference.shape[len(shape):])
+    out = jax.vmap(lambda s, p, r: _pairs_single(s, p, r, config))(flat, props, ref)
+    return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _score_candidates_jit(scene, candidates, config: PDMConfig) -> PDMResult:
+    flat, shape = _flatten_scene(scene)
+    cands = candidates.reshape((-1,) + candidates.shape[len(shape):])
+    out = jax.vmap(lambda s, c: _candidates_single(s, c, config))(flat, cands)
+    return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
+
+
+def _check(name: str, arr, lead: tuple[int, ...], tail: tuple[int | None, ...], finite: bool):
+    """Boundary checks: shape (lead + tail; None = any size >= 1) and optional finiteness."""
+    if not hasattr(arr, "shape"):
+        arr = np.asarray(arr)
+    shape = tuple(arr.shape)
+    want = len(lead) + len(tail)
+    ok = len(shape) == want and shape[: len(lead)] == lead and all(
+        (w is None and s >= 1) or s == w for s, w in zip(shape[len(lead):], tail))
+    if not ok:
+        tail_s = ", ".join("P" if w is None else str(w) for w in tail)
+        raise ValueError(f"{name} must have shape {lead + tuple()} + ({tail_s}) "
+                         f"(scene batch dims first), got {shape}")
+    if finite and not isinstance(arr, jax.core.Tracer):
+        if not bool(np.all(np.isfinite(np.asarray(arr)))):
+            raise ValueError(f"{name} contains NaN or inf values; pass finite poses or use "
+                             "PDMConfig(check_finite=False) to score them as 0")
+    return jnp.asarray(arr, jnp.float32)
+
+
+def _check_scene(scene) -> tuple[int, ...]:
+    if not isinstance(scene, Scene):
+        raise TypeError(f"scene must be a jax_drive.types.Scene, got {type(scene).__name__}")
+    shape = batch_shape(scene)
+    n_steps = scene.agents.valid.shape[-1]
+    if n_steps < 50:
+        raise ValueError(f"scene agents need >= 50 observation frames (TTC looks 0.9 s past 4 s), "
+                         f"got {n_steps}")
+    return shape
+
+
+def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMConfig()) -> PDMResult:
+    """Scores proposals against the PDM-Closed reference, one (reference, proposal) pair each.
+
+    Args:
+      scene: Scene with batch dims (...).
+      proposals: (..., P, 8, 3) poses at 0.5 .. 4.0 s in the t0 rear-axle frame.
+      reference: (..., 40, 3) PDM-Closed poses at 0.1 .. 4.0 s.
+      config: PDMConfig (static).
+    Returns: PDMResult with fields (..., P). A proposal's scores do not depend on the other
+      proposals in the batch.
+    Raises: TypeError / ValueError on a wrong scene type, wrong shapes, or (with
+      ``config.check_finite``) non-finite poses.
+    """
+    shape = _check_scene(scene)
+    proposals = _check("proposals", proposals, shape, (None, NUM_OUTPUT_POSES, 3), config.check_finite)
+    reference = _check("reference", reference, shape, (NUM_SCORE_STEPS - 1, 3), config.check_finite)
+    # check_finite only acts here: normalise it so both settings share one compilation.
+    return _score_proposals_jit(scene, proposals, reference, dataclasses.replace(config, check_finite=True))
+
+
+def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig()) -> PDMResult:
+    """Scores a candidate set with EP normalised against the best candidate (PDM-Closed).
+
+    Args: scene (...), candidates (..., P, 40, 3) poses at 0.1 .. 4.0 s.
+    Returns: PDMResult (..., P).
+    """
+    shape = _check_scene(scene)
+    candidates = _check("candidates", candidates, shape, (None, NUM_SCORE_STEPS - 1, 3),
+                        config.check_finite)
+    return _score_candidates_jit(scene, candidates, dataclasses.replace(config, check_finite=True))

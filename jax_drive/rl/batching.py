@@ -1,0 +1,204 @@
+"""Token batches for training: tokenised chat samples, length bucketing and padding.
+
+A training row is a token sequence ``ids`` (length n) and a per-token ``weight`` mask of the
+same length marking the tokens that carry loss (assistant tokens in SFT, generated tokens in
+RL). Rows are right-padded to a bucketed length. The model predicts token ``t + 1`` from the
+prefix up to ``t``, so the arrays given to the loss are shifted:
+
+* ``input_ids[b, t] = ids[t]``, ``targets[b, t] = ids[t + 1]``;
+* ``loss_mask[b, t] = weight[t + 1]`` (the target's weight);
+* ``attention_mask`` marks real tokens, ``positions = cumsum(mask) - 1`` (0 on padding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenRow:
+    """One tokenised sample. ids, weight: (n,) int32 / float32."""
+
+    ids: np.ndarray
+    weight: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def bucket_length(n: int, bucket_size: int, max_length: int | None = None) -> int:
+    """Smallest multiple of ``bucket_size`` >= n (capped at max_length rounded up)."""
+    length = -(-max(n, 1) // bucket_size) * bucket_size
+    if max_length is not None:
+        length = min(length, -(-max_length // bucket_size) * bucket_size)
+    return length
+
+
+def pad_rows(rows: Sequence[TokenRow], length: int, pad_id: int, extra: dict[str, Sequence[np.ndarray]] | None = None,
+             num_rows: int | None = None) -> dict[str, np.ndarray]:
+    """Right-pads rows into shifted training arrays of shape (B, length).
+
+    Args:
+      rows: B rows (truncated to ``length + 1`` tokens).
+      length: padded length L of the model inputs.
+      pad_id: padding token id.
+      extra: optional per-token float arrays aligned with each row's ``ids`` (e.g. sampling
+        log-probs, advantages); they are shifted like ``weight`` (value of the target token).
+      num_rows: pad the batch itself to this many rows (all-padding rows, zero mask).
+    Returns:
+      dict with input_ids, targets (B, L) int32, attention_mask (B, L) bool,
+      positions (B, L) int32, loss_mask (B, L) float32 and every key of ``extra`` (B, L).
+    """
+    b = len(rows) if num_rows is None else num_rows
+    if b < len(rows):
+        raise ValueError(f"num_rows {num_rows} < {len(rows)} rows")
+    ids = np.full((b, length + 1), pad_id, np.int32)
+    weight = np.zeros((b, length + 1), np.float32)
+    real = np.zeros((b, length + 1), bool)
+    extras = {k: np.zeros((b, length + 1), np.float32) for k in (extra or {})}
+    for i, row in enumerate(rows):
+        n = min(len(row), length + 1)
+        ids[i, :n] = row.ids[:n]
+        weight[i, :n] = row.weight[:n]
+        real[i, :n] = True
+        for k, values in (extra or {}).items():
+            extras[k][i, :n] = np.asarray(values[i], np.float32)[:n]
+    attention = real[:, :-1]
+    out = {
+        "input_ids": ids[:, :-1],
+        "targets": ids[:, 1:],
+        "attention_mask": attention,
+        "positions": np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32),
+        "loss_mask": weight[:, 1:] * real[:, 1:],
+    }
+    for k, v in extras.items():
+        out[k] = v[:, 1:]
+    return out
+
+
+# ----------------------------------------------------------------------------- chat samples
+def _check_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("a chat sample is a non-empty list of {'role', 'content'} messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {m!r}")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("a chat sample needs at least one assistant message")
+    return messages
+
+
+def tokenize_chat(tokenizer, messages: list[dict], train_on: str = "all") -> TokenRow:
+    """Tokenise a conversation; weight 1 on assistant content (+ its end-of-turn marker).
+
+    The conversation is rendered with the chat template one message at a time; each piece
+    is the text the template adds for that message, and each assistant piece is split into
+    the header the template adds before generation (weight 0) and the answer (weight 1).
+
+    Args:
+      tokenizer: has ``apply_chat_template(messages, add_generation_prompt)`` and ``encode``.
+      messages: [{'role', 'content'}, ...] with at least one assistant message.
+      train_on: 'all' (every assistant message) or 'last' (only the final assistant message).
+    Raises:
+      ValueError if the template renders a prefix inconsistently (not append-only).
+    """
+    messages = _check_messages(messages)
+    if train_on not in ("all", "last"):
+        raise ValueError(f"train_on must be 'all' or 'last', got {train_on!r}")
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ids: list[int] = []
+    weight: list[float] = []
+    done = ""
+    for i, m in enumerate(messages):
+        full = tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False)
+        if not full.startswith(done):
+            raise ValueError("the chat template is not append-only; cannot locate assistant tokens")
+        if m["role"] == "assistant":
+            head = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True) if i else ""
+            if not (head.startswith(done) and full.startswith(head)):
+                raise ValueError("the chat template is not append-only; cannot locate assistant tokens")
+            pieces = [(head[len(done):], 0.0), (full[len(head):], 1.0 if (train_on == "all" or i == last) else 0.0)]
+        else:
+            pieces = [(full[len(done):], 0.0)]
+        for text, w in pieces:
+            if text:
+                tok = tokenizer.encode(text)
+                ids.extend(tok)
+                weight.extend([w] * len(tok))
+        done = full
+    return TokenRow(np.asarray(ids, np.int32), np.asarray(weight, np.float32))
+
+
+def load_chat_jsonl(path: str | os.PathLike) -> list[list[dict]]:
+    """Reads a JSONL chat dataset: each line ``{"messages": [...]}`` (other keys ignored) or a bare list."""
+    samples = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({error})") from None
+            messages = item.get("messages") if isinstance(item, dict) else item
+            try:
+                samples.append(_check_messages(messages))
+            except ValueError as error:
+                raise ValueError(f"{path}:{lineno}: {error}") from None
+    if not samples:
+        raise ValueError(f"{path}: no samples")
+    return samples
+
+
+def as_conversations(dataset: Any) -> list[list[dict]]:
+    """A path to JSONL, a list of message lists or a list of {'messages': ...} dicts -> list of message lists."""
+    if isinstance(dataset, (str, os.PathLike)):
+        return load_chat_jsonl(dataset)
+    out = []
+    for i, item in enumerate(dataset):
+        messages = item.get("messages") if isinstance(item, dict) else item
+        try:
+            out.append(_check_messages(messages))
+        except ValueError as error:
+            raise ValueError(f"sample {i}: {error}") from None
+    if not out:
+        raise ValueError("empty dataset")
+    return out
+
+
+def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator,
+                     pool_batches: int = 16, shuffle: bool = True) -> list[np.ndarray]:
+    """Index batches grouped by similar length (less padding, few distinct shapes).
+
+    Indices are shuffled, cut into pools of ``pool_batches * batch_size``, each pool sorted by
+    length and cut into batches; the batch order is shuffled again. Every index appears once;
+    the last batch may be smaller.
+    """
+    n = len(lengths)
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    lengths = np.asarray(lengths)
+    batches = []
+    pool = max(1, pool_batches) * batch_size
+    for start in range(0, n, pool):
+        chunk = order[start:start + pool]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
+    if shuffle:
+        perm = rng.permutation(len(batches))
+        batches = [batches[i] for i in perm]
+    return batches
+
+
+def iterate_epochs(num_items: int, lengths: Sequence[int], batch_size: int, seed: int, shuffle: bool = True) -> Iterable[tuple[int, np.ndarray]]:
+    """Endless (epoch, index batch) stream, deterministic in (seed, epoch)."""
+    epoch = 0
+    while True:
+        rng = np.random.default_rng([seed, epoch])
+        for batch in bucketed_batches(lengths, batch_size, rng, shuffle=shuffle):
+            yield epoch, batch
+        epoch += 1

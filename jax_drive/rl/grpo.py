@@ -1,0 +1,384 @@
+"""mtGRPO / GRPO: the update step and the training loop (MTDrive Algorithm 1).
+
+One trainer step:
+
+1. take ``prompts_per_step`` scenes (deterministic order per seed and epoch);
+2. multi-turn rollouts, G per scene (:func:`jax_drive.rollout.run_rollouts`) with the
+   current policy (the sampler reads the live model, which holds pi_old);
+3. turn rewards -> advantages (:func:`jax_drive.rl.advantages.compute_advantages`, the
+   three Table 3 variants) -> per-token advantages via each token's turn id;
+4. log-probs of the sampled tokens under pi_old (recomputed by the trainer, as veRL does, or
+   the sampler's) and under the frozen reference pi_ref (the policy at the start of training:
+   for LoRA a copy of the initial adapters, so the base weights are shared);
+5. ``ppo_epochs`` (mu) passes over shuffled mini-batches of rows, each an optimiser step on
+   the clipped loss + beta K3 KL (:func:`jax_drive.rl.loss.policy_loss`).
+
+Defaults follow MTDrive: G = 8, 6 turns, 32 prompts (256 rollouts) per step, mini-batch 128
+rows, lr 1e-6 constant, beta 0.01 (K3), cross-turn mtGRPO advantages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit
+from jax_drive.rl.batching import TokenRow, bucket_length, pad_rows
+from jax_drive.rl.checkpoint import Checkpointer, RunState
+from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
+from jax_drive.rl.loss import LossConfig, policy_loss
+from jax_drive.rl.optim import (
+    OptimConfig,
+    copy_tree,
+    make_eval_fn,
+    make_optimizer,
+    make_train_step,
+    minibatch_indices,
+    split_model,
+    write_back,
+)
+from jax_drive.rl.sft import TrainResult
+from jax_drive.rollout import RolloutConfig, RolloutResult, compute_reference, run_rollouts, scene_prompts, summarize
+from jax_drive.types import Scene
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """mtGRPO trainer settings (defaults: MTDrive section 4 / the reference page).
+
+    Attributes:
+      rollout: G, turns, reward weights, decoding.
+      advantage: 'mtgrpo_cross' (default), 'mtgrpo_intra' or 'grpo'.
+      loss: clip 0.2, beta 0.01 K3, aggregation.
+      optim: AdamW lr 1e-6 constant, clip 1.0, LoRA or full.
+      prompts_per_step: scenes per step (32 x G 8 = global batch 256).
+      minibatch_size: rows per optimiser step (128).
+      ppo_epochs: mu, passes over the step's rollouts.
+      steps: trainer steps (300).
+      recompute_old_logprobs: pi_old log-probs from the trainer (True, veRL) or the sampler.
+      bucket_size: padded sequence lengths are multiples of this.
+      chunk_size: token chunk of ``token_logprobs``.
+      seed: data order, rollouts and mini-batch shuffling.
+      checkpoint_every: steps between checkpoints (None: only at the end; needs out_dir).
+      log_every: steps between metric records.
+    """
+
+    rollout: RolloutConfig = RolloutConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig(learning_rate=1e-6)
+    prompts_per_step: int = 32
+    minibatch_size: int = 128
+    ppo_epochs: int = 1
+    steps: int = 300
+    recompute_old_logprobs: bool = True
+    bucket_size: int = 128
+    chunk_size: int = 256
+    seed: int = 0
+    checkpoint_every: int | None = 50
+    log_every: int = 1
+
+    def __post_init__(self):
+        if min(self.prompts_per_step, self.minibatch_size, self.ppo_epochs, self.bucket_size) < 1:
+            raise ValueError("prompts_per_step, minibatch_size, ppo_epochs, bucket_size must be >= 1")
+        if self.steps < 0:
+            raise ValueError("steps must be >= 0")
+
+
+# ----------------------------------------------------------------------------- batches
+def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucket_size: int = 128,
+                      multiple_of: int = 1) -> dict[str, np.ndarray]:
+    """Padded training arrays from rollouts.
+
+    Args:
+      result: RolloutResult of S scenes x G rollouts (R rows).
+      advantages: (S, G, N) per-turn advantages.
+      pad_id: padding token.
+      bucket_size: the padded length is a multiple of this.
+      multiple_of: the row count is padded (with empty rows) to a multiple of this.
+    Returns:
+      dict of (R', L) arrays: input_ids, targets, positions, attention_mask, loss_mask
+      (1 on generated tokens), old_logp (sampling log-probs), advantages (the token's turn
+      advantage), turn_id (float, -1 off-loss).
+    """
+    adv = np.asarray(advantages, np.float32)
+    s_, g_, n_ = adv.shape
+    flat = adv.reshape(s_ * g_, n_)
+    rows, extra_adv, extra_turn = [], [], []
+    for r, (ids, tid) in enumerate(zip(result.tokens, result.turn_ids)):
+        rows.append(TokenRow(ids, (tid >= 0).astype(np.float32)))
+        extra_adv.append(np.where(tid >= 0, flat[r, np.clip(tid, 0, n_ - 1)], 0.0))
+        extra_turn.append(tid.astype(np.float32))
+    length = bucket_length(max(len(r) for r in rows) - 1, bucket_size)
+    num_rows = -(-len(rows) // multiple_of) * multiple_of
+    batch = pad_rows(rows, length, pad_id, num_rows=num_rows,
+                     extra={"old_logp": result.sample_logprobs, "advantages": extra_adv, "turn_id": extra_turn})
+    return batch
+
+
+def _loss_fn(loss_config: LossConfig, chunk_size: int):
+    def loss_fn(model, batch):
+        logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
+                                    batch["targets"], chunk_size=chunk_size)
+        return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
+                           ref_logp=batch.get("ref_logp"), config=loss_config)
+
+    return loss_fn
+
+
+def _logp_fn(chunk_size: int):
+    def fn(model, batch):
+        return model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
+                                    batch["targets"], chunk_size=chunk_size)
+
+    return fn
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimConfig):
+    """(train step, log-prob fn) per model structure and settings (reused across runs)."""
+    step = make_train_step(graphdef, _loss_fn(loss_config, chunk_size), make_optimizer(optim))
+    logp = make_eval_fn(graphdef, _logp_fn(chunk_size))
+    return step, logp
+
+
+_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask")
+
+
+def _rows(batch: dict, index) -> dict:
+    return {k: v[index] for k, v in batch.items()}
+
+
+def batch_logprobs(logp_fn, params, rest, batch: dict, rows_per_call: int) -> jax.Array:
+    """Log-probs of the batch's targets, ``rows_per_call`` rows at a time (bounded memory)."""
+    n = batch["input_ids"].shape[0]
+    parts = []
+    for start in range(0, n, rows_per_call):
+        sub = {k: batch[k][start:start + rows_per_call] for k in _MODEL_KEYS}
+        parts.append(logp_fn(params, rest, sub))
+    return jnp.concatenate(parts, axis=0)
+
+
+def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, config: GRPOConfig,
+                key: jax.Array):
+    """mu epochs of mini-batch steps on one step's rollouts.
+
+    Args:
+      graphdef, params, rest: the split model (params = trainable state).
+      opt_state: optax state. ref_params: frozen reference trainable state (or None).
+      batch: :func:`build_train_batch` output (numpy or jax arrays).
+      config: GRPOConfig. key: mini-batch shuffling key.
+    Returns:
+      (params, opt_state, metrics) with metrics averaged over the mini-batch steps, plus
+      ``logp_mismatch`` (mean |sampler - trainer| log-prob on generated tokens).
+    """
+    step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim)
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    rows = batch["input_ids"].shape[0]
+    mbs = min(config.minibatch_size, rows)
+    mask = batch["loss_mask"]
+    extra = {}
+    if config.recompute_old_logprobs:
+        old = batch_logprobs(logp_fn, params, rest, batch, mbs)
+        n = jnp.maximum(mask.sum(), 1.0)
+        extra["logp_mismatch"] = jnp.sum(jnp.abs(old - batch["old_logp"]) * mask) / n
+        batch["old_logp"] = old
+    if config.loss.uses_reference:
+        if ref_params is None:
+            raise ValueError("the loss uses a reference model but ref_params is None")
+        batch["ref_logp"] = batch_logprobs(logp_fn, ref_params, rest, batch, mbs)
+    history = []
+    for epoch in range(config.ppo_epochs):
+        for index in minibatch_indices(jax.random.fold_in(key, epoch), rows, mbs):
+            params, opt_state, loss, metrics = step_fn(params, rest, opt_state, _rows(batch, index))
+            history.append(dict(metrics, loss=loss))
+    metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+    metrics.update({k: float(v) for k, v in extra.items()})
+    metrics["optimizer_steps"] = len(history)
+    return params, opt_state, metrics
+
+
+# ----------------------------------------------------------------------------- data
+def _num_scenes(scenes: Scene) -> int:
+    return int(np.asarray(scenes.command).shape[0])
+
+
+def scene_order(num_scenes: int, seed: int, start: int, count: int) -> np.ndarray:
+    """Indices ``start .. start + count`` of the endless stream of per-epoch permutations."""
+    out = []
+    pos = start
+    while len(out) < count:
+        epoch, offset = divmod(pos, num_scenes)
+        perm = np.random.default_rng([seed, epoch]).permutation(num_scenes)
+        take = min(count - len(out), num_scenes - offset)
+        out.extend(perm[offset:offset + take].tolist())
+        pos += take
+    return np.asarray(out, np.int64)
+
+
+def _index(tree, idx):
+    return jax.tree.map(lambda x: x[idx], tree)
+
+
+# ----------------------------------------------------------------------------- trainer
+def grpo_train(
+    model,
+    tokenizer,
+    scenes: Scene,
+    config: GRPOConfig = GRPOConfig(),
+    *,
+    engine=None,
+    references: Any = None,
+    prompts: Sequence[str] | None = None,
+    pdm_config=None,
+    out_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> TrainResult:
+    """Trains ``model`` in place with (mt)GRPO on multi-turn PDM rollouts.
+
+    Args:
+      model: CausalLM (LoRA applied for ``optim.trainable == 'lora'``); also the sampler's
+        model: the default engine is ``JaxEngine(model, tokenizer)``.
+      tokenizer: the policy's tokenizer.
+      scenes: training scenes, one batch dim (N,).
+      config: GRPOConfig.
+      engine: optional engine (must read the live ``model``, or be a remote server that is
+        synchronised elsewhere).
+      references: (N, 40, 3) PDM-Closed poses (computed once when None).
+      prompts: N turn-1 prompts (default: :func:`jax_drive.rollout.scene_prompts`).
+      pdm_config: scorer config.
+      out_dir: metrics.jsonl, tb/, checkpoints/ (None: nothing written).
+      resume: continue from the latest checkpoint in out_dir.
+      progress: tqdm bar.
+    Returns:
+      TrainResult with one record per step (rollout summary + update metrics).
+    """
+    from jax_drive.sampling import JaxEngine
+
+    n = _num_scenes(scenes)
+    if references is None:
+        references = compute_reference(scenes, pdm_config)
+    references = np.asarray(references, np.float32)
+    if references.shape != (n, 40, 3):
+        raise ValueError(f"references must be ({n}, 40, 3), got {references.shape}")
+    prompts = list(scene_prompts(scenes, config.rollout.prompt) if prompts is None else prompts)
+    if len(prompts) != n:
+        raise ValueError(f"{len(prompts)} prompts for {n} scenes")
+    engine = JaxEngine(model, tokenizer) if engine is None else engine
+    pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
+
+    graphdef, params, rest = split_model(model, config.optim.trainable)
+    ref_params = copy_tree(params) if config.loss.uses_reference else None
+    tx = make_optimizer(config.optim)
+    state = RunState(params=params, opt_state=tx.init(params), rng=jax.random.key(config.seed))
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints")) if out_dir is not None else None
+    if resume:
+        if ckpt is None:
+            raise ValueError("resume needs out_dir")
+        if ckpt.latest_step() is not None:
+            state, _ = ckpt.restore(state)
+    logger = MetricsLogger(out_dir, append=resume)
+    bar = tqdm(total=config.steps, initial=state.step, desc="mtgrpo", disable=not progress, dynamic_ncols=True)
+    rows_multiple = min(config.minibatch_size, config.prompts_per_step * config.rollout.group_size)
+    try:
+        while state.step < config.steps:
+            write_back(model, state.params)  # the sampler generates with pi_old = current params
+            rng, k_roll, k_mb = jax.random.split(state.rng, 3)
+            idx = scene_order(n, config.seed, state.data_position, config.prompts_per_step)
+            t0 = time.perf_counter()
+            result = run_rollouts(engine, tokenizer, _index(scenes, idx), k_roll, config.rollout,
+                                  reference=references[idx], pdm_config=pdm_config, prompts=[prompts[i] for i in idx])
+            t1 = time.perf_counter()
+            adv = compute_advantages_jit(result.reward, result.turn_mask, config.advantage)
+            batch = build_train_batch(result, adv, pad_id, config.bucket_size, multiple_of=rows_multiple)
+            params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
+                                                    batch, config, k_mb)
+            jax.block_until_ready(params)
+            t2 = time.perf_counter()
+            state = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
+                             data_position=state.data_position + config.prompts_per_step)
+            if state.step % config.log_every == 0 or state.step == config.steps:
+                summary = summarize(result)
+                train_tokens = float(np.asarray(batch["attention_mask"]).sum()) * config.ppo_epochs
+                logger.log(state.step, {
+                    **summary,
+                    **update,
+                    "advantage_abs_mean": float(np.abs(np.asarray(adv))[result.turn_mask].mean()),
+                    "rollout_seconds": t1 - t0,
+                    "update_seconds": t2 - t1,
+                    "rollout_tokens_per_s": summary["generated_tokens"] / max(t1 - t0, 1e-9),
+                    "train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
+                    "padded_length": int(batch["input_ids"].shape[1]),
+                    "peak_rss_gb": peak_rss_gb(),
+                })
+                bar.set_postfix(pdms=f"{summary['pdms_final']:.3f}", turns=f"{summary['turns_mean']:.2f}",
+                                kl=f"{update['kl']:.4f}")
+            bar.update(1)
+            if ckpt is not None and config.checkpoint_every and state.step % config.checkpoint_every == 0:
+                ckpt.save(state)
+        if ckpt is not None and state.step not in ckpt.all_steps():
+            ckpt.save(state)
+    finally:
+        bar.close()
+        logger.close()
+        if ckpt is not None:
+            ckpt.close()
+    write_back(model, state.params)
+    return TrainResult(history=logger.history, state=state, out_dir=None if out_dir is None else os.fspath(out_dir))
+
+
+# ----------------------------------------------------------------------------- evaluation
+def concat_results(results: Sequence[RolloutResult]) -> RolloutResult:
+    """Concatenates rollout results along the scene axis."""
+    first = results[0]
+    cat = lambda name: np.concatenate([getattr(r, name) for r in results], axis=0)  # noqa: E731
+    return RolloutResult(
+        pdms=cat("pdms"), format=cat("format"), reward=cat("reward"), turn_mask=cat("turn_mask"),
+        usable=cat("usable"), scores={k: np.concatenate([r.scores[k] for r in results]) for k in first.scores},
+        num_turns=cat("num_turns"), final_pdms=cat("final_pdms"), stop_reason=cat("stop_reason"),
+        tokens=[t for r in results for t in r.tokens], turn_ids=[t for r in results for t in r.turn_ids],
+        sample_logprobs=[t for r in results for t in r.sample_logprobs], turns=[t for r in results for t in r.turns],
+    )
+
+
+def evaluate_multiturn(
+    engine,
+    tokenizer,
+    scenes: Scene,
+    config: RolloutConfig = RolloutConfig(group_size=1),
+    key: jax.Array | None = None,
+    *,
+    references: Any = None,
+    prompts: Sequence[str] | None = None,
+    pdm_config=None,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> tuple[dict, RolloutResult]:
+    """Multi-turn evaluation: PDMS per turn, final PDMS, format rate, turns used.
+
+    Uses ``config`` as given (for greedy evaluation pass ``sampling.temperature = 0``).
+    Scenes are processed ``batch_size`` at a time. Returns (summary dict, RolloutResult).
+    """
+    n = _num_scenes(scenes)
+    key = jax.random.key(0) if key is None else key
+    if references is None:
+        references = compute_reference(scenes, pdm_config)
+    references = np.asarray(references, np.float32)
+    prompts = list(scene_prompts(scenes, config.prompt) if prompts is None else prompts)
+    results = []
+    for start in tqdm(range(0, n, batch_size), desc="eval", disable=not progress, dynamic_ncols=True):
+        idx = np.arange(start, min(n, start + batch_size))
+        results.append(run_rollouts(engine, tokenizer, _index(scenes, idx), jax.random.fold_in(key, start), config,
+                                    reference=references[idx], pdm_config=pdm_config,
+                                    prompts=[prompts[i] for i in idx]))
+    result = concat_results(results)
+    return summarize(result), result

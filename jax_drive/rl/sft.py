@@ -1,0 +1,199 @@
+"""Supervised fine-tuning on chat datasets: masked cross-entropy on assistant tokens.
+
+``sft_train(model, dataset, config, tokenizer=...)`` tokenises every conversation
+(:func:`jax_drive.rl.batching.tokenize_chat`), groups samples of similar length into batches
+padded to a multiple of ``bucket_size`` (few distinct shapes -> few compiles), and minimises
+
+    L = - sum_{b,t} m_bt log p(x_{b,t+1} | x_{b,<=t}) / sum_{b,t} m_bt
+
+(token mean over the assistant tokens of the batch) with the shared optimiser plumbing
+(AdamW, constant lr, global-norm clip; LoRA or full fine-tuning). Log-probs come from
+``model.token_logprobs`` (vocab-chunked, no (B, L, V) float32 tensor). The run is
+checkpointed with orbax and resumes exactly (``resume=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jax_drive.rl.batching import (
+    TokenRow,
+    as_conversations,
+    bucket_length,
+    iterate_epochs,
+    pad_rows,
+    tokenize_chat,
+)
+from jax_drive.rl.checkpoint import Checkpointer, RunState
+from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
+from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model, write_back
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """SFT settings (MTDrive: lr 4e-5, global batch 128, 4 epochs, max 11,500 tokens).
+
+    Attributes:
+      optim: optimiser (default lr 4e-5, LoRA).
+      batch_size: sequences per optimiser step.
+      epochs: passes over the data (ignored when max_steps is set).
+      max_steps: stop after this many steps (None = epochs * batches per epoch).
+      max_length: longer samples are truncated to this many tokens.
+      bucket_size: padded lengths are multiples of this.
+      train_on: 'all' assistant messages or only the 'last' one.
+      seed: data order seed.
+      chunk_size: token chunk of ``token_logprobs``.
+      checkpoint_every: steps between checkpoints (None = only at the end; needs out_dir).
+      log_every: steps between metric records.
+    """
+
+    optim: OptimConfig = OptimConfig(learning_rate=4e-5)
+    batch_size: int = 8
+    epochs: int = 4
+    max_steps: int | None = None
+    max_length: int = 11_500
+    bucket_size: int = 64
+    train_on: str = "all"
+    seed: int = 0
+    chunk_size: int = 256
+    checkpoint_every: int | None = None
+    log_every: int = 1
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.epochs < 1 or self.bucket_size < 1 or self.max_length < 2:
+            raise ValueError("batch_size, epochs, bucket_size must be >= 1 and max_length >= 2")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ValueError("max_steps must be >= 0")
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a trainer returns: per-step records and the final run state."""
+
+    history: list[dict]
+    state: RunState
+    out_dir: str | None = None
+
+
+def sft_loss_fn(chunk_size: int = 256):
+    """loss_fn(model, batch) -> (token-mean NLL over loss_mask, metrics)."""
+
+    def loss_fn(model, batch):
+        logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
+                                    batch["targets"], chunk_size=chunk_size)
+        m = batch["loss_mask"]
+        n = jnp.sum(m)
+        loss = -jnp.sum(logp * m) / jnp.maximum(n, 1.0)
+        return loss, {"nll": loss, "loss_tokens": n}
+
+    return loss_fn
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_step(graphdef, chunk_size: int, optim: OptimConfig):
+    """One jitted SFT step per (model structure, chunk size, optimiser): repeated runs in a
+    process (resume, sweeps) reuse the compiled step."""
+    return make_train_step(graphdef, sft_loss_fn(chunk_size), make_optimizer(optim))
+
+
+def tokenize_dataset(dataset: Any, tokenizer, max_length: int, train_on: str = "all") -> list[TokenRow]:
+    """Chat dataset (path / list) -> TokenRows truncated to max_length (pre-tokenised rows pass through)."""
+    if isinstance(dataset, (list, tuple)) and dataset and isinstance(dataset[0], TokenRow):
+        rows = list(dataset)
+    else:
+        if tokenizer is None:
+            raise ValueError("a tokenizer is needed to tokenise a chat dataset")
+        rows = [tokenize_chat(tokenizer, m, train_on) for m in as_conversations(dataset)]
+    rows = [TokenRow(r.ids[:max_length], r.weight[:max_length]) for r in rows]
+    rows = [r for r in rows if len(r) >= 2 and r.weight[1:].sum() > 0]
+    if not rows:
+        raise ValueError("no sample has a trainable (assistant) token after truncation")
+    return rows
+
+
+def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer=None,
+              out_dir: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
+              pad_id: int | None = None) -> TrainResult:
+    """Fine-tunes ``model`` in place on a chat dataset.
+
+    Args:
+      model: a CausalLM (with LoRA applied when ``config.optim.trainable == 'lora'``).
+      dataset: JSONL path, list of message lists / {'messages': ...} dicts, or TokenRows.
+      config: SFTConfig.
+      tokenizer: needed unless ``dataset`` holds TokenRows.
+      out_dir: where metrics.jsonl, tb/ and checkpoints/ go (None = no files).
+      resume: continue from the latest checkpoint in ``out_dir/checkpoints``.
+      progress: show a tqdm bar.
+      pad_id: padding id (default tokenizer.pad_token_id or 0).
+    Returns:
+      TrainResult (history of per-step metrics, final RunState).
+    """
+    rows = tokenize_dataset(dataset, tokenizer, config.max_length, config.train_on)
+    if pad_id is None:
+        pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
+    per_epoch = -(-len(rows) // config.batch_size)
+    total = config.max_steps if config.max_steps is not None else config.epochs * per_epoch
+
+    graphdef, params, rest = split_model(model, config.optim.trainable)
+    tx = make_optimizer(config.optim)
+    state = RunState(params=params, opt_state=tx.init(params), rng=jax.random.key(config.seed))
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints")) if out_dir is not None else None
+    if resume:
+        if ckpt is None:
+            raise ValueError("resume needs out_dir")
+        if ckpt.latest_step() is not None:
+            state, _ = ckpt.restore(state)
+    step_fn = _cached_step(graphdef, config.chunk_size, config.optim)
+    stream = iterate_epochs(len(rows), [len(r) for r in rows], config.batch_size, config.seed)
+    for _ in range(state.data_position):
+        next(stream)
+
+    logger = MetricsLogger(out_dir, append=resume)
+    bar = tqdm(total=total, initial=state.step, desc="sft", disable=not progress, dynamic_ncols=True)
+    try:
+        while state.step < total:
+            epoch, index = next(stream)
+            chosen = [rows[i] for i in index]
+            length = bucket_length(max(len(r) for r in chosen) - 1, config.bucket_size, config.max_length)
+            batch = pad_rows(chosen, length, pad_id, num_rows=config.batch_size)
+            batch = {k: jnp.asarray(v) for k, v in batch.items()}
+            start = time.perf_counter()
+            params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
+            loss = float(loss)  # blocks
+            seconds = time.perf_counter() - start
+            state = dataclasses.replace(state, params=params, opt_state=opt_state,
+                                        step=state.step + 1, data_position=state.data_position + 1)
+            if state.step % config.log_every == 0 or state.step == total:
+                tokens = int(np.asarray(batch["attention_mask"]).sum())
+                logger.log(state.step, {
+                    "loss": loss,
+                    "grad_norm": metrics["grad_norm"],
+                    "loss_tokens": metrics["loss_tokens"],
+                    "epoch": epoch,
+                    "padded_length": length,
+                    "tokens_per_s": tokens / max(seconds, 1e-9),
+                    "step_seconds": seconds,
+                    "peak_rss_gb": peak_rss_gb(),
+                })
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}")
+            if ckpt is not None and config.checkpoint_every and state.step % config.checkpoint_every == 0:
+                ckpt.save(state)
+        if ckpt is not None and state.step not in ckpt.all_steps():
+            ckpt.save(state)
+    finally:
+        bar.close()
+        logger.close()
+        if ckpt is not None:
+            ckpt.close()
+    write_back(model, state.params)
+    return TrainResult(history=logger.history, state=state, out_dir=None if out_dir is None else os.fspath(out_dir))

@@ -1,0 +1,69 @@
+"""Tiny random policies for smoke tests, CI and CLI dry runs (no downloads).
+
+``byte_tokenizer()`` is a real byte-level tokenizer (one token per UTF-8 byte, no merges)
+with ChatML special tokens, wrapped in :class:`jax_drive.models.Tokenizer`, so chat
+templates, encode/decode and stop tokens behave as with SmolLM2 but every id is < 320.
+``tiny_policy()`` pairs it with a randomly initialised ``CausalLM`` (``ModelConfig.tiny``)
+and optionally LoRA adapters.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flax import nnx
+
+from jax_drive.models import CausalLM, ModelConfig
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TINY_VOCAB = 320  # 256 bytes + 3 specials, rounded up
+
+
+@functools.lru_cache(maxsize=1)
+def _backend():
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    return backend
+
+
+def byte_tokenizer():
+    """A byte-level ChatML tokenizer: 256 byte ids + <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos)."""
+    from jax_drive.models.tokenizer import Tokenizer
+
+    backend = _backend()
+    return Tokenizer(
+        backend,
+        chat_template=None,  # ChatML fallback
+        eos_token_ids=(backend.token_to_id("<|im_end|>"),),
+        pad_token_id=backend.token_to_id("<|endoftext|>"),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_policy(seed: int, architecture: str, lora_rank: int | None, overrides: tuple):
+    config = ModelConfig.tiny(architecture, vocab_size=TINY_VOCAB, max_position_embeddings=4096, **dict(overrides))
+    model = CausalLM(config, rngs=nnx.Rngs(seed))
+    if lora_rank:
+        from jax_drive.models.lora import apply_lora
+
+        apply_lora(model, rank=lora_rank, alpha=2.0 * lora_rank, rngs=nnx.Rngs(seed + 1))
+    return model, config
+
+
+def tiny_policy(seed: int = 0, architecture: str = "llama", lora_rank: int | None = 4, **overrides):
+    """(model, config, tokenizer): a random tiny CausalLM over the byte tokenizer.
+
+    With ``lora_rank`` set, LoRA adapters are applied (B initialised to zero as usual, so the
+    adapted model equals the base model until trained). Each call returns a fresh copy
+    (``nnx.clone``) of a per-process cached initialisation, so equal arguments give equal,
+    independent models cheaply.
+    """
+    model, config = _cached_policy(int(seed), architecture, lora_rank, tuple(sorted(overrides.items())))
+    return nnx.clone(model), config, byte_tokenizer()

@@ -1,0 +1,373 @@
+"""Stateless, jittable physics of the cooperative simulator.
+
+    state = reset(cfg, key, scenario)
+    state = step(cfg, scenario, state, action)      # one decision period (k ticks)
+    states = rollout(cfg, scenario, state, actions) # lax.scan over decisions
+
+All functions take one episode; vmap them over a leading episode axis (see
+:func:`batched_step`). Each tick: lights -> per-agent leader / stop-line gap ->
+longitudinal control (PID to a desired speed for policy agents, IDM for scripted ones)
+-> lateral PID towards an aim point on the lane (or on the waypoints) -> kinematic
+bicycle -> events (collisions by oriented-box overlap, arrivals, red-light runs,
+off-road, stagnation).
+
+The interface is backend-neutral: a CARLA backend only has to provide ``reset`` and
+``step`` with the same pytrees.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jax_drive.geometry import box_corners, boxes_overlap, wrap_angle
+from jax_drive.sim import lanes as lanes_lib
+from jax_drive.sim.state import (
+    SPEED_STEP,
+    Action,
+    Behaviour,
+    Cmd,
+    Light,
+    Lights,
+    Scenario,
+    SimConfig,
+    SimState,
+)
+
+
+# ---------------------------------------------------------------------------- lights
+def light_state(lights: Lights, t: chex.Array) -> chex.Array:
+    """(..., K) int32 :class:`Light` state at time ``t`` (s) of fixed-cycle lights."""
+    cycle = jnp.maximum(lights.green + lights.yellow + lights.red, 1e-6)
+    phase = jnp.mod(t + lights.offset, cycle)
+    state = jnp.where(
+        phase < lights.green, Light.GREEN, jnp.where(phase < lights.green + lights.yellow, Light.YELLOW, Light.RED)
+    )
+    return jnp.where(lights.valid, state, Light.GREEN).astype(jnp.int32)
+
+
+def lane_light(sc: Scenario, lane: chex.Array, t: chex.Array) -> chex.Array:
+    """(A,) light state governing each agent's lane path (GREEN when none)."""
+    states = light_state(sc.lights, t)
+    idx = sc.lanes.light[lane]
+    return jnp.where(idx >= 0, states[jnp.clip(idx, 0)], Light.GREEN)
+
+
+# ------------------------------------------------------------------------ controllers
+def pid_step(window: chex.Array, error: chex.Array, gains) -> tuple[chex.Array, chex.Array]:
+    """CoLMDriver/TCP PID: output = kp*e + ki*mean(window) + kd*(e - e_prev).
+
+    Args: window (..., W) past errors (oldest first); error (...); gains (kp, ki, kd).
+    Returns: output (...), updated window (..., W).
+    """
+    kp, ki, kd = gains
+    window = jnp.concatenate([window[..., 1:], error[..., None]], axis=-1)
+    out = kp * error + ki * jnp.mean(window, -1) + kd * (window[..., -1] - window[..., -2])
+    return out, window
+
+
+def idm_accel(v, v0, gap, lead_v, cfg: SimConfig) -> chex.Array:
+    """Intelligent Driver Model acceleration (m/s^2); ``gap`` is bumper to bumper."""
+    v0 = jnp.maximum(v0, 0.1)
+    s_star = cfg.idm_gap + v * cfg.idm_headway + v * (v - lead_v) / (2 * jnp.sqrt(cfg.idm_accel * cfg.idm_decel))
+    s_star = jnp.maximum(s_star, cfg.idm_gap)
+    acc = cfg.idm_accel * (1 - (v / v0) ** 4 - (s_star / jnp.maximum(gap, 0.1)) ** 2)
+    return jnp.clip(acc, -cfg.brake_decel * 1.3, cfg.idm_accel)
+
+
+def safe_speed(gap, lead_v, cfg: SimConfig) -> chex.Array:
+    """Highest speed that can still stop ``follow_gap`` behind a leader braking at
+    ``follow_decel`` (Gipps-style): sqrt(lead_v^2 + 2 b (gap - s0)) less a 0.5 s margin."""
+    b = cfg.follow_decel
+    room = jnp.maximum(gap - cfg.follow_gap, 0.0)
+    return jnp.maximum(jnp.sqrt(lead_v**2 + 2 * b * room) - 0.5 * b, 0.0)
+
+
+def bicycle(x, y, heading, v, accel, steer, length, dt) -> tuple:
+    """Kinematic bicycle about the box centre (wheelbase = 0.6 length); speed >= 0."""
+    wheelbase = 0.6 * length
+    v_new = jnp.clip(v + accel * dt, 0.0, 40.0)
+    v_mid = 0.5 * (v + v_new)
+    yaw_rate = v_mid / wheelbase * jnp.tan(steer)
+    h_mid = heading + 0.5 * yaw_rate * dt
+    x = x + v_mid * jnp.cos(h_mid) * dt
+    y = y + v_mid * jnp.sin(h_mid) * dt
+    return x, y, wrap_angle(heading + yaw_rate * dt), v_new
+
+
+# ------------------------------------------------------------------------- perception
+def leader_gaps(cfg: SimConfig, sc: Scenario, st: SimState, present: chex.Array):
+    """Nearest obstacle ahead in each agent's current lane path.
+
+    Returns: arc (A,) own arc on the lane, lat (A,) own lateral offset, gap (A,) bumper
+    gap to the nearest same-direction or stopped vehicle ahead (inf if none), lead_v (A,)
+    its speed along the lane, lead (A,) its index (-1 none).
+    """
+    pts = sc.lanes.points[st.lane]  # (A, C, 2)
+    pos = jnp.stack([st.x, st.y], -1)
+    arc, lat, _ = lanes_lib.project(pts, pos)
+    arc_ij, lat_ij, lh_ij = lanes_lib.project(pts[:, None], pos[None, :, :])  # (A, A)
+    ahead = arc_ij - arc[:, None]
+    in_lane = jnp.abs(lat_ij) < (sc.width[:, None] + sc.width[None, :]) / 2 + 0.3
+    dh = jnp.cos(st.heading[None, :] - lh_ij)
+    stopped = (st.speed[None, :] < 0.5) | (st.collision_step[None, :] >= 0)
+    same_dir = (dh > 0.3) | stopped
+    a = sc.valid.shape[-1]
+    not_self = ~jnp.eye(a, dtype=bool)
+    cand = present[None, :] & not_self & in_lane & same_dir & (ahead > 0) & (ahead < cfg.follow_range)
+    gap = jnp.where(cand, ahead - (sc.length[:, None] + sc.length[None, :]) / 2, jnp.inf)
+    # Also whatever is straight ahead of the body (during lane changes the old lane still matters).
+    rel = pos[None, :, :] - pos[:, None, :]
+    c, s = jnp.cos(st.heading)[:, None], jnp.sin(st.heading)[:, None]
+    fwd = c * rel[..., 0] + s * rel[..., 1]
+    side = -s * rel[..., 0] + c * rel[..., 1]
+    dh_body = jnp.cos(st.heading[None, :] - st.heading[:, None])
+    body = (
+        present[None, :] & not_self & ((dh_body > 0.3) | stopped) & (fwd > 0) & (fwd < cfg.follow_range)
+        & (jnp.abs(side) < (sc.width[:, None] + sc.width[None, :]) / 2 + 0.2)
+    )
+    gap = jnp.minimum(gap, jnp.where(body, fwd - (sc.length[:, None] + sc.length[None, :]) / 2, jnp.inf))
+    dh = jnp.where(body & ~cand, dh_body, dh)
+    lead = jnp.argmin(gap, axis=-1)
+    gmin = jnp.min(gap, axis=-1)
+    pick = jnp.arange(a)[None, :] == lead[:, None]
+    lead_v = jnp.sum(jnp.where(pick, st.speed[None, :] * jnp.maximum(dh, 0.0), 0.0), -1)
+    lead_v = jnp.where(jnp.isfinite(gmin), lead_v, 0.0)
+    lead = jnp.where(jnp.isfinite(gmin), lead, -1)
+    return arc, lat, gmin, lead_v, lead
+
+
+# ------------------------------------------------------------------------------ reset
+def reset(cfg: SimConfig, key: chex.PRNGKey, sc: Scenario) -> SimState:
+    """Initial state of one episode. ``key`` is accepted for backend neutrality (the
+    scenario is already randomised by its builder); the JAX backend is deterministic."""
+    del key
+    a = sc.x.shape[-1]
+    zeros = jnp.zeros((a,), jnp.float32)
+    neg = -jnp.ones((a,), jnp.int32)
+    target = jnp.where(sc.behaviour == Behaviour.STOPPED, 0.0, sc.cruise_speed)
+    return SimState(
+        step=jnp.zeros((), jnp.int32),
+        x=sc.x.astype(jnp.float32),
+        y=sc.y.astype(jnp.float32),
+        heading=sc.heading.astype(jnp.float32),
+        speed=jnp.where(sc.valid, sc.speed, 0.0).astype(jnp.float32),
+        accel=zeros,
+        steer=zeros,
+        lane=sc.lane.astype(jnp.int32),
+        command=jnp.full((a,), Cmd.GO, jnp.int32),
+        speed_target=target.astype(jnp.float32),
+        waypoints=jnp.zeros((a, cfg.num_waypoints, 2), jnp.float32),
+        wp_step=jnp.zeros((a,), jnp.int32),
+        lat_err=jnp.zeros((a, cfg.lat_window), jnp.float32),
+        lon_err=jnp.zeros((a, cfg.lon_window), jnp.float32),
+        progress=zeros,
+        done=jnp.zeros((a,), bool),
+        success_step=neg,
+        collision_step=neg,
+        collision_with=neg,
+        red_runs=jnp.zeros((a,), jnp.int32),
+        offroad_steps=jnp.zeros((a,), jnp.int32),
+        stagnant_steps=jnp.zeros((a,), jnp.int32),
+    )
+
+
+# ---------------------------------------------------------------------------- actions
+def apply_action(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
+    """Latches a decision: speed target, lane change, waypoints (policy agents only)."""
+    policy = (sc.behaviour == Behaviour.POLICY) & sc.valid
+    cmd = jnp.where(action.command == Cmd.KEEP, st.command, action.command).astype(jnp.int32)
+    limit = sc.lanes.speed_limit[st.lane]
+    base = jnp.where(action.target_speed > 0, action.target_speed, jnp.where(sc.cruise_speed > 0, sc.cruise_speed, limit))
+    lane_change = (action.command == Cmd.LANE_LEFT) | (action.command == Cmd.LANE_RIGHT)
+    target = st.speed_target
+    target = jnp.where(action.command == Cmd.GO, base, target)
+    target = jnp.where(action.command == Cmd.STOP, 0.0, target)
+    target = jnp.where(action.command == Cmd.SLOW_DOWN, jnp.maximum(st.speed - SPEED_STEP, 0.0), target)
+    target = jnp.where(action.command == Cmd.SPEED_UP, jnp.minimum(st.speed + SPEED_STEP, 1.2 * limit), target)
+    target = jnp.where(lane_change & (st.speed_target < 1.0), base, target)
+    nb = jnp.where(action.command == Cmd.LANE_LEFT, sc.lanes.left[st.lane], sc.lanes.right[st.lane])
+    lane = jnp.where(lane_change & (nb >= 0), nb, st.lane)
+    is_wp = action.command == Cmd.WAYPOINTS
+    return st.replace(
+        command=jnp.where(policy, cmd, st.command),
+        speed_target=jnp.where(policy, target, st.speed_target),
+        lane=jnp.where(policy, lane, st.lane),
+        waypoints=jnp.where((policy & is_wp)[:, None, None], action.waypoints, st.waypoints),
+        wp_step=jnp.where(policy & is_wp, st.step, st.wp_step),
+    )
+
+
+# ------------------------------------------------------------------------------- tick
+def tick(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
+    """Advances one episode by ``cfg.dt``."""
+    t = st.step * cfg.dt
+    removed = st.success_step >= 0
+    collided = st.collision_step >= 0
+    present = sc.valid & ~removed
+    frozen = collided | (sc.behaviour == Behaviour.STOPPED) | ~present
+    arc, lat, gap, lead_v, _ = leader_gaps(cfg, sc, st, present)
+
+    # Stop lines.
+    light = lane_light(sc, st.lane, t)
+    stop_gap = sc.lanes.stop_arc[st.lane] - arc - sc.length / 2
+    has_light = sc.lanes.light[st.lane] >= 0
+    yellow_can_stop = stop_gap > st.speed**2 / (2 * 4.0)
+    must_stop = (
+        sc.obeys_lights
+        & has_light
+        & ((light == Light.RED) | ((light == Light.YELLOW) & yellow_can_stop))
+        & (stop_gap > -1.0)
+    )
+    gap = jnp.where(must_stop, jnp.minimum(gap, jnp.maximum(stop_gap, 0.0)), gap)
+    lead_v = jnp.where(must_stop & (stop_gap <= gap), 0.0, lead_v)
+
+    # Waypoint targets.
+    wp_mode = st.command == Cmd.WAYPOINTS
+    pos = jnp.stack([st.x, st.y], -1)
+    elapsed = (st.step - st.wp_step) * cfg.dt
+    k = jnp.clip(jnp.floor(elapsed / cfg.waypoint_dt).astype(jnp.int32), 0, cfg.num_waypoints - 2)
+    wp = st.waypoints
+    a_idx = jnp.arange(wp.shape[0])
+    wp_speed = jnp.linalg.norm(wp[a_idx, k + 1] - wp[a_idx, k], axis=-1) / cfg.waypoint_dt
+
+    # Longitudinal.
+    follow = safe_speed(gap, lead_v, cfg)
+    cmd_speed = jnp.where(st.command == Cmd.STOP, 0.0, jnp.minimum(st.speed_target, follow))
+    desired = jnp.where(wp_mode, wp_speed, cmd_speed)
+    delta = jnp.clip(desired - st.speed, 0.0, 0.25)
+    throttle, lon_err = pid_step(st.lon_err, delta, cfg.lon_pid)
+    throttle = jnp.clip(throttle, 0.0, 0.75)
+    brake = (desired < 0.4) | (st.speed > 1.1 * desired)
+    acc_pid = jnp.where(brake, -cfg.brake_decel, throttle / 0.75 * cfg.throttle_accel) - cfg.drag * st.speed
+    acc_idm = idm_accel(st.speed, sc.cruise_speed, gap, lead_v, cfg)
+    accel = jnp.where(sc.behaviour == Behaviour.IDM, acc_idm, acc_pid)
+
+    # Lateral.
+    lookahead = jnp.clip(0.8 * st.speed + 4.0, 5.0, 15.0)
+    pts = sc.lanes.points[st.lane]
+    aim_lane, _ = lanes_lib.point_at_arc(pts, arc + lookahead)
+    wp_arc, _, _ = lanes_lib.project(wp, pos)
+    aim_wp, _ = lanes_lib.point_at_arc(wp, wp_arc + lookahead)
+    aim = jnp.where(wp_mode[:, None], aim_wp, aim_lane)
+    rel = aim - pos
+    angle = wrap_angle(jnp.arctan2(rel[:, 1], rel[:, 0]) - st.heading)
+    steer_cmd, lat_err = pid_step(st.lat_err, angle / (jnp.pi / 2), cfg.lat_pid)
+    steer = jnp.clip(steer_cmd, -1.0, 1.0) * cfg.max_steer
+
+    # Motion.
+    x, y, heading, speed = bicycle(st.x, st.y, st.heading, st.speed, accel, steer, sc.length, cfg.dt)
+    x = jnp.where(frozen, st.x, x)
+    y = jnp.where(frozen, st.y, y)
+    heading = jnp.where(frozen, st.heading, heading)
+    speed = jnp.where(frozen, 0.0, speed)
+    accel = jnp.where(frozen, 0.0, accel)
+    step = st.step + 1
+    new = st.replace(
+        step=step, x=x, y=y, heading=heading, speed=speed, accel=accel, steer=steer, lat_err=lat_err, lon_err=lon_err
+    )
+    return _events(cfg, sc, st, new, arc, light, present)
+
+
+def _events(cfg: SimConfig, sc: Scenario, old: SimState, st: SimState, old_arc, light, present) -> SimState:
+    """Collisions, arrivals, route progress, red-light runs, off-road, stagnation."""
+    a = sc.x.shape[-1]
+    pos = jnp.stack([st.x, st.y], -1)
+    corners = box_corners(st.x, st.y, st.heading, sc.length, sc.width)
+    ca = jnp.broadcast_to(corners[:, None], (a, a, 4, 2))
+    overlap = boxes_overlap(ca, jnp.swapaxes(ca, 0, 1))
+    overlap = overlap & present[:, None] & present[None, :] & ~jnp.eye(a, dtype=bool)
+    hit = jnp.any(overlap, -1)
+    first_hit = hit & (st.collision_step < 0)
+    collision_step = jnp.where(first_hit, st.step, st.collision_step)
+    collision_with = jnp.where(first_hit, jnp.argmax(overlap, -1), st.collision_with)
+    collided = collision_step >= 0
+
+    g_pts = sc.lanes.points[sc.goal_lane]
+    g_arc, g_lat, _ = lanes_lib.project(g_pts, pos)
+    arrived = (g_arc >= sc.goal_arc) & (jnp.abs(g_lat) < sc.lanes.width[sc.goal_lane] / 2 + 1.0)
+    new_success = present & arrived & ~collided & (st.success_step < 0)
+    success_step = jnp.where(new_success, st.step, st.success_step)
+
+    r_arc, _, _ = lanes_lib.project(sc.lanes.points[sc.lane], pos)
+    progress = jnp.where(present & ~collided, jnp.maximum(st.progress, jnp.clip(r_arc, 0.0, sc.route_length)), st.progress)
+    progress = jnp.where(success_step >= 0, sc.route_length, progress)
+
+    c_arc, c_lat, _ = lanes_lib.project(sc.lanes.points[st.lane], pos)
+    stop = sc.lanes.stop_arc[st.lane]
+    crossed = (old_arc + sc.length / 2 < stop) & (c_arc + sc.length / 2 >= stop) & (jnp.abs(c_lat) < 2.5)
+    ran = present & (sc.lanes.light[st.lane] >= 0) & (light == Light.RED) & crossed
+    off = lanes_lib.offroad(sc.lanes.points, sc.lanes.width, sc.lanes.valid, pos, cfg.offroad_margin)
+    moving = present & ~collided & (sc.behaviour != Behaviour.STOPPED)
+    slow = st.speed < cfg.stagnation_speed
+    return st.replace(
+        collision_step=collision_step,
+        collision_with=collision_with,
+        success_step=success_step,
+        progress=progress,
+        done=collided | (success_step >= 0),
+        red_runs=st.red_runs + ran.astype(jnp.int32),
+        offroad_steps=st.offroad_steps + (off & moving).astype(jnp.int32),
+        stagnant_steps=jnp.where(slow & moving, st.stagnant_steps + 1, 0),
+    )
+
+
+# ------------------------------------------------------------------------ public API
+def step_impl(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
+    """One decision period: latch ``action`` then run ``cfg.decision_steps`` ticks."""
+    st = apply_action(cfg, sc, st, action)
+    st, _ = jax.lax.scan(lambda s, _: (tick(cfg, sc, s), None), st, None, length=cfg.decision_steps)
+    return st
+
+
+step = jax.jit(step_impl, static_argnums=0)
+
+
+def rollout(cfg: SimConfig, sc: Scenario, st: SimState, actions: Action) -> tuple[SimState, SimState]:
+    """Scans :func:`step` over actions with a leading decision axis (D, ...).
+
+    Returns: final state and the stacked states after each decision (D, ...).
+    """
+
+    def body(s, act):
+        s = apply_action(cfg, sc, s, act)
+        s, _ = jax.lax.scan(lambda q, _: (tick(cfg, sc, q), None), s, None, length=cfg.decision_steps)
+        return s, s
+
+    return jax.lax.scan(body, st, actions)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def batched_reset(cfg: SimConfig, keys: chex.PRNGKey, sc: Scenario) -> SimState:
+    """:func:`reset` vmapped over a leading episode axis."""
+    return jax.vmap(lambda k, s: reset(cfg, k, s))(keys, sc)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def batched_step(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
+    """:func:`step` vmapped over a leading episode axis."""
+    return jax.vmap(lambda s, q, a: step_impl(cfg, s, q, a))(sc, st, action)
+
+
+def idle_action(cfg: SimConfig, batch: tuple[int, ...] = ()) -> Action:
+    """KEEP for every agent (scripted agents ignore actions anyway)."""
+    a = cfg.max_agents
+    return Action(
+        command=jnp.full(batch + (a,), Cmd.KEEP, jnp.int32),
+        target_speed=jnp.zeros(batch + (a,), jnp.float32),
+        waypoints=jnp.zeros(batch + (a, cfg.num_waypoints, 2), jnp.float32),
+    )
+
+
+def go_action(cfg: SimConfig, sc: Scenario) -> Action:
+    """GO at each agent's cruise speed, for every agent (batch dims of ``sc``)."""
+    act = idle_action(cfg, sc.x.shape[:-1])
+    return act.replace(command=jnp.full_like(act.command, Cmd.GO), target_speed=sc.cruise_speed.astype(jnp.float32))
+
+
+def time_of(cfg: SimConfig, step_index) -> chex.Array:
+    """Seconds of a simulation step index."""
+    return jnp.asarray(step_index) * cfg.dt

@@ -1,0 +1,217 @@
+"""Dataset builders: record structure, RL curation, the data card, the CLI, and the
+no-leak property (the expert trajectory never reaches a prompt)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jax_drive.data import builders as B
+from jax_drive.data.card import DataCard
+from jax_drive.scenes import GeneratorConfig, generate_scenes
+from jax_drive.text import chat
+from jax_drive.text.codec import format_points, format_trajectory, parse_trajectory
+from jax_drive.text.prompts import PromptConfig
+
+N = 4
+GEN = GeneratorConfig(hard_fraction=0.5)
+CONFIG = B.BuildConfig(reference="expert")  # skips the PDM-Closed compile; EP only affects RL categories
+TEXT_CONFIG = B.BuildConfig(reference="expert", prompt=PromptConfig(perception="text", image_placeholder=False))
+CV = B.ConstantVelocityPredictor()
+
+
+def _scenes(seed):
+    return generate_scenes(jax.random.PRNGKey(seed), N, GEN)
+
+
+@pytest.fixture(scope="module")
+def scenes():
+    return _scenes(0)
+
+
+def _with_expert(scene, seed):
+    """The same scenes with a different (random) expert trajectory."""
+    t = (jnp.arange(8) + 1.0) * 0.5
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    speed = jax.random.uniform(k1, (N, 1), minval=0.0, maxval=15.0)
+    bend = jax.random.normal(k2, (N, 1)) * 0.5
+    expert = jnp.stack([speed * t, bend * t**2, jnp.broadcast_to(2 * bend * t / jnp.maximum(speed, 1.0), (N, 8))], -1)
+    return scene.replace(expert=expert)
+
+
+def _prompt_part(record):
+    msgs = record["messages"]
+    return msgs[:-1] if msgs[-1]["role"] == "assistant" else msgs
+
+
+def test_single_records(scenes):
+    records = B.build_single(scenes, CONFIG)
+    assert len(records) == N
+    expert = np.asarray(scenes.expert)
+    for i, r in enumerate(records):
+        prompt, target = chat.split_prompt_target(r["messages"])
+        assert [m["role"] for m in r["messages"]] == ["user", "assistant"]
+        assert target == format_trajectory(expert[i])
+        np.testing.assert_allclose(parse_trajectory(target).poses, expert[i], atol=0.0051 + 0.01)
+        assert prompt[0]["content"].startswith("<image>\nAs an autonomous driving system")
+        json.dumps(r)
+    system = B.build_single(scenes, B.BuildConfig(reference="expert", prompt=PromptConfig(system_prompt=True)))
+    assert system[0]["messages"][0]["role"] == "system"
+
+
+def test_multi_records(scenes):
+    records, stats = B.build_multi(scenes, CV, jax.random.PRNGKey(1), CONFIG)
+    first = [r for r in records if not r["meta"]["mock"]]
+    mock = [r for r in records if r["meta"]["mock"]]
+    assert stats["two_turn"] == len(first) and stats["mock"] == len(mock)
+    assert stats["first_turn"]["feedback_nonempty"] == len(first)
+    assert len(first) >= 1, "hard scenes must make the constant-velocity model fail"
+    cv_texts = CV(scenes, None, None)
+    ids = [int(i) for i in np.asarray(scenes.scene_id)]
+    for r in first:
+        m = r["messages"]
+        assert [x["role"] for x in m] == ["user", "assistant", "user", "assistant"]
+        assert m[1]["content"] == cv_texts[ids.index(r["scene_id"])]
+        assert m[2]["content"].startswith("This was your previous trajectory prediction.")
+        assert m[3]["content"] == format_trajectory(np.asarray(scenes.expert)[ids.index(r["scene_id"])])
+    for r in mock:
+        m = r["messages"]
+        assert r["meta"]["turns"] >= 3 and len(m) == 2 * r["meta"]["turns"]
+        feedbacks = [x["content"] for x in m[2:-1:2]]
+        assert all(f.startswith("This was your previous") for f in feedbacks)
+        answers = [x["content"] for x in m[1:-1:2]]
+        assert len(set(answers)) == len(answers)  # different noisy answers
+        assert all(parse_trajectory(a).ok for a in answers)
+
+
+def test_rl_curation(scenes):
+    records, stats = B.build_rl(scenes, CV, jax.random.PRNGKey(2), CONFIG)
+    counts = {int(k): v for k, v in stats["category_counts"].items()}
+    assert sum(counts.values()) == N
+    hard = counts[1] + counts[2]
+    selected = {int(k): v for k, v in stats["selected"].items()}
+    assert selected[1] == counts[1] and selected[2] == counts[2]
+    assert selected[3] == min(counts[3], round(CONFIG.easy_ratio * hard))
+    assert len(records) == sum(selected.values())
+    for r in records:
+        assert [m["role"] for m in r["messages"]] == ["user"]
+        cat = r["meta"]["category"]
+        if cat == 1:
+            assert r["meta"]["first_turn_feedback"]
+        elif cat == 2:
+            assert not r["meta"]["first_turn_feedback"] and r["meta"]["first_turn_pdms"] < 0.8
+        else:
+            assert not r["meta"]["first_turn_feedback"] and r["meta"]["first_turn_pdms"] >= 0.8
+    none_easy = B.build_rl(scenes, CV, jax.random.PRNGKey(2), B.BuildConfig(reference="expert", easy_ratio=0.0))[0]
+    assert all(r["meta"]["category"] < 3 for r in none_easy)
+
+
+def test_qa_records(scenes):
+    records, counts = B.build_qa(scenes, jax.random.PRNGKey(3), CONFIG)
+    assert len(records) == sum(counts.values()) > 0
+    for metric in ("dac", "nc", "ttc"):
+        assert counts[f"{metric}_yes"] == counts[f"{metric}_no"], metric  # generated scenes have agents
+    for r in records:
+        assert r["messages"][-1]["content"] in ("Yes.", "No.")
+
+
+def test_unparsable_predictor_is_skipped(scenes):
+    class Broken:
+        name = "broken"
+
+        def __call__(self, scene, key, prompts):
+            return ["I would drive carefully."] * len(prompts)
+
+    records, stats = B.build_rl(scenes, Broken(), jax.random.PRNGKey(2), CONFIG)
+    assert stats["first_turn"]["unparsed"] == N
+    assert all(r["meta"]["category"] == 2 and r["meta"]["first_turn_pdms"] is None for r in records)
+    with pytest.raises(ValueError):
+        B.first_turn(scenes, _Short(), jax.random.PRNGKey(0), CONFIG)
+
+
+class _Short:
+    name = "short"
+
+    def __call__(self, scene, key, prompts):
+        return ["x"]
+
+
+@settings(max_examples=4)
+@given(scene_seed=st.integers(0, 2**16), expert_seed=st.integers(0, 2**16), text=st.booleans())
+def test_expert_never_leaks_into_prompts(scene_seed, expert_seed, text):
+    """Prompts are a function of the scene without its expert: replacing the expert
+    changes no prompt message, and no prompt message holds the expert's [PT block."""
+    config = TEXT_CONFIG if text else CONFIG
+    original = _scenes(scene_seed)
+    other = _with_expert(original, expert_seed)
+    key = jax.random.PRNGKey(scene_seed)
+    builds = {
+        "single": lambda s: B.build_single(s, config),
+        "multi": lambda s: B.build_multi(s, CV, key, config)[0],
+        "rl": lambda s: B.build_rl(s, CV, key, config)[0],
+    }
+    for expert_source in (original, other):
+        blocks = [format_points(p) for p in np.asarray(expert_source.expert)]
+        for kind, build in builds.items():
+            for r in build(expert_source):
+                for m in _prompt_part(r):
+                    assert not any(b in m["content"] for b in blocks), kind
+    for kind, build in builds.items():
+        a = {r["id"]: _prompt_part(r) for r in build(original)}
+        b = {r["id"]: _prompt_part(r) for r in build(other)}
+        for rid in set(a) & set(b):
+            assert a[rid] == b[rid], (kind, rid)
+        if kind != "rl":  # RL selection may depend on EP (the reference here is the expert)
+            assert set(a) == set(b)
+
+
+def test_data_card_counts():
+    card = DataCard(kind="multi", num_scenes=4, seed=0)
+    card.add_records([
+        {"kind": "multi", "meta": {"mock": False, "turns": 2}},
+        {"kind": "multi", "meta": {"mock": True, "turns": 3}},
+        {"kind": "multi", "meta": {"mock": False, "turns": 2}},
+    ])
+    card.add_stats({"first_turn": {"nc_fail": 2, "mean_pdms": 0.5, "reference": "expert"}})
+    card.add_stats({"first_turn": {"nc_fail": 1, "mean_pdms": 0.7, "reference": "expert"}})
+    d = card.to_dict()
+    assert d["records"] == 3
+    assert d["record_counts"] == {"multi/bootstrap/2-turn": 2, "multi/mock/3-turn": 1}
+    assert d["stats"]["first_turn"]["nc_fail"] == 3
+    assert abs(d["stats"]["first_turn"]["mean_pdms"] - 0.6) < 1e-9
+    assert "nc_fail: 3" in card.to_text()
+
+
+@pytest.mark.parametrize("kind", ["single", "multi", "qa", "rl"])
+def test_cli_build(kind, tmp_path, capsys):
+    from jax_drive.cli import main
+
+    out = tmp_path / f"{kind}.jsonl"
+    card = tmp_path / "card.json"
+    code = main([
+        "data", "build", "--kind", kind, "--scenes", str(N), "--out", str(out), "--seed", "0",
+        "--hard-fraction", "0.5", "--reference", "expert", "--no-progress", "--card", str(card),
+    ])
+    assert code == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines and all(r["kind"] == kind and r["meta"]["scene_seed"] == 0 for r in lines)
+    for r in lines:
+        chat.validate(r["messages"])
+    printed = capsys.readouterr().out
+    assert f"Data card: kind={kind}" in printed and f"records={len(lines)}" in printed
+    assert json.loads(card.read_text())["records"] == len(lines)
+
+
+def test_cli_rejects_bad_arguments(tmp_path):
+    from jax_drive.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["data", "build", "--kind", "single", "--scenes", "0", "--out", str(tmp_path / "x.jsonl")])
+    with pytest.raises(SystemExit):
+        main(["data", "build", "--kind", "single", "--scenes", "2", "--out", str(tmp_path / "no" / "x.jsonl")])
+    with pytest.raises(SystemExit):
+        main(["data", "build", "--kind", "nope", "--scenes", "2", "--out", str(tmp_path / "x.jsonl")])

@@ -1,0 +1,232 @@
+"""Scorer internals against independent float64 numpy re-derivations, and API behaviour."""
+
+from __future__ import annotations
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_drive.pdm import PDMConfig, interpolate_poses, score_candidates, score_proposals, simulate_states
+from jax_drive.pdm.testing import make_agent, straight_poses, straight_scene
+
+CFG = PDMConfig()
+
+
+# ------------------------------------------------------------ numpy oracle of the tracker
+def _wrap(a):
+    return (a + np.pi) % (2 * np.pi) - np.pi
+
+
+def np_track(states: np.ndarray, v0: float, a0: float, steer0: float, cfg: PDMConfig = CFG) -> np.ndarray:
+    """Float64 loop version of NAVSIM's LQR + bicycle simulation for ONE trajectory.
+
+    states: (41, 3). Returns (41, 4) [x, y, heading, v]. Written from the published
+    equations: least-squares profile fits with pseudo-inverses, per-step LQR, Euler model.
+    """
+    dt, n_h, wb = cfg.dt, cfg.tracking_horizon, cfg.ego_wheel_base
+    disp = np.diff(states, axis=0)
+    m = len(disp)
+    # Velocity / acceleration fit: full (2M x M) design matrix with headings.
+    a_mat = np.zeros((2 * m, m))
+    for i in range(m):
+        c, s = np.cos(states[i, 2]), np.sin(states[i, 2])
+        for j in range(m):
+            coef = dt if j == 0 else (dt * dt if j <= i else 0.0)
+            a_mat[2 * i, j] = c * coef
+            a_mat[2 * i + 1, j] = s * coef
+    r = np.zeros((m - 2, m))
+    for i in range(m - 2):
+        r[i, i + 1], r[i, i + 2] = -1.0, 1.0
+    y = disp[:, :2].reshape(-1)
+    sol = np.linalg.pinv(a_mat.T @ a_mat + cfg.jerk_penalty * r.T @ r) @ a_mat.T @ y
+    vel = sol[0] + np.concatenate([[0.0], np.cumsum(sol[1:] * dt)])
+    # Curvature fit.
+    b_mat = np.zeros((m, m))
+    for i in range(m):
+        b_mat[i, 0] = vel[i] * dt
+        for j in range(1, i + 1):
+            b_mat[i, j] = vel[i] * dt * dt
+    q = np.eye(m) * cfg.curvature_rate_penalty
+    q[0, 0] = cfg.initial_curvature_penalty
+    ksol = np.linalg.pinv(b_mat.T @ b_mat + q) @ b_mat.T @ _wrap(disp[:, 2])
+    curv = ksol[0] + np.concatenate([[0.0], np.cumsum(ksol[1:] * dt)])
+
+    x = y_ = h = 0.0
+    v, acc, steer = v0, a0, steer0
+    out = [[x, y_, h, v]]
+    for t in range(40):
+        ref_idx = min(t + n_h, m - 1)
+        v_ref = vel[ref_idx]
+        kappa = np.array([curv[min(t + k, m - 1)] for k in range(n_h)])
+        if v_ref <= cfg.stopping_velocity and v <= cfg.stopping_velocity:
+            a_cmd, sr_cmd = -cfg.stopping_gain * (v - v_ref), 0.0
+        else:
+            bl = n_h * dt
+            a_cmd = -bl * cfg.q_longitudinal / (bl * cfg.q_longitudinal * bl + cfg.r_longitudinal) * (v - v_ref)
+            ref = states[t]
+            ex, ey = x - ref[0], y_ - ref[1]
+            z = np.array([-ex * np.sin(ref[2]) + ey * np.cos(ref[2]), _wrap(h - ref[2]), steer])
+            bvec = np.zeros(3)
+            for k in range(n_h):
+                vk = v + a_cmd * dt * k
+                phi = np.eye(3)
+                phi[0, 1] = vk * dt
+                phi[1, 2] = vk * dt / wb
+                z = phi @ z + np.array([0.0, -vk * kappa[k] * dt, 0.0])
+                bvec = phi @ bvec + np.array([0.0, 0.0, dt])
+            z[1:] = np.arctan2(np.sin(z[1:]), np.cos(z[1:]))
+            qm = np.diag(cfg.q_lateral)
+            sr_cmd = -(bvec @ qm @ z) / (bvec @ qm @ bvec + cfg.r_lateral)
+        acc_new = dt / (dt + cfg.accel_time_constant) * (a_cmd - acc) + acc
+        ideal = steer + dt * sr_cmd
+        steer_f = dt / (dt + cfg.steering_time_constant) * (ideal - steer) + steer
+        rate = (steer_f - steer) / dt
+        x, y_, h = x + v * np.cos(h) * dt, y_ + v * np.sin(h) * dt, _wrap(h + v * np.tan(steer) / wb * dt)
+        v = v + acc_new * dt
+        steer = np.clip(steer + rate * dt, -cfg.max_steering_angle, cfg.max_steering_angle)
+        acc = acc_new
+        out.append([x, y_, h, v])
+    return np.asarray(out)
+
+
+def _curve(speed, radius):
+    t = np.arange(1, 9) * 0.5
+    ang = speed * t / radius
+    return np.stack([radius * np.sin(ang), radius * (1 - np.cos(ang)), ang], -1).astype(np.float32)
+
+
+TRACK_CASES = [
+    ("straight", 10.0, 0.0, lambda: straight_poses(10.0)),
+    ("accelerate", 5.0, 0.5, lambda: straight_poses(5.0, accel=2.0)),
+    ("lane_change", 8.0, 0.0, lambda: straight_poses(8.0, lateral=3.5)),
+    ("curve", 7.0, 0.0, lambda: _curve(7.0, 25.0)),
+    ("stop", 3.0, -1.0, lambda: np.stack([np.minimum(np.arange(1, 9) * 0.5, 1.0) * 1.5,
+                                           np.zeros(8), np.zeros(8)], -1).astype(np.float32)),
+    ("standstill", 0.0, 0.0, lambda: np.zeros((8, 3), np.float32)),
+    ("mismatch", 12.0, 0.0, lambda: straight_poses(4.0)),
+]
+
+
+@pytest.mark.parametrize("name, speed, accel, make", TRACK_CASES, ids=[c[0] for c in TRACK_CASES])
+def test_tracker_matches_float64_oracle(name, speed, accel, make):
+    scene = straight_scene([], speed=speed, ego_accel=accel)
+    poses = make()
+    states = interpolate_poses(scene, jnp.asarray(poses), 0.5)
+    traj = simulate_states(scene, states, CFG)
+    ref = np_track(np.asarray(states, np.float64), speed, accel, 0.0)
+    np.testing.assert_allclose(np.asarray(traj.x), ref[:, 0], atol=2e-2)
+    np.testing.assert_allclose(np.asarray(traj.y), ref[:, 1], atol=2e-2)
+    np.testing.assert_allclose(np.asarray(traj.heading), ref[:, 2], atol=2e-3)
+    np.testing.assert_allclose(np.asarray(traj.vx), ref[:, 3], atol=2e-2)
+    # Kinematic bicycle: lateral velocity / acceleration are 0 after t0.
+    assert np.all(np.asarray(traj.vy[1:]) == 0) and np.all(np.asarray(traj.ay[1:]) == 0)
+
+
+def test_tracker_follows_a_plain_straight_plan():
+    scene = straight_scene([], speed=10.0)
+    traj = simulate_states(scene, interpolate_poses(scene, jnp.asarray(straight_poses(10.0)), 0.5))
+    np.testing.assert_allclose(np.asarray(traj.x), np.arange(41) * 1.0, atol=0.05)
+    np.testing.assert_allclose(np.asarray(traj.vx), 10.0, atol=0.05)
+
+
+def test_simulate_false_returns_interpolated_states():
+    scene = straight_scene([], speed=10.0)
+    states = interpolate_poses(scene, jnp.asarray(straight_poses(10.0, accel=1.0)), 0.5)
+    traj = simulate_states(scene, states, PDMConfig(simulate=False))
+    np.testing.assert_allclose(np.asarray(traj.poses), np.asarray(states), atol=1e-6)
+    assert float(traj.vx[0]) == 10.0
+    # Linear interpolation between 0.5 s knots: constant speed on each segment, equal to the
+    # segment's mean speed 10 + (k + 0.5) * 0.5 for x = 10 t + t^2 / 2.
+    seg = (np.arange(1, 41) - 1) // 5
+    np.testing.assert_allclose(np.asarray(traj.vx[1:]), 10.0 + (seg + 0.5) * 0.5, atol=0.02)
+
+
+# ------------------------------------------------------------ interpolation
+def test_interpolation_hits_knots_and_midpoints():
+    poses = np.stack([np.arange(1, 9) * 2.0, np.arange(1, 9) * 0.5, np.linspace(0.1, 0.8, 8)], -1)
+    out = np.asarray(interpolate_poses(None, jnp.asarray(poses, jnp.float32), 0.5))
+    chex.assert_shape(out, (41, 3))
+    np.testing.assert_allclose(out[0], 0.0)
+    np.testing.assert_allclose(out[5::5], poses, atol=1e-5)
+    np.testing.assert_allclose(out[1, :2], poses[0, :2] / 5, atol=1e-5)
+
+
+def test_interpolation_heading_is_angle_aware():
+    poses = np.zeros((8, 3), np.float32)
+    poses[:, 0] = np.arange(1, 9)
+    poses[:, 2] = [3.0, -3.0, 3.0, -3.0, 3.0, -3.0, 3.0, -3.0]  # alternating across +-pi
+    out = np.asarray(interpolate_poses(None, jnp.asarray(poses), 0.5))
+    mid = out[7, 2]  # between 3.0 and -3.0 (i.e. 3.28): the short way round, near pi
+    assert abs(abs(mid) - np.pi) < 0.2
+
+
+def test_interpolation_clips_past_last_pose():
+    poses = np.stack([np.arange(1, 5) * 1.0, np.zeros(4), np.zeros(4)], -1).astype(np.float32)
+    out = np.asarray(interpolate_poses(None, jnp.asarray(poses), 0.5))  # covers only 2 s
+    np.testing.assert_allclose(out[20:, 0], 4.0, atol=1e-6)
+
+
+# ------------------------------------------------------------ candidates / violations
+def test_score_candidates_normalises_against_best():
+    scene = straight_scene([], speed=8.0)
+    cands = np.stack([straight_poses(8.0, num=40, dt=0.1), straight_poses(8.0, num=40, dt=0.1, accel=1.0),
+                      straight_poses(8.0, num=40, dt=0.1, accel=-1.0),
+                      straight_poses(8.0, num=40, dt=0.1, lateral=-3.0)])
+    r = score_candidates(scene, cands, CFG)
+    prog = np.asarray(r.progress)
+    ok = np.asarray(r.nc * r.dac) > 0
+    best = np.max(prog * ok)
+    np.testing.assert_allclose(np.asarray(r.ep)[ok], prog[ok] / best, rtol=1e-5)
+    assert float(r.ep[1]) == pytest.approx(1.0)
+    assert float(r.dac[3]) == 0.0 and float(r.ep[3]) == 0.0
+
+
+def test_violation_details_point_at_the_collision():
+    scene = straight_scene([make_agent(15.0, 0.0, vx=3.0, length=4.0, width=1.8)], speed=10.0)
+    props = np.stack([straight_poses(10.0)] * 4)
+    r = score_proposals(scene, props, straight_poses(10.0, num=40, dt=0.1), CFG)
+    v = r.violations
+    # Front bumper meets the rear of the car when 10 t + 4.049 = 13 + 3 t -> t = 1.28 s (step 13)
+    # -> output pose k = 2 (steps 11..15).
+    first = int(np.argmax(np.asarray(v.nc_point[0])))
+    assert first == 2
+    assert int(v.nc_object[0, first]) == 0 and int(v.nc_class[0, first]) == 0
+    box = np.asarray(v.nc_box[0, first])
+    assert box[3] == pytest.approx(4.0) and box[4] == pytest.approx(1.8)
+    assert box[0] == pytest.approx(15.0 + 3.0 * 1.3, abs=0.4)
+    # TTC fires earlier than the collision.
+    assert int(np.argmax(np.asarray(v.ttc_point[0]))) <= first
+
+
+def test_tlc_red_light_and_v2_metrics():
+    red = straight_scene([], speed=10.0, red_light_frames=(0, 50))
+    green = straight_scene([], speed=10.0, red_light_frames=None)
+    props = np.stack([straight_poses(10.0), braking_poses_np(10.0, 20.0), straight_poses(10.0),
+                      straight_poses(10.0)])
+    ref = straight_poses(10.0, num=40, dt=0.1)
+    r_red = score_proposals(red, props, ref, CFG)
+    r_green = score_proposals(green, props, ref, CFG)
+    assert float(r_red.tlc[0]) == 0.0 and float(r_red.epdms[0]) == 0.0
+    assert float(r_red.tlc[1]) == 1.0  # stops before the connector at x = 30
+    assert float(r_green.tlc[0]) == 1.0
+    assert float(r_green.epdms[0]) == pytest.approx(1.0, abs=1e-5)
+    # TLC does not enter PDMS (v1.1).
+    assert float(r_red.pdms[0]) == pytest.approx(float(r_green.pdms[0]))
+
+
+def test_lane_keeping_and_ddc():
+    scene = straight_scene([], speed=8.0)
+    props = np.stack([straight_poses(8.0), straight_poses(8.0, lateral=3.5),
+                      straight_poses(8.0, lateral=0.4), straight_poses(8.0, lateral=1.0)])
+    r = score_proposals(scene, props, straight_poses(8.0, num=40, dt=0.1), CFG)
+    lk = np.asarray(r.lk)
+    assert lk[0] == 1.0 and lk[1] == 0.0 and lk[2] == 1.0
+    ddc = np.asarray(r.ddc)
+    assert ddc[0] == 1.0 and ddc[1] < 1.0  # the left lane is not on the route
+
+
+def braking_poses_np(v0, stop_at):
+    a = v0**2 / (2 * stop_at)
+    t = np.minimum(np.arange(1, 9) * 0.5, v0 / a)
+    return np.stack([v0 * t - 0.5 * a * t**2, np.zeros(8), np.zeros(8)], -1).astype(np.float32)

@@ -1,0 +1,169 @@
+"""Multi-turn rollout control flow with a scripted engine (a deterministic test double that
+returns fixed answers), scored by the real PDM scorer on hand-built scenes."""
+
+import jax
+import numpy as np
+import pytest
+
+from jax_drive.rollout import FORMAT_FEEDBACK, RolloutConfig, run_rollouts, summarize
+from jax_drive.rollout.multiturn import ChatContinuation
+from jax_drive.rl.tiny import byte_tokenizer
+from jax_drive.sampling import Completion, SamplingParams
+from jax_drive.scenes import stack_scenes, straight_road_scene
+from jax_drive.text import format_trajectory
+
+SPEED = 10.0
+GOOD = format_trajectory(np.stack([SPEED * 0.5 * np.arange(1, 9), np.zeros(8), np.zeros(8)], -1))
+OFFROAD = format_trajectory(np.stack([SPEED * 0.5 * np.arange(1, 9), 3.0 * np.arange(1, 9), np.full(8, 0.5)], -1))
+GARBAGE = "I would drive carefully."
+
+# SCRIPT[scene][turn] = answers for the rows of that scene still running, in row order
+SCRIPT = {
+    0: [[GOOD, OFFROAD, GARBAGE], [GOOD, GARBAGE], [GOOD]],
+    1: [[OFFROAD, GOOD, OFFROAD], [OFFROAD, GOOD], [OFFROAD]],
+}
+
+
+class ScriptedEngine:
+    """Deterministic engine double: answers from SCRIPT, keyed by the scene named in the
+    prompt and the number of assistant turns already in the context."""
+
+    def __init__(self, tokenizer, script):
+        self.tok = tokenizer
+        self.script = script
+        self.calls = []
+
+    def generate(self, prompts, params, key):
+        self.calls.append(len(prompts))
+        seen = {}
+        out = []
+        for ids in prompts:
+            text = self.tok.decode(list(ids), skip_special_tokens=False)
+            scene = int(text.split("scene ")[1][0])
+            turn = text.count("<|im_start|>assistant") - 1
+            k = seen.get((scene, turn), 0)
+            seen[(scene, turn)] = k + 1
+            answer = self.script[scene][turn][k]
+            gen = self.tok.encode(answer) + [self.tok.eos_token_ids[0]]
+            out.append(Completion(tuple(ids), tuple(gen), answer, tuple([-0.5] * len(gen)), "stop"))
+        return out
+
+    def generate_chat(self, conversations, params, key):  # pragma: no cover - protocol only
+        raise NotImplementedError
+
+
+def _reference(num):
+    t = 0.1 * np.arange(1, 41)
+    ref = np.stack([SPEED * t, np.zeros(40), np.zeros(40)], -1)
+    return np.broadcast_to(ref, (num, 40, 3)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    tok = byte_tokenizer()
+    scenes = stack_scenes([straight_road_scene(scene_id=i, ego_speed=SPEED) for i in range(2)])
+    engine = ScriptedEngine(tok, SCRIPT)
+    cfg = RolloutConfig(group_size=3, max_turns=3, sampling=SamplingParams(max_new_tokens=200))
+    result = run_rollouts(engine, tok, scenes, jax.random.key(0), cfg, reference=_reference(2),
+                          prompts=["plan scene 0", "plan scene 1"])
+    return tok, engine, result
+
+
+def test_turn_structure_and_stop_rules(rollout):
+    _, engine, r = rollout
+    assert engine.calls == [6, 4, 2]  # rows still running at each turn, one generate call per turn
+    np.testing.assert_array_equal(r.num_turns, [[1, 2, 3], [3, 1, 2]])
+    np.testing.assert_array_equal(r.turn_mask[..., 0], True)
+    assert not r.turn_mask[0, 0, 1] and r.turn_mask[0, 2, 2]
+    assert r.stop_reason[0, 0] == "no_violation" and r.stop_reason[0, 2] == "no_violation"
+    assert r.stop_reason[1, 0] == "max_turns"
+
+
+def test_scores_format_and_rewards(rollout):
+    _, _, r = rollout
+    # good answers: usable, format 1, drivable, high PDMS
+    assert r.usable[0, 0, 0] and r.format[0, 0, 0] == 1.0 and r.scores["dac"][0, 0, 0] == 1.0
+    assert r.pdms[0, 0, 0] > 0.5
+    # off-road: DAC 0 -> PDMS 0 though the format is fine
+    assert r.scores["dac"][0, 1, 0] == 0.0 and r.pdms[0, 1, 0] == 0.0 and r.format[0, 1, 0] == 1.0
+    # garbage: not usable, format 0, PDMS 0
+    assert not r.usable[0, 2, 0] and r.format[0, 2, 0] == 0.0 and r.pdms[0, 2, 0] == 0.0
+    np.testing.assert_allclose(r.reward, (0.8 * r.pdms + 0.2 * r.format) * r.turn_mask, atol=1e-6)
+    assert r.final_pdms[0, 2] == r.pdms[0, 2, 2] > 0.5
+    assert np.all(r.pdms[~r.turn_mask] == 0)
+    s = summarize(r)
+    assert s["rollouts_per_turn"] == [6, 4, 2]
+    assert s["turns_mean"] == pytest.approx(2.0)
+    assert 0 < s["format_rate"] < 1
+
+
+def test_feedback_messages(rollout):
+    _, _, r = rollout
+    assert r.turns[0][0].feedback == ""  # good answer: nothing violated, rollout stops
+    assert "DAC" in r.turns[1][0].feedback  # off-road: the PDM Agent lists the off-road points
+    assert r.turns[2][0].feedback == FORMAT_FEEDBACK
+    assert r.turns[3][2].feedback != ""  # last turn still violated, stopped by the budget
+
+
+def test_tokens_are_the_conversation(rollout):
+    tok, _, r = rollout
+    cont = ChatContinuation.from_tokenizer(tok)
+    for row, turns in enumerate(r.turns):
+        scene = row // 3
+        messages = [{"role": "user", "content": f"plan scene {scene}"}]
+        for j, t in enumerate(turns):
+            messages.append({"role": "assistant", "content": t.text})
+            if j < len(turns) - 1:
+                messages.append({"role": "user", "content": t.feedback})
+        rendered = tok.apply_chat_template(messages, add_generation_prompt=False)
+        text = tok.decode(r.tokens[row].tolist(), skip_special_tokens=False)
+        assert rendered == text + cont.close[len("<|im_end|>"):]
+        # generated spans decode to the answers (+ the stop token), nothing else carries a turn id
+        for j, t in enumerate(turns):
+            span = r.tokens[row][r.turn_ids[row] == j]
+            assert tok.decode(span.tolist(), skip_special_tokens=False) == t.text + "<|im_end|>"
+            np.testing.assert_allclose(r.sample_logprobs[row][r.turn_ids[row] == j], -0.5)
+        assert r.turn_ids[row].max() == len(turns) - 1
+        assert np.all(r.sample_logprobs[row][r.turn_ids[row] < 0] == 0)
+
+
+def test_context_limit_stops_rows():
+    tok = byte_tokenizer()
+    scenes = stack_scenes([straight_road_scene(scene_id=i, ego_speed=SPEED) for i in range(2)])
+    # room for the first answer but not for the feedback + a second answer
+    cfg = RolloutConfig(group_size=3, max_turns=3, sampling=SamplingParams(max_new_tokens=200), max_context_tokens=260)
+    r = run_rollouts(ScriptedEngine(tok, SCRIPT), tok, scenes, jax.random.key(0), cfg, reference=_reference(2),
+                     prompts=["plan scene 0", "plan scene 1"])
+    np.testing.assert_array_equal(r.num_turns, 1)
+    assert r.stop_reason[0, 1] == "context" and r.stop_reason[0, 0] == "no_violation"
+    with pytest.raises(ValueError):
+        run_rollouts(ScriptedEngine(tok, SCRIPT), tok, scenes, jax.random.key(0), cfg, reference=_reference(2),
+                     prompts=["only one"])
+
+
+def test_real_engine_tiny_random_model():
+    """Through the real JaxEngine: a random policy writes garbage, gets the format feedback,
+    uses every turn; the trainer's log-probs of the sampled tokens match the sampler's."""
+    import jax.numpy as jnp
+
+    from jax_drive.rl.advantages import AdvantageConfig, compute_advantages
+    from jax_drive.rl.grpo import build_train_batch
+    from jax_drive.rl.tiny import tiny_policy
+    from jax_drive.sampling import JaxEngine
+
+    model, _, tok = tiny_policy(seed=0, lora_rank=None)
+    scenes = stack_scenes([straight_road_scene(scene_id=0, ego_speed=SPEED)])
+    cfg = RolloutConfig(group_size=2, max_turns=2, sampling=SamplingParams(max_new_tokens=12, temperature=1.0))
+    r = run_rollouts(JaxEngine(model, tok), tok, scenes, jax.random.key(3), cfg, reference=_reference(1),
+                     prompts=["plan scene 0"])
+    assert r.pdms.shape == (1, 2, 2)
+    np.testing.assert_array_equal(r.num_turns, 2)
+    assert np.all(r.format == 0) and np.all(r.pdms == 0)
+    assert all(t.feedback == FORMAT_FEEDBACK for turns in r.turns for t in turns)
+    assert r.num_generated_tokens > 0
+    adv = compute_advantages(r.reward, r.turn_mask, AdvantageConfig())
+    batch = build_train_batch(r, adv, tok.pad_token_id, bucket_size=64)
+    logp = model.token_logprobs(*(jnp.asarray(batch[k]) for k in ("input_ids", "positions", "attention_mask", "targets")))
+    m = batch["loss_mask"] > 0
+    assert m.sum() == r.num_generated_tokens
+    np.testing.assert_allclose(np.asarray(logp)[m], batch["old_logp"][m], atol=2e-4)

