@@ -17,15 +17,17 @@ from jax_drive.text import chat
 from jax_drive.text.codec import format_points, format_trajectory, parse_trajectory
 from jax_drive.text.prompts import PromptConfig
 
-N = 4
-GEN = GeneratorConfig(hard_fraction=0.5)
+# The same generator call as tests/test_scenes.py (24 scenes, default config, typed key):
+# the full suite compiles the generator once.
+N = 24
+GEN = GeneratorConfig()
 CONFIG = B.BuildConfig(reference="expert")  # skips the PDM-Closed compile; EP only affects RL categories
 TEXT_CONFIG = B.BuildConfig(reference="expert", prompt=PromptConfig(perception="text", image_placeholder=False))
 CV = B.ConstantVelocityPredictor()
 
 
 def _scenes(seed):
-    return generate_scenes(jax.random.PRNGKey(seed), N, GEN)
+    return generate_scenes(jax.random.key(seed), N, GEN)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def scenes():
 def _with_expert(scene, seed):
     """The same scenes with a different (random) expert trajectory."""
     t = (jnp.arange(8) + 1.0) * 0.5
-    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    k1, k2 = jax.random.split(jax.random.key(seed))
     speed = jax.random.uniform(k1, (N, 1), minval=0.0, maxval=15.0)
     bend = jax.random.normal(k2, (N, 1)) * 0.5
     expert = jnp.stack([speed * t, bend * t**2, jnp.broadcast_to(2 * bend * t / jnp.maximum(speed, 1.0), (N, 8))], -1)
@@ -64,7 +66,7 @@ def test_single_records(scenes):
 
 
 def test_multi_records(scenes):
-    records, stats = B.build_multi(scenes, CV, jax.random.PRNGKey(1), CONFIG)
+    records, stats = B.build_multi(scenes, CV, jax.random.key(1), CONFIG)
     first = [r for r in records if not r["meta"]["mock"]]
     mock = [r for r in records if r["meta"]["mock"]]
     assert stats["two_turn"] == len(first) and stats["mock"] == len(mock)
@@ -89,7 +91,7 @@ def test_multi_records(scenes):
 
 
 def test_rl_curation(scenes):
-    records, stats = B.build_rl(scenes, CV, jax.random.PRNGKey(2), CONFIG)
+    records, stats = B.build_rl(scenes, CV, jax.random.key(2), CONFIG)
     counts = {int(k): v for k, v in stats["category_counts"].items()}
     assert sum(counts.values()) == N
     hard = counts[1] + counts[2]
@@ -106,12 +108,12 @@ def test_rl_curation(scenes):
             assert not r["meta"]["first_turn_feedback"] and r["meta"]["first_turn_pdms"] < 0.8
         else:
             assert not r["meta"]["first_turn_feedback"] and r["meta"]["first_turn_pdms"] >= 0.8
-    none_easy = B.build_rl(scenes, CV, jax.random.PRNGKey(2), B.BuildConfig(reference="expert", easy_ratio=0.0))[0]
+    none_easy = B.build_rl(scenes, CV, jax.random.key(2), B.BuildConfig(reference="expert", easy_ratio=0.0))[0]
     assert all(r["meta"]["category"] < 3 for r in none_easy)
 
 
 def test_qa_records(scenes):
-    records, counts = B.build_qa(scenes, jax.random.PRNGKey(3), CONFIG)
+    records, counts = B.build_qa(scenes, jax.random.key(3), CONFIG)
     assert len(records) == sum(counts.values()) > 0
     for metric in ("dac", "nc", "ttc"):
         assert counts[f"{metric}_yes"] == counts[f"{metric}_no"], metric  # generated scenes have agents
@@ -126,11 +128,11 @@ def test_unparsable_predictor_is_skipped(scenes):
         def __call__(self, scene, key, prompts):
             return ["I would drive carefully."] * len(prompts)
 
-    records, stats = B.build_rl(scenes, Broken(), jax.random.PRNGKey(2), CONFIG)
+    records, stats = B.build_rl(scenes, Broken(), jax.random.key(2), CONFIG)
     assert stats["first_turn"]["unparsed"] == N
     assert all(r["meta"]["category"] == 2 and r["meta"]["first_turn_pdms"] is None for r in records)
     with pytest.raises(ValueError):
-        B.first_turn(scenes, _Short(), jax.random.PRNGKey(0), CONFIG)
+        B.first_turn(scenes, _Short(), jax.random.key(0), CONFIG)
 
 
 class _Short:
@@ -148,25 +150,30 @@ def test_expert_never_leaks_into_prompts(scene_seed, expert_seed, text):
     config = TEXT_CONFIG if text else CONFIG
     original = _scenes(scene_seed)
     other = _with_expert(original, expert_seed)
-    key = jax.random.PRNGKey(scene_seed)
+    key = jax.random.key(scene_seed)
     builds = {
         "single": lambda s: B.build_single(s, config),
         "multi": lambda s: B.build_multi(s, CV, key, config)[0],
         "rl": lambda s: B.build_rl(s, CV, key, config)[0],
     }
-    for expert_source in (original, other):
-        blocks = [format_points(p) for p in np.asarray(expert_source.expert)]
-        for kind, build in builds.items():
-            for r in build(expert_source):
+    built = {
+        name: {kind: build(source) for kind, build in builds.items()}
+        for name, source in (("original", original), ("other", other))
+    }
+    for name, source in (("original", original), ("other", other)):
+        blocks = [format_points(p) for p in np.asarray(source.expert)]
+        for kind, records in built[name].items():
+            for r in records:
                 for m in _prompt_part(r):
                     assert not any(b in m["content"] for b in blocks), kind
-    for kind, build in builds.items():
-        a = {r["id"]: _prompt_part(r) for r in build(original)}
-        b = {r["id"]: _prompt_part(r) for r in build(other)}
+    for kind in builds:
+        a = {r["id"]: _prompt_part(r) for r in built["original"][kind]}
+        b = {r["id"]: _prompt_part(r) for r in built["other"][kind]}
         for rid in set(a) & set(b):
             assert a[rid] == b[rid], (kind, rid)
         if kind != "rl":  # RL selection may depend on EP (the reference here is the expert)
             assert set(a) == set(b)
+        assert a, kind
 
 
 def test_data_card_counts():
@@ -194,7 +201,7 @@ def test_cli_build(kind, tmp_path, capsys):
     card = tmp_path / "card.json"
     code = main([
         "data", "build", "--kind", kind, "--scenes", str(N), "--out", str(out), "--seed", "0",
-        "--hard-fraction", "0.5", "--reference", "expert", "--no-progress", "--card", str(card),
+        "--reference", "expert", "--no-progress", "--card", str(card),
     ])
     assert code == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]

@@ -141,6 +141,8 @@ def test_cache_overflow_and_shape_errors(tiny):
 
 def test_bfloat16_model_close_to_float32(tiny):
     config, model = tiny
+    if config.architecture == "qwen2":
+        pytest.skip("dtype handling is architecture independent; llama suffices (speed)")
     graph, state = nnx.split(model)
     bf_config = config.replace(dtype="bfloat16")
     bf_model = CausalLM(bf_config)
@@ -298,9 +300,21 @@ def test_unpermute_qk_inverts_llama_cpp_permutation():
     assert not np.array_equal(permuted, w)
 
 
-def _tiny_tokenizer_files(path):
-    from jax_drive.rl.tiny import byte_tokenizer
+def byte_tokenizer() -> Tokenizer:
+    """259-token byte-level BPE (no merges) with ChatML specials; self-contained for tests."""
+    import tokenizers
 
+    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = tokenizers.decoders.ByteLevel()
+    backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return Tokenizer(backend, eos_token_ids=(backend.token_to_id("<|im_end|>"),),
+                     pad_token_id=backend.token_to_id("<|endoftext|>"))
+
+
+def _tiny_tokenizer_files(path):
     byte_tokenizer().save(path)
 
 
@@ -406,8 +420,6 @@ def test_sharded_safetensors(tmp_path):
 
 # ----------------------------------------------------------------------------- tokenizer
 def test_tokenizer_dir_roundtrip(tmp_path):
-    from jax_drive.rl.tiny import byte_tokenizer
-
     tok = byte_tokenizer()
     tok.save(tmp_path)
     loaded = Tokenizer.from_dir(tmp_path)
@@ -422,3 +434,96 @@ def test_tokenizer_dir_roundtrip(tmp_path):
         loaded.apply_chat_template([{"content": "no role"}])
     with pytest.raises(ValueError):
         Tokenizer.from_dir(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------------------- CLIs
+def test_convert_cli_roundtrip_and_errors(tmp_path, capsys):
+    from jax_drive.cli import main
+
+    model, config = _save_tiny(tmp_path / "src", "llama")
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0
+    loaded, loaded_config, tok = load_pretrained(tmp_path / "out", dtype=None)
+    assert loaded_config.dtype == "bfloat16"
+    np.testing.assert_allclose(
+        np.asarray(loaded.layers.q_proj.kernel[...], np.float32),
+        np.asarray(model.layers.q_proj.kernel[...].astype(jnp.bfloat16), np.float32),
+    )
+    assert tok.encode("abc") == Tokenizer.from_dir(tmp_path / "src").encode("abc")
+    # refuses a non-empty output, and reports a missing source without a traceback
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
+    assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out2")]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_chat_cli_one_shot(tmp_path, capsys):
+    pytest.importorskip("jax_drive.sampling")
+    from jax_drive.cli import main
+
+    _save_tiny(tmp_path, "llama")
+    assert main(["chat", "--model", str(tmp_path), "--prompt", "hi", "--max-new-tokens", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "3 tokens" in captured.err or "tokens" in captured.err
+    assert main(["chat", "--model", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gguf_roundtrip_tiny(arch, tmp_path):
+    """A tiny model written as GGUF the way llama.cpp's converter does (ggml names, Llama q/k
+    rows permuted, one Q8_0 tensor) loads back to the same weights."""
+    gguf = pytest.importorskip("gguf")
+    from jax_drive.models.export import hf_state_dict
+    from jax_drive.models.loading import load_model
+
+    config = ModelConfig.tiny(arch, vocab_size=96, tie_embeddings=arch == "llama")
+    model = CausalLM(config, rngs=nnx.Rngs(4))
+    state = {k: np.asarray(v, np.float32) for k, v in hf_state_dict(model).items()}
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_heads)
+    writer.add_head_count_kv(config.num_kv_heads)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+
+    def permute(w, heads):  # llama.cpp's rotary layout
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    for key, value in state.items():
+        if key == "model.embed_tokens.weight":
+            name = "token_embd.weight"
+        elif key == "model.norm.weight":
+            name = "output_norm.weight"
+        elif key == "lm_head.weight":
+            name = "output.weight"
+        else:
+            _, _, idx, rest = key.split(".", 3)
+            module, suffix = rest.rsplit(".", 1)
+            name = f"blk.{idx}.{names[module]}.{suffix}"
+            if arch == "llama" and names[module] == "attn_q":
+                value = permute(value, config.num_heads)
+            elif arch == "llama" and names[module] == "attn_k":
+                value = permute(value, config.num_kv_heads)
+        if name == "blk.0.ffn_up.weight":  # one quantised tensor
+            quant = gguf.quants.quantize(value, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, quant, raw_shape=quant.shape,
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            state[key] = gguf.quants.dequantize(quant, gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(value))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    loaded, loaded_config = load_model(path)
+    assert loaded_config == config
+    for key, value in hf_state_dict(loaded).items():
+        np.testing.assert_allclose(np.asarray(value), state[key], atol=1e-6, err_msg=key)

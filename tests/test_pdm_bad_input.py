@@ -83,12 +83,12 @@ def test_unchecked_inside_jit():
     scene = straight_scene([], speed=8.0)
 
     @jax.jit
-    def run(p):
-        return score_proposals(scene, p, jnp.asarray(REF), cfg).pdms
+    def run(sc, p):
+        return score_proposals(sc, p, jnp.asarray(REF), cfg).pdms
 
     props = _props()
     props[0, 0, 0] = np.nan
-    out = np.asarray(run(jnp.asarray(props)))
+    out = np.asarray(run(scene, jnp.asarray(props)))
     assert out[0] == 0.0 and np.all(out[1:] > 0.5)
 
 

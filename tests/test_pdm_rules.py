@@ -103,6 +103,17 @@ def test_not_at_fault_hit_is_ignored_afterwards():
     assert float(r.nc[0]) == 1.0
 
 
+def test_lateral_collision_at_fault_only_across_lanes():
+    # Single lane: a car from the left lane drifts into the ego's side -> not at fault.
+    drifter = make_agent(1.5, 3.5, vx=8.0, vy=-1.0)
+    r_single = score(straight_scene([drifter], speed=8.0), straight_poses(8.0))
+    assert float(r_single.nc[0]) == 1.0
+    # The ego drifts left across the lane line into a car beside it -> at fault.
+    beside = make_agent(1.5, 3.8, vx=8.0)
+    r_multi = score(straight_scene([beside], speed=8.0), straight_poses(8.0, lateral=2.0))
+    assert float(r_multi.nc[0]) == 0.0
+
+
 # ------------------------------------------------------------------ DAC
 def test_one_corner_off_road_fails_dac():
     inside = straight_poses(5.0, lateral=-0.3)
@@ -270,7 +281,7 @@ def test_scores_do_not_depend_on_other_proposals():
 def test_result_shapes():
     r = score(straight_scene([make_agent(30.0, 0.0, vx=5.0)], speed=8.0), straight_poses(8.0))
     for name in ("nc", "dac", "ddc", "ttc", "ep", "comfort", "pdms", "tlc", "lk", "hc", "ec",
-                 "epdms", "progress", "ttc_v2", "ep_v2"):
+                 "epdms", "progress", "ttc_v2", "ep_v2", "ddc_v2", "finite"):
         chex.assert_shape(getattr(r, name), (P,))
     v = r.violations
     chex.assert_shape([v.dac_point, v.nc_point, v.nc_object, v.nc_class, v.ttc_point,

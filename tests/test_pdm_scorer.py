@@ -230,3 +230,82 @@ def braking_poses_np(v0, stop_at):
     a = v0**2 / (2 * stop_at)
     t = np.minimum(np.arange(1, 9) * 0.5, v0 / a)
     return np.stack([v0 * t - 0.5 * a * t**2, np.zeros(8), np.zeros(8)], -1).astype(np.float32)
+
+
+# ------------------------------------------------------------ geometry primitives vs shapely
+def test_ego_frame_overlap_matches_shapely():
+    from shapely.geometry import Polygon
+
+    from jax_drive.pdm.metrics import ego_frame_overlap
+
+    rng = np.random.default_rng(1)
+    n = 400
+    lon, lat = rng.uniform(-8, 10, n), rng.uniform(-5, 5, n)
+    rel = rng.uniform(-np.pi, np.pi, n)
+    hl, hw = rng.uniform(0.3, 4.0, n), rng.uniform(0.3, 1.5, n)
+    got = np.asarray(ego_frame_overlap(jnp.asarray(lon), jnp.asarray(lat), jnp.asarray(np.cos(rel)),
+                                       jnp.asarray(np.sin(rel)), CFG.ego_rear_axle_to_center,
+                                       CFG.ego_length / 2, CFG.ego_width / 2, jnp.asarray(hl), jnp.asarray(hw)))
+
+    def box(cx, cy, h, l2, w2):
+        c, s = np.cos(h), np.sin(h)
+        pts = [(cx + c * a - s * b, cy + s * a + c * b) for a, b in ((l2, w2), (-l2, w2), (-l2, -w2), (l2, -w2))]
+        return Polygon(pts)
+
+    ego = box(CFG.ego_rear_axle_to_center, 0.0, 0.0, CFG.ego_length / 2, CFG.ego_width / 2)
+    want = np.array([ego.intersects(box(lon[i], lat[i], rel[i], hl[i], hw[i])) for i in range(n)])
+    assert 20 < want.sum() < n - 20  # both outcomes are exercised
+    np.testing.assert_array_equal(got, want)
+
+
+def test_points_in_polygons_matches_shapely():
+    from shapely.geometry import Point, Polygon
+
+    from jax_drive.pdm.metrics import points_in_polygons_fast, polygon_edges
+
+    rng = np.random.default_rng(2)
+    # Star-shaped (non-convex) polygons with 7 real vertices padded to 10.
+    polys, rings = [], []
+    for k in range(5):
+        ang = np.sort(rng.uniform(0, 2 * np.pi, 7))
+        rad = rng.uniform(2.0, 6.0, 7)
+        ring = np.stack([rad * np.cos(ang) + k * 3.0, rad * np.sin(ang)], -1)
+        rings.append(np.concatenate([ring, np.repeat(ring[:1], 3, 0)], 0))
+        polys.append(Polygon(ring))
+    verts = jnp.asarray(np.stack(rings), jnp.float32)
+    pts = rng.uniform([-6, -6], [18, 6], size=(300, 2))
+    got = np.asarray(points_in_polygons_fast(jnp.asarray(pts, jnp.float32),
+                                             polygon_edges(verts, jnp.ones(5, bool))))
+    want = np.array([[p.contains(Point(*q)) for p in polys] for q in pts])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_scores_stay_in_range_on_random_proposals():
+    rng = np.random.default_rng(3)
+    scene = straight_scene([make_agent(25.0, 0.0, vx=5.0), make_agent(5.0, 3.5, vx=9.0),
+                            make_agent(40.0, -0.5, length=0.6, width=0.6, agent_type=3)], speed=8.0)
+    ref = straight_poses(8.0, num=40, dt=0.1)
+    for _ in range(3):
+        props = straight_poses(8.0)[None] + rng.normal(size=(4, 8, 3)).astype(np.float32) * [2.0, 1.0, 0.1]
+        r = score_proposals(scene, props.astype(np.float32), ref, CFG)
+        for name in ("nc", "dac", "ddc", "ttc", "ep", "comfort", "pdms", "tlc", "lk", "hc", "epdms", "ep_v2"):
+            v = np.asarray(getattr(r, name))
+            assert np.all((v >= 0.0) & (v <= 1.0 + 1e-6)), name
+        assert np.all(np.asarray(r.nc) >= 0) and set(np.unique(np.asarray(r.nc))) <= {0.0, 0.5, 1.0}
+        pdms = np.asarray(r.nc * r.dac * (5 * r.ttc + 5 * r.ep + 2 * r.comfort) / 12)
+        np.testing.assert_allclose(np.asarray(r.pdms), pdms, atol=1e-6)
+
+
+def test_chunked_scoring_matches_unchunked():
+    import dataclasses
+
+    scene = straight_scene([make_agent(15.0, 0.0, vx=3.0), make_agent(-7.0, 0.0, vx=12.0)], speed=10.0)
+    props = np.stack([straight_poses(10.0), braking_poses_np(10.0, 8.0), straight_poses(10.0, lateral=3.0),
+                      straight_poses(10.0, lateral=-1.5)])
+    ref = straight_poses(10.0, num=40, dt=0.1)
+    full = score_proposals(scene, props, ref, CFG)
+    chunked = score_proposals(scene, props, ref, dataclasses.replace(CFG, chunk_size=2))
+    for name in ("nc", "dac", "ttc", "ep", "comfort", "pdms", "epdms", "progress"):
+        np.testing.assert_allclose(np.asarray(getattr(chunked, name)), np.asarray(getattr(full, name)),
+                                   atol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(chunked.violations.nc_point), np.asarray(full.violations.nc_point))

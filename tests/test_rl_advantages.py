@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from jax_drive.rl.advantages import (
     AdvantageConfig,
-    compute_advantages,
     compute_advantages_jit,
     token_advantages,
     turn_rewards,
@@ -88,11 +87,11 @@ def test_zero_variance_group_gives_zero():
     rewards = np.full((1, 4, 3), 0.7, np.float32)
     rewards[0, :, 2] = 0.1  # cross-turn group now has variance; intra turn 0 and 1 do not
     mask = np.ones((1, 4, 3), bool)
-    intra = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="mtgrpo_intra")))
+    intra = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="mtgrpo_intra")))
     assert np.all(intra == 0.0)
-    cross = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="mtgrpo_cross")))
+    cross = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="mtgrpo_cross")))
     assert np.all(cross[..., :2] > 0) and np.all(cross[..., 2] < 0)
-    seq = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="grpo")))
+    seq = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="grpo")))
     assert np.all(seq == 0.0)  # every rollout has the same sequence reward
 
 
@@ -100,20 +99,20 @@ def test_early_stop_turns_are_masked_and_singletons():
     # rollout 0 stops after turn 1 (score 1.0); rollouts 1..3 go on to turn 2; only rollout 3 reaches turn 3.
     rewards = np.array([[[1.0, 0, 0], [0.2, 0.6, 0], [0.2, 0.8, 0], [0.2, 0.4, 0.9]]], np.float32)
     mask = np.array([[[1, 0, 0], [1, 1, 0], [1, 1, 0], [1, 1, 1]]], bool)
-    intra = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="mtgrpo_intra")))
+    intra = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="mtgrpo_intra")))
     # turn 2 (index 1) normalised only over rollouts 1..3: mean 0.6, std 0.2
     np.testing.assert_allclose(intra[0, 1:, 1], [0.0, 1.0, -1.0], atol=1e-4)
     # turn 3 reached by one rollout: no peers -> 0 (default) ...
     assert intra[0, 3, 2] == 0.0
     # ... or the raw reward under veRL's size-1 convention (mean 0, std 1)
-    raw = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="mtgrpo_intra", singleton="raw")))
+    raw = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="mtgrpo_intra", singleton="raw")))
     np.testing.assert_allclose(raw[0, 3, 2], 0.9, atol=1e-5)
     # missing turns stay 0 even with a nonzero reward written there
     rewards2 = rewards.copy()
     rewards2[~mask] = 123.0
     for mode in ("grpo", "mtgrpo_intra", "mtgrpo_cross"):
-        a = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode=mode)))
-        b = np.asarray(compute_advantages(rewards2, mask, AdvantageConfig(mode=mode)))
+        a = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode=mode)))
+        b = np.asarray(compute_advantages_jit(rewards2, mask, AdvantageConfig(mode=mode)))
         np.testing.assert_array_equal(a, b)
         assert np.all(a[~mask] == 0)
 
@@ -121,7 +120,7 @@ def test_early_stop_turns_are_masked_and_singletons():
 def test_grpo_broadcasts_sequence_advantage_to_all_turns():
     rewards = np.array([[[1.0, 0.0], [0.5, 0.5], [0.0, 0.0]]], np.float32)
     mask = np.array([[[1, 1], [1, 1], [1, 0]]], bool)
-    adv = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="grpo")))
+    adv = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="grpo")))
     # sequence rewards 0.5, 0.5, 0.0
     assert adv[0, 0, 0] == adv[0, 0, 1] == adv[0, 1, 0] == adv[0, 1, 1] > 0
     assert adv[0, 2, 0] < 0 and adv[0, 2, 1] == 0
@@ -130,9 +129,9 @@ def test_grpo_broadcasts_sequence_advantage_to_all_turns():
 def test_mean_only_and_epsilon():
     rewards = np.array([[[0.0], [1.0]]], np.float32)
     mask = np.ones_like(rewards, bool)
-    centred = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="mtgrpo_intra", scale_by_std=False)))
+    centred = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="mtgrpo_intra", scale_by_std=False)))
     np.testing.assert_allclose(centred[0, :, 0], [-0.5, 0.5], atol=1e-6)
-    big_eps = np.asarray(compute_advantages(rewards, mask, AdvantageConfig(mode="mtgrpo_intra", epsilon=1.0)))
+    big_eps = np.asarray(compute_advantages_jit(rewards, mask, AdvantageConfig(mode="mtgrpo_intra", epsilon=1.0)))
     std = np.std([0.0, 1.0], ddof=1)
     np.testing.assert_allclose(big_eps[0, :, 0], np.array([-0.5, 0.5]) / (std + 1.0), atol=1e-6)
 

@@ -9,12 +9,13 @@ the real engine. mtGRPO must then raise the policy's log-probability of the good
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from jax_drive.models import LoRAParam
 from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.batching import TokenRow, pad_rows
-from jax_drive.rl.grpo import GRPOConfig, evaluate_multiturn, grpo_train
+from jax_drive.rl.grpo import GRPOConfig, grpo_train
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
@@ -55,11 +56,12 @@ def _setup():
 
 def _config(steps, **kw):
     return GRPOConfig(
-        rollout=RolloutConfig(group_size=3, max_turns=2, sampling=SamplingParams(max_new_tokens=12)),
+        rollout=RolloutConfig(group_size=3, max_turns=2, sampling=SamplingParams(max_new_tokens=12),
+                              format_feedback="Use the [PT, ...] format."),
         advantage=AdvantageConfig(mode="mtgrpo_cross"),
         loss=LossConfig(kl_coef=0.01),
         optim=OptimConfig(learning_rate=2e-2, trainable="lora", weight_decay=0.0),
-        prompts_per_step=2, minibatch_size=3, ppo_epochs=2, steps=steps, bucket_size=128, seed=1, **kw)
+        prompts_per_step=2, minibatch_size=3, ppo_epochs=2, steps=steps, bucket_size=256, seed=1, **kw)
 
 
 def _good_logprob(model, tok, prompt):
@@ -75,15 +77,15 @@ def _lora(model):
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, LoRAParam))]
 
 
-def test_mtgrpo_learns_from_rewards(tmp_path):
-    model, tok, scenes, ref = _setup()
-    lora0 = _lora(model)
-    base0 = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param)) if x.ndim and x.size > 4096]
-    before = _good_logprob(model, tok, PROMPTS[0])
-    engine = ForcingEngine(JaxEngine(model, tok), tok)
-    result = grpo_train(model, tok, scenes, _config(2), engine=engine, references=ref, prompts=PROMPTS,
-                        out_dir=tmp_path, progress=False)
-    h = result.history
+@pytest.mark.slow
+def test_mtgrpo_learns_and_resumes(tmp_path):
+    model_a, tok, scenes, ref = _setup()
+    lora0 = _lora(model_a)
+    base0 = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model_a, nnx.Param)) if x.ndim and x.size > 4096]
+    before = _good_logprob(model_a, tok, PROMPTS[0])
+    straight = grpo_train(model_a, tok, scenes, _config(2), engine=ForcingEngine(JaxEngine(model_a, tok), tok),
+                          references=ref, prompts=PROMPTS, out_dir=tmp_path / "a", progress=False)
+    h = straight.history
     assert [r["step"] for r in h] == [1, 2]
     first = h[0]
     # forced good answers are usable and clean; sampled ones are not -> both reward levels present
@@ -91,47 +93,27 @@ def test_mtgrpo_learns_from_rewards(tmp_path):
     assert first["advantage_abs_mean"] > 0.1
     assert first["optimizer_steps"] == 4  # 6 rows / mini-batch 3 x 2 epochs
     assert first["grad_norm"] > 0 and np.isfinite(first["loss"])
-    for key in ("kl", "clip_frac", "turns_mean", "train_tokens_per_s", "peak_rss_gb", "pdms_by_budget"):
+    assert h[1]["kl"] > 0  # the policy drifted from the reference (the initial policy)
+    for key in ("clip_frac", "turns_mean", "train_tokens_per_s", "peak_rss_gb", "pdms_by_budget", "logp_mismatch"):
         assert key in first
     # LoRA adapters moved, frozen base weights did not
-    assert max(np.abs(a - b).max() for a, b in zip(lora0, _lora(model))) > 1e-4
-    base1 = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param)) if x.ndim and x.size > 4096]
+    assert max(np.abs(a - b).max() for a, b in zip(lora0, _lora(model_a))) > 1e-4
+    base1 = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model_a, nnx.Param)) if x.ndim and x.size > 4096]
     assert all(np.array_equal(a, b) for a, b in zip(base0, base1))
     # the rewarded answer became more likely
-    assert _good_logprob(model, tok, PROMPTS[0]) > before + 1.0
-    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2
+    assert _good_logprob(model_a, tok, PROMPTS[0]) > before + 1.0
+    assert len(read_jsonl(tmp_path / "a" / "metrics.jsonl")) == 2
 
-
-def test_mtgrpo_resume_matches_uninterrupted(tmp_path):
-    model_a, tok, scenes, ref = _setup()
-    straight = grpo_train(model_a, tok, scenes, _config(2), engine=ForcingEngine(JaxEngine(model_a, tok), tok),
-                          references=ref, prompts=PROMPTS, out_dir=tmp_path / "a", progress=False)
+    # killed after step 1, restarted from scratch with resume=True: same metrics and weights
     model_b, _, _, _ = _setup()
     grpo_train(model_b, tok, scenes, _config(1), engine=ForcingEngine(JaxEngine(model_b, tok), tok),
                references=ref, prompts=PROMPTS, out_dir=tmp_path / "b", progress=False)
-    model_c, _, _, _ = _setup()  # a fresh start, as after a crash
+    model_c, _, _, _ = _setup()
     grpo_train(model_c, tok, scenes, _config(2), engine=ForcingEngine(JaxEngine(model_c, tok), tok),
                references=ref, prompts=PROMPTS, out_dir=tmp_path / "b", resume=True, progress=False)
-    a = straight.history
     b = read_jsonl(tmp_path / "b" / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2]
     for key in ("loss", "kl", "reward_mean", "grad_norm", "generated_tokens"):
-        np.testing.assert_allclose([r[key] for r in b], [r[key] for r in a], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose([r[key] for r in b], [r[key] for r in h], rtol=1e-4, atol=1e-6)
     for x, y in zip(_lora(model_a), _lora(model_c)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
-
-
-def test_random_policy_has_no_signal_and_evaluates():
-    """All-garbage rollouts: equal rewards -> zero advantages -> zero policy gradient at step 1."""
-    model, tok, scenes, ref = _setup()
-    cfg = _config(1, recompute_old_logprobs=True)
-    res = grpo_train(model, tok, scenes, cfg, references=ref, prompts=PROMPTS, progress=False)
-    h = res.history[0]
-    assert h["format_rate"] == 0.0 and h["advantage_abs_mean"] == 0.0
-    assert h["grad_norm"] == 0.0 and h["kl"] == 0.0 and h["clip_frac"] == 0.0
-    assert h["logp_mismatch"] < 1e-3  # sampler and trainer agree on the sampled tokens
-    summary, result = evaluate_multiturn(JaxEngine(model, tok), tok, scenes,
-                                         RolloutConfig(group_size=1, max_turns=2, sampling=SamplingParams(max_new_tokens=12, temperature=0.0)),
-                                         references=ref, prompts=PROMPTS, progress=False)
-    assert summary["pdms_final"] == 0.0 and summary["turns_mean"] == 2.0
-    assert result.pdms.shape == (2, 1, 2)

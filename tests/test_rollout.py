@@ -141,6 +141,7 @@ def test_context_limit_stops_rows():
                      prompts=["only one"])
 
 
+@pytest.mark.slow
 def test_real_engine_tiny_random_model():
     """Through the real JaxEngine: a random policy writes garbage, gets the format feedback,
     uses every turn; the trainer's log-probs of the sampled tokens match the sampler's."""
@@ -151,19 +152,39 @@ def test_real_engine_tiny_random_model():
     from jax_drive.rl.tiny import tiny_policy
     from jax_drive.sampling import JaxEngine
 
-    model, _, tok = tiny_policy(seed=0, lora_rank=None)
-    scenes = stack_scenes([straight_road_scene(scene_id=0, ego_speed=SPEED)])
-    cfg = RolloutConfig(group_size=2, max_turns=2, sampling=SamplingParams(max_new_tokens=12, temperature=1.0))
-    r = run_rollouts(JaxEngine(model, tok), tok, scenes, jax.random.key(3), cfg, reference=_reference(1),
-                     prompts=["plan scene 0"])
-    assert r.pdms.shape == (1, 2, 2)
+    model, _, tok = tiny_policy(seed=0, lora_rank=4)  # same policy and shapes as test_rl_e2e (shared compiles)
+    scenes = stack_scenes([straight_road_scene(scene_id=i, ego_speed=SPEED) for i in range(2)])
+    cfg = RolloutConfig(group_size=3, max_turns=2, sampling=SamplingParams(max_new_tokens=12),
+                        format_feedback="Use the [PT, ...] format.")
+    r = run_rollouts(JaxEngine(model, tok), tok, scenes, jax.random.key(3), cfg, reference=_reference(2),
+                     prompts=["plan scene 0", "plan scene 1"])
+    assert r.pdms.shape == (2, 3, 2)
     np.testing.assert_array_equal(r.num_turns, 2)
-    assert np.all(r.format == 0) and np.all(r.pdms == 0)
-    assert all(t.feedback == FORMAT_FEEDBACK for turns in r.turns for t in turns)
+    assert np.all(r.format == 0) and np.all(r.pdms == 0) and np.all(r.stop_reason == "max_turns")
+    assert all(t.feedback == cfg.format_feedback for turns in r.turns for t in turns)
     assert r.num_generated_tokens > 0
     adv = compute_advantages(r.reward, r.turn_mask, AdvantageConfig())
+    assert np.all(np.asarray(adv) == 0)  # equal rewards: no signal
     batch = build_train_batch(r, adv, tok.pad_token_id, bucket_size=64)
     logp = model.token_logprobs(*(jnp.asarray(batch[k]) for k in ("input_ids", "positions", "attention_mask", "targets")))
     m = batch["loss_mask"] > 0
     assert m.sum() == r.num_generated_tokens
     np.testing.assert_allclose(np.asarray(logp)[m], batch["old_logp"][m], atol=2e-4)
+    # turn ids in the batch follow the targets
+    assert set(np.unique(batch["turn_id"][m]).tolist()) == {0.0, 1.0}
+
+
+def test_evaluate_multiturn_and_concat(rollout):
+    from jax_drive.rl.grpo import concat_results, evaluate_multiturn
+
+    tok, _, r = rollout
+    both = concat_results([r, r])
+    assert both.pdms.shape == (4, 3, 3) and len(both.tokens) == 12
+    assert summarize(both)["pdms_final"] == pytest.approx(summarize(r)["pdms_final"])
+    scenes = stack_scenes([straight_road_scene(scene_id=i, ego_speed=SPEED) for i in range(2)])
+    cfg = RolloutConfig(group_size=3, max_turns=3, sampling=SamplingParams(max_new_tokens=200))
+    summary, res = evaluate_multiturn(ScriptedEngine(tok, SCRIPT), tok, scenes, cfg, references=_reference(2),
+                                      prompts=["plan scene 0", "plan scene 1"], progress=False)
+    np.testing.assert_array_equal(res.num_turns, r.num_turns)
+    assert summary["pdms_by_budget"][-1] == pytest.approx(summary["pdms_final"])
+    assert summary["pdms_by_budget"][0] == pytest.approx(summary["pdms_first"])

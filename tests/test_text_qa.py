@@ -8,7 +8,7 @@ import pytest
 from shapely.geometry import Point, Polygon
 from shapely.ops import unary_union
 
-from jax_drive.scenes import PolygonSpec, add_agent, add_static, stack_scenes, straight_road
+from jax_drive.scenes import LaneSpec, PolygonSpec, add_agent, add_static, stack_scenes, straight_road
 from jax_drive.text import qa
 from jax_drive.text.codec import parse_trajectory
 from jax_drive.text.prompts import PromptConfig
@@ -43,6 +43,8 @@ def _busy_spec():
 @pytest.fixture(scope="module")
 def scenes():
     empty = straight_road(num_lanes=2, ego_lane=0, ego_speed=5.0)
+    connector = np.array([[30.0, -1.75], [40.0, -1.75], [40.0, 1.75], [30.0, 1.75]])
+    empty.lanes.append(LaneSpec(connector, np.array([[30.0, 0.0], [40.0, 0.0]]), kind=1, on_route=True, red_light=True))
     return stack_scenes([_busy_spec().build(0), _notch_spec().build(1), empty.build(2)])
 
 
@@ -81,6 +83,8 @@ def test_balanced_and_shaped(candidates):
         # Yes items first, then No items; kept ones carry that label.
         assert np.all(label[:, :PER_CLASS][keep[:, :PER_CLASS]])
         assert not np.any(label[:, PER_CLASS:][keep[:, PER_CLASS:]])
+        # Every (scene, metric) is balanced.
+        np.testing.assert_array_equal(keep[:, :PER_CLASS].sum(-1), keep[:, PER_CLASS:].sum(-1))
     # Scene 0 (busy road) yields full, balanced sets for every metric.
     for m in qa.METRICS:
         assert candidates[f"{m}_keep"][0].all(), m
@@ -203,3 +207,26 @@ def test_dac_geometry_equals_scorer_mask():
                 assert bool(result.violations.dac_point[0, k])
         flagged_any += int(result.violations.dac_point.any())
     assert flagged_any >= 2
+
+
+def test_captions_describe_objects_and_road(scenes):
+    from jax_drive.text.caption import CaptionConfig, caption_scenes, map_facts
+
+    captions = caption_scenes(scenes)
+    busy, notch, empty = captions
+    # Objects nearest first, written as (x, y, z, l, w, h, heading, name) boxes with speeds.
+    lines = [line for line in busy.splitlines() if line.startswith("  (")]
+    assert [line.split(", ")[7].split(")")[0] for line in lines] == ["barrier", "vehicle", "pedestrian", "vehicle"]
+    assert lines[1].startswith("  (20.00, 0.20,") and lines[1].endswith("at 6.00 m/s")
+    assert "No objects within 50 m." in empty and "speed 5.00 m/s" in empty
+    facts = jax.device_get(map_facts(scenes, CaptionConfig()))
+    # Busy road: 3 lanes of 3.5 m, the ego in the middle one -> 5.25 m each side (lower bound).
+    assert np.all((facts["left_extent"][0] >= 5.0) & (facts["left_extent"][0] <= 5.25))
+    assert np.all((facts["right_extent"][0] >= 5.0) & (facts["right_extent"][0] <= 5.25))
+    # Two-lane road, ego in the right lane: 1.75 m right, 5.25 m left.
+    assert np.all((facts["right_extent"][2] >= 1.5) & (facts["right_extent"][2] <= 1.75))
+    assert np.all((facts["left_extent"][2] >= 5.0) & (facts["left_extent"][2] <= 5.25))
+    assert facts["station_valid"].all() and facts["station_on_road"].all()
+    assert "No red traffic light" in busy
+    assert "Red traffic light on the route 30.00 m ahead." in empty
+    np.testing.assert_allclose(facts["station_pose"][0, :, 0], [0, 10, 20, 30, 40], atol=1e-3)

@@ -4,8 +4,9 @@ Example::
 
     jax-drive data build --kind multi --scenes 256 --out data/multi.jsonl --seed 0
 
-Scenes come from ``jax_drive.scenes.generate_scenes(PRNGKey(seed), ...)``; scene ``i``
-is reproducible from (seed, scene_id) alone (``meta.scene_seed`` in every record). Each
+Scenes come from ``jax_drive.scenes.generate_scenes(jax.random.key(seed), ...)``; scene ``i``
+is reproducible from (seed, hard fraction, scene_id) alone (``meta.scene_seed`` and
+``meta.hard_fraction`` in every record). Each
 chunk of ``--batch-size`` scenes is scored in one jitted scorer call (default: all scenes
 in one chunk). A data card (records per kind, first-turn failures per metric, RL
 categories, QA balance) is printed at the end and optionally written as JSON.
@@ -82,7 +83,7 @@ def run_build(args) -> int:
         mock_turns=args.mock_turns,
     )
     gen_config = GeneratorConfig() if args.hard_fraction is None else GeneratorConfig(hard_fraction=args.hard_fraction)
-    scene_key = jax.random.PRNGKey(args.seed)
+    scene_key = jax.random.key(args.seed)
     build_key = jax.random.fold_in(scene_key, 0x5EED)
     batch = args.batch_size or args.scenes
     predictor = B.ConstantVelocityPredictor()
@@ -106,6 +107,7 @@ def run_build(args) -> int:
                 records, stats = B.build_rl(scene, predictor, key, config)
             for record in records:
                 record["meta"]["scene_seed"] = args.seed
+                record["meta"]["hard_fraction"] = gen_config.hard_fraction
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             card.add_records(records)
             card.add_stats(stats)

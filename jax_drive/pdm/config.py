@@ -22,8 +22,12 @@ class PDMConfig:
         (NAVSIM behaviour). False scores the raw interpolated states, with speeds and
         accelerations from finite differences.
       check_finite: at the Python boundary, raise ``ValueError`` on NaN/inf poses. Turn it
-        off inside larger jitted programs: non-finite proposals then score 0 everywhere and
-        ``PDMResult.finite`` is False for them.
+        off inside larger jitted programs (under a trace the values cannot be inspected, so
+        the check is skipped there anyway): non-finite proposals then score 0 everywhere,
+        their violations are empty and ``PDMResult.finite`` is False for them. Shapes are
+        always checked. The flag does not change the compiled program.
+      chunk_size: score trajectories in chunks of this many with ``lax.map`` (0 = all at
+        once, the default); bounds memory for very large P or very detailed maps.
       num_steps, dt: scoring grid, 41 states at 0.1 s (0 .. 4 s).
 
       Ego vehicle (Chrysler Pacifica): ego_width, ego_front_length, ego_rear_length,
@@ -65,6 +69,7 @@ class PDMConfig:
 
     simulate: bool = True
     check_finite: bool = True
+    chunk_size: int = 0
     num_steps: int = 41
     dt: float = 0.1
 

@@ -73,7 +73,8 @@ class PDMResult:
     """Scores, all (..., P) float32 unless noted.
 
     nc, dac, ddc, ttc (v1.1), ep (v1.1 rule), comfort (v1.1), pdms;
-    tlc, lk, hc, ec, epdms (NAVSIM v2; EPDMS uses ttc_v2 and ep_v2);
+    tlc, lk, hc, ec, epdms (NAVSIM v2; EPDMS uses ddc_v2, ttc_v2 and ep_v2);
+    ddc_v2: DDC with steps whose centre is in an intersection skipped (NAVSIM >= 2.1);
     ttc_v2 (steps t <= 31 only), ep_v2 (clip(raw / max masked, 0, 1));
     progress: raw route progress in metres; finite: bool, the proposal was finite;
     violations: :class:`Violations`.
@@ -82,6 +83,7 @@ class PDMResult:
     nc: chex.Array
     dac: chex.Array
     ddc: chex.Array
+    ddc_v2: chex.Array
     ttc: chex.Array
     ep: chex.Array
     comfort: chex.Array
@@ -121,6 +123,9 @@ def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig) -> dict:
     ttc_v2 = jnp.where(jnp.any(steps["ttc_fail"][: config.ttc_v2_last_step + 1], axis=0), 0.0, 1.0)
     tlc = jnp.where(jnp.any(steps["red_light"], axis=0), 0.0, 1.0)
     ddc = driving_direction(steps["centre"], steps["oncoming"], config)
+    # NAVSIM v2 (>= 2.1): steps whose centre is inside an intersection do not count.
+    ddc_v2 = driving_direction(steps["centre"], steps["oncoming"] & ~steps["centre_in_intersection"],
+                               config)
     centre = steps["centre"]
     progress = route_progress(centre[0], centre[-1], sa)
     lk = lane_keeping(route_distance(centre, sa), steps["centre_in_intersection"], config)
@@ -159,9 +164,24 @@ def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig) -> dict:
     dac_point = jnp.any(steps["non_drivable"].T[:, None, :] & win[None], -1)
     viol = Violations(dac_point=dac_point, nc_point=nc_p, nc_object=nc_o, nc_box=nc_b,
                       nc_class=nc_c, ttc_point=tt_p, ttc_object=tt_o, ttc_box=tt_b, ttc_class=tt_c)
-    return {"nc": nc, "dac": dac, "ddc": ddc, "ttc": ttc, "ttc_v2": ttc_v2, "tlc": tlc,
+    return {"nc": nc, "dac": dac, "ddc": ddc, "ddc_v2": ddc_v2, "ttc": ttc, "ttc_v2": ttc_v2, "tlc": tlc,
             "lk": lk, "comfort": comfort, "hc": hc, "ec": jnp.ones_like(nc),
             "progress": progress, "violations": viol}
+
+
+def _metrics(scene, traj: EgoTrajectory, config: PDMConfig) -> dict:
+    """:func:`_metrics_single`, optionally over chunks of ``config.chunk_size`` trajectories
+    (``lax.map``) to bound the memory of the per-step (Q, ...) intermediates."""
+    q = traj.x.shape[0]
+    chunk = config.chunk_size
+    if chunk <= 0 or q <= chunk:
+        return _metrics_single(scene, traj, config)
+    n = -(-q // chunk)
+    pad = n * chunk - q
+    padded = jax.tree_util.tree_map(
+        lambda a: jnp.pad(a, ((0, pad), (0, 0)), mode="edge").reshape(n, chunk, -1), traj)
+    out = jax.lax.map(lambda t: _metrics_single(scene, t, config), padded)
+    return jax.tree_util.tree_map(lambda a: a.reshape((n * chunk,) + a.shape[2:])[:q], out)
 
 
 def _ep_rules(m: dict, norm_v1: chex.Array, norm_v2: chex.Array, config: PDMConfig):
@@ -182,7 +202,7 @@ def _aggregate(m: dict, ep, ep2, finite, config: PDMConfig) -> PDMResult:
                                  + config.weight_comfort * m["comfort"]) / (
         config.weight_ttc + config.weight_ep + config.weight_comfort)
     wsum = config.weight_ep + config.weight_ttc + config.weight_lk + config.weight_hc + config.weight_ec
-    epdms = m["nc"] * m["dac"] * m["ddc"] * m["tlc"] * (
+    epdms = m["nc"] * m["dac"] * m["ddc_v2"] * m["tlc"] * (
         config.weight_ep * ep2 + config.weight_ttc * m["ttc_v2"] + config.weight_lk * m["lk"]
         + config.weight_hc * m["hc"] + config.weight_ec * m["ec"]) / wsum
     z = lambda a: jnp.where(finite, a, jnp.zeros_like(a))
@@ -194,7 +214,7 @@ def _aggregate(m: dict, ep, ep2, finite, config: PDMConfig) -> PDMResult:
         nc_class=jnp.where(fb, v.nc_class, -1), ttc_point=v.ttc_point & fb,
         ttc_object=jnp.where(fb, v.ttc_object, -1), ttc_box=jnp.where(fb[..., None], v.ttc_box, 0.0),
         ttc_class=jnp.where(fb, v.ttc_class, -1))
-    return PDMResult(nc=z(m["nc"]), dac=z(m["dac"]), ddc=z(m["ddc"]), ttc=z(m["ttc"]), ep=z(ep),
+    return PDMResult(nc=z(m["nc"]), dac=z(m["dac"]), ddc=z(m["ddc"]), ddc_v2=z(m["ddc_v2"]), ttc=z(m["ttc"]), ep=z(ep),
                      comfort=z(m["comfort"]), pdms=z(pdms), tlc=z(m["tlc"]), lk=z(m["lk"]),
                      hc=z(m["hc"]), ec=z(m["ec"]), epdms=z(epdms), ttc_v2=z(m["ttc_v2"]),
                      ep_v2=z(ep2), progress=z(m["progress"]), finite=finite, violations=viol)
@@ -214,10 +234,10 @@ def _pairs_single(scene, proposals, reference, config: PDMConfig) -> PDMResult:
         interpolate_poses(scene, reference[None], 0.1),
         interpolate_poses(scene, proposals, OUTPUT_DT)], axis=0)  # (1 + P, 41, 3)
     traj = simulate_states(scene, states, config)
-    m = _metrics_single(scene, traj, config)
+    m = _metrics(scene, traj, config)
     mult = m["nc"] * m["dac"]
     masked = m["progress"] * mult * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
-    mult2 = mult * m["ddc"] * m["tlc"]
+    mult2 = mult * m["ddc_v2"] * m["tlc"]
     masked2 = m["progress"] * mult2 * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
     norm = jnp.maximum(masked[0], masked[1:])
     norm2 = jnp.maximum(masked2[0], masked2[1:])
@@ -231,10 +251,10 @@ def _candidates_single(scene, candidates, config: PDMConfig) -> PDMResult:
     candidates, finite = _sanitize(jnp.asarray(candidates, jnp.float32))
     states = interpolate_poses(scene, candidates, 0.1)
     traj = simulate_states(scene, states, config)
-    m = _metrics_single(scene, traj, config)
+    m = _metrics(scene, traj, config)
     f = finite.astype(jnp.float32)
     norm = jnp.max(m["progress"] * m["nc"] * m["dac"] * f)
-    norm2 = jnp.max(m["progress"] * m["nc"] * m["dac"] * m["ddc"] * m["tlc"] * f)
+    norm2 = jnp.max(m["progress"] * m["nc"] * m["dac"] * m["ddc_v2"] * m["tlc"] * f)
     ep, ep2 = _ep_rules(m, norm, norm2, config)
     return _aggregate(m, ep, ep2, finite, config)
 

@@ -139,12 +139,6 @@ class _SceneGeometry:
         self.boxes = np.empty((n, t), dtype=object)
         if n:
             self.boxes[:] = shapely.polygons(corners)
-        self.box_params = np.stack(
-            [self.ax, self.ay, np.asarray(ag.z, np.float64), np.broadcast_to(length[:, None], (n, t)),
-             np.broadcast_to(width[:, None], (n, t)),
-             np.broadcast_to(np.asarray(ag.height, np.float64)[:, None], (n, t)), heading],
-            axis=-1,
-        )  # (N, T, 7)
 
     def objects_at(self, frame: int) -> np.ndarray:
         """Indices of the objects present at an observation frame."""

@@ -66,6 +66,7 @@ class RolloutConfig:
       system_prompt: optional system message.
       max_context_tokens: a row stops before a turn whose context (+ max_new_tokens) would
         exceed this (MTDrive trains with 11,500 tokens).
+      format_feedback: the user message after an unusable answer.
     """
 
     group_size: int = 8
@@ -77,8 +78,11 @@ class RolloutConfig:
     format: FormatConfig = FormatConfig()
     system_prompt: str | None = None
     max_context_tokens: int = 11_500
+    format_feedback: str = FORMAT_FEEDBACK
 
     def __post_init__(self):
+        if not self.format_feedback:
+            raise ValueError("format_feedback must be non-empty (an empty feedback ends the rollout)")
         if self.group_size < 1 or self.max_turns < 1:
             raise ValueError("group_size and max_turns must be >= 1")
         if self.max_context_tokens < 2:
@@ -199,10 +203,10 @@ def _index_scenes(scenes: Scene, index) -> Scene:
 
 def compute_reference(scenes: Scene, pdm_config=None):
     """PDM-Closed reference poses (S, 40, 3) at 0.1 .. 4.0 s for the scorer."""
-    from jax_drive.pdm import PDMConfig
-    from jax_drive.planners import pdm_closed
+    from jax_drive.planners.pdm_closed import PDMClosedConfig, pdm_closed
 
-    return pdm_closed(scenes, PDMConfig() if pdm_config is None else pdm_config).poses
+    config = PDMClosedConfig() if pdm_config is None else PDMClosedConfig(pdm=pdm_config)
+    return pdm_closed(scenes, config).poses
 
 
 def run_rollouts(
@@ -294,7 +298,7 @@ def run_rollouts(
             if ok:
                 feedback = feedback_message(parsed.poses, select(violations, (s, g)))
             else:
-                feedback = FORMAT_FEEDBACK
+                feedback = config.format_feedback
             pdms[s, g, j], fmt[s, g, j], reward[s, g, j] = p, f, rew
             turn_mask[s, g, j], usable_arr[s, g, j] = True, ok
             for name in SUB_SCORES:

@@ -9,11 +9,20 @@ Layout of one call (``generate_tokens``):
 2. ``_prefill`` (jitted): allocates a static KV cache of ``S = P + N`` slots and writes the
    keys/values of the first ``P - 1`` prompt columns. The logits of the prefill are never
    used, so XLA drops the (B, P, V) LM head entirely.
-3. ``_decode`` (jitted, loop state donated): a ``lax.while_loop``; step ``t`` feeds one
+3. ``_decode_*`` (jitted, loop state donated): a ``lax.while_loop``; step ``t`` feeds one
    token per row (the last prompt token at ``t = 0``, then the previous sample) at cache
    slot ``P - 1 + t``, samples the next token and records its log-prob. The loop stops at
    ``max_new_tokens`` (dynamic, <= N) or when every row has produced a stop token. Rows that
    are done keep running but their outputs are replaced by ``pad_id`` / 0.
+   Two step functions: ``_decode_unrolled`` (default) runs the layers as an unrolled Python
+   loop over per-layer weight buffers (``DecodeParams``: LoRA merged, q/k/v and gate/up
+   fused) and a per-layer cache, which avoids XLA:CPU copying every layer's weights out of
+   the stacked arrays on each step (~2x fewer CPU cycles per token measured here);
+   ``_decode_generic`` calls ``CausalLM.__call__`` (the contract path; any model).
+
+Sampling-only settings (temperature, top-k/p values, stop ids, min/max new tokens, pad id)
+are traced values, so changing them never recompiles; greedy vs sampled, filtering on/off and
+the log-prob mode are static.
 
 Log-probabilities: ``"raw"`` = log-softmax of the unprocessed float32 logits at the sampled
 token (temperature 1, no filtering, no min-token mask): log pi(token | prefix) of the policy.
@@ -30,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import chex
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,6 +67,10 @@ class SamplerConfig:
       bucket_batch: pad the batch to a power of two with dummy rows (default True).
       max_stop_ids: size of the (padded) stop-id array is the next power of two >= the
         number of stop ids, at least this many (default 4).
+      unroll_layers: decode with per-layer weight buffers and a Python-unrolled layer loop
+        (``DecodeParams``; ~2x faster per token on the CPU, keeps one extra copy of the
+        weights, longer compile). False: call ``CausalLM.__call__`` (scanned layers) in the
+        loop. Models without ``arrays()`` always use the latter. Default True.
     """
 
     prompt_buckets: tuple[int, ...] | None = None
@@ -65,6 +79,7 @@ class SamplerConfig:
     min_gen_bucket: int = 16
     bucket_batch: bool = True
     max_stop_ids: int = 4
+    unroll_layers: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prompt_buckets", "gen_buckets"):
@@ -187,15 +202,47 @@ def gather_logprob(logits: jax.Array, token: jax.Array) -> jax.Array:
 
 
 # --------------------------------------------------------------------- jitted programs
+@flax.struct.dataclass
+class LayerCache:
+    """KV cache kept as one buffer per layer (the unrolled decode path).
+
+    k, v: tuples of NL arrays (B, S, Nk, D); mask: (B, S) bool (slot holds a real key).
+    Separate buffers let each layer's slot be updated in place inside the decode loop.
+    """
+
+    k: tuple
+    v: tuple
+    mask: jax.Array
+
+
+@flax.struct.dataclass
+class DecodeParams:
+    """Decode-time copy of a CausalLM's weights, one buffer per layer.
+
+    embed (V, H); final_norm (H,); head (H, V) or None when tied to ``embed``; layers: tuple
+    of NL dicts with input_norm (H,), post_norm (H,), qkv (H, (Nq + 2 Nk) D) [+ qkv_bias],
+    o (Nq D, H), gate_up (H, 2F), down (F, H). LoRA adapters are merged in (W + s A B).
+
+    Why: on the CPU, XLA materialises a copy of every layer's weights when a scanned model
+    slices them out of stacked (NL, ...) arrays, doubling the memory traffic of a decode
+    step; per-layer buffers (and fused q/k/v and gate/up matmuls) avoid it.
+    """
+
+    embed: jax.Array
+    final_norm: jax.Array
+    head: jax.Array | None
+    layers: tuple
+
+
 @chex.dataclass
 class DecodeState:
     """Carry of the decode loop (B rows, N = generation bucket).
 
-    cache: the model's KVCache; token (B,) int32: token fed at the next step; position (B,)
-    int32: its RoPE position; step () int32: tokens generated so far; done (B,) bool;
-    tokens (B, N) int32 and logprobs (B, N) float32: outputs (pad / 0 after a stop);
-    lengths (B,) int32: generated tokens per row (stop token included); stopped (B,) bool:
-    a stop token was produced; key: PRNG key.
+    cache: the model's KVCache (generic path) or a LayerCache (unrolled path); token (B,)
+    int32: token fed at the next step; position (B,) int32: its RoPE position; step ()
+    int32: tokens generated so far; done (B,) bool; tokens (B, N) int32 and logprobs (B, N)
+    float32: outputs (pad / 0 after a stop); lengths (B,) int32: generated tokens per row
+    (stop token included); stopped (B,) bool: a stop token was produced; key: PRNG key.
     """
 
     cache: Any
@@ -210,25 +257,136 @@ class DecodeState:
     key: jax.Array
 
 
-def _init_cache(model, batch: int, length: int):
-    from jax_drive.models import init_cache  # models sit below sampling; imported lazily
+def _merged_kernel(p: dict, i: int) -> jax.Array:
+    """Layer i's (in, out) kernel of a stacked projection with its LoRA folded in."""
+    kernel = p["kernel"][i]
+    if p.get("lora_a") is None:
+        return kernel
+    delta = (p["lora_a"][i].astype(jnp.float32) @ p["lora_b"][i].astype(jnp.float32)) * p[
+        "lora_scale"
+    ][i]
+    return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
 
-    config = model.config
-    return init_cache(config, batch, length, config.jnp_dtype)
+
+@functools.partial(jax.jit, static_argnames=("num_layers",))
+def _split_params(arrays: dict, num_layers: int) -> DecodeParams:
+    """``CausalLM.arrays()`` (stacked layers) -> DecodeParams (separate per-layer buffers)."""
+    TRACE_COUNTS["split_params"] += 1
+    st = arrays["layers"]
+    layers = []
+    for i in range(num_layers):
+        layer = {
+            "input_norm": st["input_norm"][i],
+            "post_norm": st["post_attention_norm"][i],
+            "qkv": jnp.concatenate([_merged_kernel(st[n], i) for n in ("q_proj", "k_proj", "v_proj")], axis=1),
+            "o": _merged_kernel(st["o_proj"], i),
+            "gate_up": jnp.concatenate([_merged_kernel(st[n], i) for n in ("gate_proj", "up_proj")], axis=1),
+            "down": _merged_kernel(st["down_proj"], i),
+        }
+        if st["q_proj"].get("bias") is not None:
+            layer["qkv_bias"] = jnp.concatenate(
+                [st[n]["bias"][i] for n in ("q_proj", "k_proj", "v_proj")], axis=0
+            )
+        layers.append(layer)
+    return DecodeParams(
+        embed=arrays["embed"],
+        final_norm=arrays["final_norm"],
+        head=arrays.get("lm_head"),
+        layers=tuple(layers),
+    )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6))
-def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int) -> DecodeState:
+_SPLIT_CACHE: dict = {}  # one entry: (leaf ids, leaves, DecodeParams)
+
+
+def decode_params(model) -> DecodeParams | None:
+    """Per-layer decode weights of ``model``, cached while its parameter arrays are unchanged
+    (keyed by the identity of the arrays; the cache keeps them alive, so ids are not reused).
+    None when the model does not expose ``arrays()`` in the CausalLM layout."""
+    arrays_fn = getattr(model, "arrays", None)
+    if arrays_fn is None:
+        return None
+    arrays = arrays_fn()
+    if not isinstance(arrays, dict) or "layers" not in arrays or "embed" not in arrays:
+        return None
+    leaves = jax.tree.leaves(arrays)
+    ids = tuple(id(x) for x in leaves)
+    hit = _SPLIT_CACHE.get("entry")
+    if hit is not None and hit[0] == ids:
+        return hit[2]
+    params = _split_params(arrays, model.config.num_layers)
+    _SPLIT_CACHE["entry"] = (ids, leaves, params)
+    return params
+
+
+def clear_decode_params_cache() -> None:
+    """Drops the cached per-layer weight copy (frees its memory)."""
+    _SPLIT_CACHE.clear()
+
+
+def _unrolled_step(config, dp: DecodeParams, cache: LayerCache, token, position, cache_index):
+    """One decode step over per-layer weights: token/position (B,) -> logits (B, V) float32.
+
+    Same math as ``CausalLM.__call__`` with L = 1 (tests check the two agree)."""
+    from jax_drive.models.transformer import apply_rope, attention, rms_norm, rope_tables
+
+    c = config
+    b = token.shape[0]
+    qd, kd, f = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    x = jnp.take(dp.embed, token[:, None], axis=0)  # (B, 1, H)
+    cos, sin = rope_tables(c, position[:, None])
+    new_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((b, 1), bool), (0, cache_index))
+    slots = jnp.arange(cache.mask.shape[1])
+    mask = (slots <= cache_index)[None, None, :] & new_mask[:, None, :]  # (B, 1, S)
+    ks, vs = [], []
+    for lp, ck, cv in zip(dp.layers, cache.k, cache.v):
+        y = rms_norm(x, lp["input_norm"], c.rms_norm_eps)
+        qkv = y @ lp["qkv"]
+        if "qkv_bias" in lp:
+            qkv = qkv + lp["qkv_bias"]
+        q = apply_rope(qkv[..., :qd].reshape(b, 1, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(qkv[..., qd : qd + kd].reshape(b, 1, c.num_kv_heads, c.head_dim), cos, sin)
+        v = qkv[..., qd + kd :].reshape(b, 1, c.num_kv_heads, c.head_dim)
+        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
+        x = x + attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask) @ lp["o"]
+        y = rms_norm(x, lp["post_norm"], c.rms_norm_eps)
+        gu = y @ lp["gate_up"]
+        x = x + (jax.nn.silu(gu[..., :f]) * gu[..., f:]) @ lp["down"]
+        ks.append(ck)
+        vs.append(cv)
+    h = rms_norm(x, dp.final_norm, c.rms_norm_eps)[:, 0]
+    if dp.head is None:
+        logits = jnp.einsum("bh,vh->bv", h.astype(dp.embed.dtype), dp.embed,
+                            preferred_element_type=jnp.float32)
+    else:
+        logits = jnp.einsum("bh,hv->bv", h.astype(dp.head.dtype), dp.head,
+                            preferred_element_type=jnp.float32)
+    return logits, LayerCache(k=tuple(ks), v=tuple(vs), mask=new_mask)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7))
+def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_layer: bool) -> DecodeState:
     """ids/mask (B, P) left-padded, row_valid (B,) bool (False = dummy row, done from the
-    start) -> decode state with the first P - 1 prompt columns cached."""
+    start) -> decode state with the first P - 1 prompt columns cached (stacked KVCache, or
+    a LayerCache when ``per_layer``)."""
+    from jax_drive.models import init_cache  # models sit below sampling
+
     TRACE_COUNTS["prefill"] += 1
     model = nnx.merge(graphdef, state)
+    config = model.config
     batch, plen = ids.shape
-    cache = _init_cache(model, batch, plen + gen_bucket)
+    cache = init_cache(config, batch, plen + gen_bucket, config.jnp_dtype)
     positions = prompt_positions(mask)
     if plen > 1:
         _, cache = model(
             ids[:, :-1], positions[:, :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0)
+        )
+    if per_layer:
+        n = cache.k.shape[0]
+        cache = LayerCache(
+            k=tuple(cache.k[i] for i in range(n)), v=tuple(cache.v[i] for i in range(n)),
+            mask=cache.mask,
         )
     return DecodeState(
         cache=cache,
@@ -244,52 +402,23 @@ def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int) -> Dec
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnums=(0,),
-    static_argnames=("greedy", "use_filter", "processed_logprobs"),
-    donate_argnums=(2,),
-)
-def _decode(
-    graphdef,
-    state,
-    loop: DecodeState,
-    cache_start,
-    max_new_tokens,
-    min_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    stop_ids,
-    pad_id,
-    *,
-    greedy: bool,
-    use_filter: bool,
-    processed_logprobs: bool,
-) -> DecodeState:
-    """Runs the decode ``while_loop``.
+def _decode_loop(step_fn, vocab, loop, cache_start, max_new_tokens, min_new_tokens,
+                 temperature, top_k, top_p, stop_ids, pad_id, greedy, use_filter,
+                 processed_logprobs) -> DecodeState:
+    """The ``lax.while_loop`` shared by both decode paths.
 
-    cache_start () int32: cache slot of the token fed at step 0 (= P - 1); max/min_new_tokens
-    () int32; temperature/top_p () float32; top_k () int32; stop_ids (K,) int32 padded with -1;
-    pad_id () int32.
+    step_fn(cache, token (B,), position (B,), cache_index) -> (logits (B, V), cache).
     """
-    TRACE_COUNTS["decode"] += 1
-    model = nnx.merge(graphdef, state)
-    batch = loop.token.shape[0]
-    vocab = model.config.vocab_size
     is_stop_vocab = jnp.zeros((vocab,), bool).at[jnp.where(stop_ids >= 0, stop_ids, vocab)].set(
         True, mode="drop"
     )
-    ones = jnp.ones((batch, 1), bool)
 
     def cond(s: DecodeState):
         return (s.step < max_new_tokens) & ~jnp.all(s.done)
 
     def body(s: DecodeState) -> DecodeState:
-        logits, cache = model(
-            s.token[:, None], s.position[:, None], ones, cache=s.cache, cache_index=cache_start + s.step
-        )
-        logits = logits[:, 0, :].astype(jnp.float32)  # (B, V)
+        logits, cache = step_fn(s.cache, s.token, s.position, cache_start + s.step)
+        logits = logits.astype(jnp.float32)  # (B, V)
         key, sub = jax.random.split(s.key)
         masked = jnp.where((s.step < min_new_tokens) & is_stop_vocab[None, :], NEG_INF, logits)
         token, processed = select_tokens(
@@ -313,6 +442,40 @@ def _decode(
         )
 
     return jax.lax.while_loop(cond, body, loop)
+
+
+_STATIC = ("greedy", "use_filter", "processed_logprobs")
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=_STATIC, donate_argnums=(2,))
+def _decode_generic(graphdef, state, loop: DecodeState, *scalars, greedy, use_filter,
+                    processed_logprobs) -> DecodeState:
+    """Decode loop calling ``CausalLM.__call__`` (stacked KVCache). Scalars: cache_start,
+    max_new_tokens, min_new_tokens () int32; temperature () f32; top_k () int32; top_p () f32;
+    stop_ids (K,) int32 padded with -1; pad_id () int32."""
+    TRACE_COUNTS["decode"] += 1
+    model = nnx.merge(graphdef, state)
+    ones = jnp.ones((loop.token.shape[0], 1), bool)
+
+    def step_fn(cache, token, position, index):
+        logits, cache = model(token[:, None], position[:, None], ones, cache=cache, cache_index=index)
+        return logits[:, 0], cache
+
+    return _decode_loop(step_fn, model.config.vocab_size, loop, *scalars, greedy, use_filter,
+                        processed_logprobs)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=_STATIC, donate_argnums=(2,))
+def _decode_unrolled(config, dp: DecodeParams, loop: DecodeState, *scalars, greedy, use_filter,
+                     processed_logprobs) -> DecodeState:
+    """Decode loop over per-layer weights (``DecodeParams``) and a ``LayerCache``."""
+    TRACE_COUNTS["decode"] += 1
+
+    def step_fn(cache, token, position, index):
+        return _unrolled_step(config, dp, cache, token, position, index)
+
+    return _decode_loop(step_fn, config.vocab_size, loop, *scalars, greedy, use_filter,
+                        processed_logprobs)
 
 
 # ------------------------------------------------------------------------- public API
@@ -400,14 +563,13 @@ def generate_tokens(
     stop_arr[: len(stop_ids)] = stop_ids
 
     graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
+    dp = decode_params(model) if config.unroll_layers else None
     greedy = float(temperature) == 0.0
     loop = _prefill(
-        graphdef, state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(row_valid), key, nbucket
+        graphdef, state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(row_valid), key,
+        nbucket, dp is not None,
     )
-    out = _decode(
-        graphdef,
-        state,
-        loop,
+    scalars = (
         jnp.int32(plen - 1),
         jnp.int32(max_new_tokens),
         jnp.int32(min_new_tokens),
@@ -416,10 +578,16 @@ def generate_tokens(
         jnp.float32(top_p),
         jnp.asarray(stop_arr),
         jnp.int32(pad_id),
+    )
+    statics = dict(
         greedy=greedy,
         use_filter=(not greedy) and (top_k > 0 or top_p < 1.0),
         processed_logprobs=logprobs_mode == "processed",
     )
+    if dp is not None:
+        out = _decode_unrolled(mcfg, dp, loop, *scalars, **statics)
+    else:
+        out = _decode_generic(graphdef, state, loop, *scalars, **statics)
     tokens, logprobs, lengths, stopped = jax.device_get(
         (out.tokens, out.logprobs, out.lengths, out.stopped)
     )

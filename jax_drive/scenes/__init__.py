@@ -16,9 +16,12 @@ from jax_drive.scenes.builders import (
     straight_road,
     straight_road_scene,
 )
+from jax_drive.scenes.frames import scene_to_global, to_ego_frame
+from jax_drive.scenes.generator import GeneratorConfig, generate_scenes, scene_labels
 
 __all__ = [
     "AgentTrack",
+    "GeneratorConfig",
     "LaneSpec",
     "PolygonSpec",
     "SceneSizes",
@@ -26,17 +29,14 @@ __all__ = [
     "add_agent",
     "add_static",
     "agent_track",
+    "generate_scenes",
     "index_scene",
     "make_scene",
+    "scene_labels",
+    "scene_to_global",
     "scene_to_numpy",
     "stack_scenes",
     "straight_road",
     "straight_road_scene",
+    "to_ego_frame",
 ]
-
-try:  # the generator and frames are optional at import time while they are being built
-    from jax_drive.scenes.generator import GeneratorConfig, generate_scenes  # noqa: F401
-
-    __all__ += ["GeneratorConfig", "generate_scenes"]
-except ImportError:  # pragma: no cover
-    pass

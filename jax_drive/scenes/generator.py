@@ -22,12 +22,17 @@ jitter so nothing is exactly collinear with the ego (nuPlan's unclipped arccos).
 
 Expert: IDM along the route w.r.t. the nearest object that is (or within 2 s will be) in
 the ego's corridor and w.r.t. a red stop line, slowing for curves (lateral acceleration
-<= 2 m/s^2, yaw rate <= 0.6 rad/s); its t0 acceleration and history are consistent.
+<= 2.5 m/s^2, yaw rate <= 0.6 rad/s); its t0 acceleration and history are consistent;
+the follower behind the ego replays the expert's speed profile at a fixed gap.
 
 Hard scenes (``hard_fraction``): a stopped car close ahead (constant velocity collides),
 a sharp curve right ahead (constant velocity leaves the road), a fast ego behind a
-hard-braking lead (low TTC / collision), a sharp turn at an intersection close ahead
-(constant velocity misses the route; the expert must brake).
+hard-braking lead (low TTC / collision), a sharp turn at a T-junction close ahead
+(constant velocity drives off the road; the expert must brake to a comfortable turning
+speed). :func:`scene_labels` returns the layout and hard kind drawn for each scene.
+
+Randomness: each scene draws from one uniform pool keyed by ``fold_in(key, scene_id)``;
+``hard_fraction`` and ``start_id`` are traced, so changing them does not recompile.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import enum
 import functools
 
 import chex
+import numpy as np
 import jax
 import jax.numpy as jnp
 
@@ -89,7 +95,10 @@ class GeneratorConfig:
       other_vehicle_prob: probability of each of four vehicles on the other lanes.
       red_prob: probability that the ego's light is red at an intersection (when it can stop).
       sizes: padded sizes.
-      idm_*: expert IDM (desired gap min_gap + headway * v; accel; comfortable decel).
+      idm_*: expert IDM (desired gap min_gap + headway * v; accel; comfortable decel). The
+        expert never brakes harder than 1.2x the constant deceleration that matches an
+        obstacle's speed 3 m before it, and slows for curves (lateral accel <= 2.5 m/s^2,
+        yaw rate <= 0.6 rad/s).
     """
 
     hard_fraction: float = 0.3
@@ -112,11 +121,29 @@ _BEHIND = 60.0  # every route path starts 60 m behind the ego: the ego sits at s
 _MAX_PATHS = 8
 _MAX_LANES = 12
 _MAX_STRIPS = 6
+_NUM_SLOTS = 14  # object slots the generator fills (the rest of SceneSizes.num_agents is padding)
 _EGO = VehicleParameters()
 
 
-def _u(key, lo, hi, shape=()):
-    return jax.random.uniform(key, shape, jnp.float32, lo, hi)
+class _Rand:
+    """Hands out slices of one pre-drawn uniform vector (one threefry call per scene keeps
+    the compiled program small); the order of draws is fixed at trace time."""
+
+    def __init__(self, key: jax.Array, size: int = 192):
+        self._u = jax.random.uniform(key, (size,), jnp.float32)
+        self._i = 0
+
+    def u(self, lo: float = 0.0, hi: float = 1.0, shape: tuple[int, ...] = ()) -> jax.Array:
+        n = int(np.prod(shape, dtype=np.int64))
+        if self._i + n > self._u.shape[0]:
+            raise RuntimeError("generator: uniform pool exhausted; raise _Rand size")
+        out = self._u[self._i : self._i + n].reshape(shape)
+        self._i += n
+        return lo + (hi - lo) * out
+
+    def randint(self, lo: int, hi, shape: tuple[int, ...] = ()) -> jax.Array:
+        """Integers in [lo, hi) (hi may be traced)."""
+        return jnp.minimum(jnp.floor(lo + (hi - lo) * self.u(0.0, 1.0, shape)), hi - 1).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -140,6 +167,7 @@ def _empty_layout():
         edge_hi=jnp.float32(2.0),
         other_lane_offsets=jnp.zeros(4),  # same-direction/oncoming lane offsets for cones
         other_lane_valid=jnp.zeros(4, bool),
+        static_s_max=jnp.float32(1e6),  # shoulder objects only before this route arc
     )
 
 
@@ -148,19 +176,18 @@ def _lane_row(path_idx, offset, width, kind=0.0, on_route=False, reversed_=False
     return jnp.stack([jnp.asarray(v, jnp.float32) for v in vals])
 
 
-def _road_layout(key, cfg: GeneratorConfig, curve: jax.Array, hard_curve: jax.Array):
+def _road_layout(r, cfg: GeneratorConfig, curve: jax.Array, hard_curve: jax.Array):
     """STRAIGHT (curve False) or CURVE road along the route path."""
-    k = jax.random.split(key, 10)
     w = cfg.lane_width
-    n = jax.random.randint(k[0], (), 1, 5)
-    e = jax.random.randint(k[1], (), 0, 4) % n
-    two_way = jax.random.uniform(k[2]) < 0.5
-    sign = jnp.where(jax.random.uniform(k[3]) < 0.5, -1.0, 1.0)
-    radius = jnp.where(hard_curve, _u(k[4], 35.0, 70.0), _u(k[4], 60.0, 250.0))
-    angle = jnp.where(hard_curve, _u(k[5], 1.0, 1.5), _u(k[5], 0.2, 0.8))
+    n = r.randint(1, 5)
+    e = r.randint(0, 4) % n
+    two_way = r.u() < 0.5
+    sign = jnp.where(r.u() < 0.5, -1.0, 1.0)
+    radius = jnp.where(hard_curve, r.u(35.0, 70.0), r.u(60.0, 250.0))
+    angle = jnp.where(hard_curve, r.u(1.0, 1.5), r.u(0.2, 0.8))
     # keep the inner edge well away from the arc centre
     radius = jnp.maximum(radius, (n + 1.0) * w + 10.0)
-    d_arc = jnp.where(hard_curve, _u(k[6], 0.0, 8.0), _u(k[6], 0.0, 40.0))
+    d_arc = jnp.where(hard_curve, r.u(0.0, 8.0), r.u(0.0, 40.0))
     angle = jnp.where(curve, sign * angle, 0.0)
     l1 = _BEHIND + d_arc
     total = 230.0
@@ -175,13 +202,13 @@ def _road_layout(key, cfg: GeneratorConfig, curve: jax.Array, hard_curve: jax.Ar
         lambda o, valid, rev, onr: _lane_row(0, o, w, 0.0, onr, rev, False, 0.0, length, valid)
     )(offsets, is_lane, j == n, j == e)
     lanes = lay["lanes"].at[:5].set(rows)
-    shoulder = _u(k[7], 0.3, 1.2)
+    shoulder = r.u(0.3, 1.2)
     edge_lo = -(e + 0.5) * w - shoulder
     edge_hi = (n - e - 0.5 + two_way) * w + shoulder
     strips = lay["strips"].at[0].set(jnp.stack([0.0, edge_lo, edge_hi, PolygonType.ROADBLOCK, 0.0, length, 1.0]))
     # traffic slots pick other lanes (offsets relative to the ego lane)
     n_tot = n + two_way.astype(jnp.int32)
-    picks = (e + 1 + jax.random.randint(k[8], (4,), 0, 8) % jnp.maximum(n_tot - 1, 1)) % n_tot
+    picks = (e + 1 + r.randint(0, 8, (4,)) % jnp.maximum(n_tot - 1, 1)) % n_tot
     rev = picks == n
     slot = jnp.arange(4.0)
     s_lo = _BEHIND - 40.0 + slot * 32.0
@@ -206,13 +233,12 @@ def _road_layout(key, cfg: GeneratorConfig, curve: jax.Array, hard_curve: jax.Ar
     return lay
 
 
-def _intersection_layout(key, cfg: GeneratorConfig, hard_turn: jax.Array, ego_speed: jax.Array, ego_red_wanted):
-    k = jax.random.split(key, 6)
+def _intersection_layout(r, cfg: GeneratorConfig, hard_turn: jax.Array, ego_speed: jax.Array, ego_red_wanted):
     w = cfg.lane_width
-    c = _u(k[0], 4.0, 8.0)
+    c = r.u(5.0, 9.0)
     H = w + c
-    d = jnp.where(hard_turn, _u(k[1], 4.0, 12.0), _u(k[1], 10.0, 40.0))
-    turn = jnp.where(hard_turn, jax.random.randint(k[2], (), 0, 2) * 2, jax.random.randint(k[2], (), 0, 3))
+    d = jnp.where(hard_turn, r.u(4.0, 12.0), r.u(10.0, 40.0))
+    turn = jnp.where(hard_turn, r.randint(0, 2) * 2, r.randint(0, 3))
     # the hard case is a T-junction: no road straight ahead, so going straight leaves the road
     t_junction = hard_turn
     # turn: 0 left, 1 straight, 2 right (== Command values)
@@ -258,10 +284,10 @@ def _intersection_layout(key, cfg: GeneratorConfig, hard_turn: jax.Array, ego_sp
     )
     strips = jnp.stack(
         [
-            jnp.stack([1.0, -w, w, PolygonType.ROADBLOCK, 0.0, _BEHIND + d, 1.0]),
-            jnp.stack([2.0, -w, w, PolygonType.ROADBLOCK, 0.0, arm, ~t_junction]),
-            jnp.stack([3.0, -w, w, PolygonType.ROADBLOCK, 0.0, arm, 1.0]),
-            jnp.stack([4.0, -w, w, PolygonType.ROADBLOCK, 0.0, arm, 1.0]),
+            jnp.stack([1.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, _BEHIND + d, 1.0]),
+            jnp.stack([2.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, arm, ~t_junction]),
+            jnp.stack([3.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, arm, 1.0]),
+            jnp.stack([4.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, arm, 1.0]),
             jnp.stack([5.0, -H, H, PolygonType.INTERSECTION, 0.0, 2 * H, 1.0]),
             jnp.zeros(7),
         ]
@@ -269,7 +295,7 @@ def _intersection_layout(key, cfg: GeneratorConfig, hard_turn: jax.Array, ego_sp
     # traffic: crossing from the left / right (queued when their light is red, else driving),
     # oncoming going away behind the ego, oncoming approaching from the ahead arm (far).
     moving = ego_red
-    q0 = arm - 3.0  # queue position just before the square on the crossing paths
+    q0 = arm - 7.0  # queue position before the stop line of the crossing paths
     traffic = jnp.stack(
         [
             jnp.stack([6.0, 0.0, 1.0, jnp.where(moving, 10.0, q0 - 12.0), jnp.where(moving, arm + 20, q0), jnp.where(moving, 0.6, 0.0), jnp.where(moving, 0.9, 0.0), 0.9]),
@@ -282,17 +308,16 @@ def _intersection_layout(key, cfg: GeneratorConfig, hard_turn: jax.Array, ego_sp
         paths=paths, lanes=jnp.concatenate([lanes, jnp.zeros((_MAX_LANES - 12, 10))]), strips=strips,
         traffic=traffic, route_len=route_len, command=turn.astype(jnp.int32),
         stop_s=jnp.where(ego_red, a0, 1e6), ego_red=ego_red, edge_lo=jnp.float32(-half), edge_hi=jnp.float32(w + half),
-        other_lane_offsets=jnp.full(4, w), other_lane_valid=jnp.zeros(4, bool),
+        other_lane_offsets=jnp.full(4, w), other_lane_valid=jnp.zeros(4, bool), static_s_max=a0 - 3.0,
     )
     return lay
 
 
-def _merge_layout(key, cfg: GeneratorConfig):
-    k = jax.random.split(key, 4)
+def _merge_layout(r, cfg: GeneratorConfig):
     w = cfg.lane_width
-    theta = _u(k[0], 0.12, 0.3)
-    radius = _u(k[1], 80.0, 160.0)
-    d = _u(k[2], 10.0, 50.0)
+    theta = r.u(0.12, 0.3)
+    radius = r.u(80.0, 160.0)
+    d = r.u(10.0, 50.0)
     lay = _empty_layout()
     route = P.path(-_BEHIND, 0.0, 0.0, _BEHIND + d, radius, -theta, 140.0)
     s_merge = P.arc_range(route)[1]
@@ -305,7 +330,7 @@ def _merge_layout(key, cfg: GeneratorConfig):
     lanes = lanes.at[0].set(_lane_row(0, 0.0, w, 0, True, False, False, 0.0, s_merge))  # ramp
     lanes = lanes.at[1].set(_lane_row(1, 0.0, w, 0, True, False, False, 0.0, main_len))  # main right
     lanes = lanes.at[2].set(_lane_row(1, w, w, 0, False, False, False, 0.0, main_len))  # main left
-    shoulder = _u(k[3], 0.3, 1.0)
+    shoulder = r.u(0.3, 1.0)
     strips = lay["strips"]
     strips = strips.at[0].set(jnp.stack([0.0, -w / 2 - shoulder, w / 2 + shoulder, PolygonType.ROADBLOCK, 0.0, s_merge + 5.0, 1.0]))
     strips = strips.at[1].set(jnp.stack([1.0, -w / 2 - shoulder, 1.5 * w + shoulder, PolygonType.ROADBLOCK, 0.0, main_len, 1.0]))
@@ -319,7 +344,7 @@ def _merge_layout(key, cfg: GeneratorConfig):
     )
     lay.update(
         paths=paths, lanes=lanes, strips=strips, traffic=traffic, route_len=P.path_length(route),
-        edge_lo=-w / 2 - shoulder, edge_hi=w / 2 + shoulder,
+        edge_lo=-w / 2 - shoulder, edge_hi=w / 2 + shoulder, static_s_max=s_merge - 40.0,
     )
     return lay
 
@@ -345,35 +370,34 @@ def _agent_tracks(path, offset, direction, s0, v0, t_brake, decel, present):
     return pose[:, 0], pose[:, 1], heading, speed * jnp.cos(heading), speed * jnp.sin(heading), jnp.full(t.shape, present)
 
 
-def _make_agents(key, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
+def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     """Samples the 14 agent slots; returns per-slot parameters and static attributes."""
-    ks = jax.random.split(key, 24)
     w = cfg.lane_width
     paths = lay["paths"]
     route = paths[0]
     n_slots = 14
-    jit_lat = _u(ks[0], 0.05, 0.25, (n_slots,)) * jnp.where(jax.random.uniform(ks[1], (n_slots,)) < 0.5, -1.0, 1.0)
-    jit_head = _u(ks[2], 0.005, 0.03, (n_slots,)) * jnp.where(jax.random.uniform(ks[3], (n_slots,)) < 0.5, -1.0, 1.0)
+    jit_lat = r.u(0.05, 0.25, (n_slots,)) * jnp.where(r.u(0.0, 1.0, (n_slots,)) < 0.5, -1.0, 1.0)
+    jit_head = r.u(0.005, 0.03, (n_slots,)) * jnp.where(r.u(0.0, 1.0, (n_slots,)) < 0.5, -1.0, 1.0)
 
     # slot 0: lead vehicle on the route
-    lead_len = _u(ks[4], 4.2, 5.2)
+    lead_len = r.u(4.2, 5.2)
     v = ego_speed
     bumper = _EGO.front_length + lead_len / 2  # rear axle to lead centre at zero bumper gap
-    lead_mode = jax.random.randint(ks[5], (), 0, 4)  # 0 none, 1 cruise, 2 mild braking, 3 stopped far
-    gap_safe = 2.0 + 1.5 * v + _u(ks[6], 0.0, 25.0)
+    lead_mode = r.randint(0, 4)  # 0 none, 1 cruise, 2 mild braking, 3 stopped far
+    gap_safe = 2.0 + 1.5 * v + r.u(0.0, 25.0)
     lead_s = _BEHIND + bumper + jnp.select(
         [hard_kind == HardKind.STOPPED_AHEAD, hard_kind == HardKind.BRAKING_LEAD, lead_mode == 3],
-        [v**2 / 8.0 + _u(ks[7], 6.0, 14.0), 2.0 + v * _u(ks[7], 1.0, 1.4), 4.0 * v + _u(ks[7], 12.0, 40.0)],
+        [v**2 / 8.0 + r.u(6.0, 14.0), 2.0 + v * r.u(1.0, 1.4), 4.0 * v + r.u(12.0, 40.0)],
         gap_safe,
     )
     lead_v = jnp.select(
         [hard_kind == HardKind.STOPPED_AHEAD, hard_kind == HardKind.BRAKING_LEAD, lead_mode == 3],
         [0.0, v, 0.0],
-        jnp.minimum(v * _u(ks[8], 0.7, 1.1), speed_limit),
+        jnp.minimum(v * r.u(0.7, 1.1), speed_limit),
     )
-    lead_v = jnp.where(kind == SceneKind.INTERSECTION, jnp.minimum(lead_v, _u(ks[8], 3.0, 5.0)), lead_v)
-    lead_tb = jnp.where(hard_kind == HardKind.BRAKING_LEAD, _u(ks[9], 0.3, 1.0), jnp.where(lead_mode == 2, _u(ks[9], 1.0, 3.0), 100.0))
-    lead_dec = jnp.where(hard_kind == HardKind.BRAKING_LEAD, _u(ks[10], 4.0, 6.0), _u(ks[10], 1.0, 2.5))
+    lead_v = jnp.where(kind == SceneKind.INTERSECTION, jnp.minimum(lead_v, r.u(3.0, 5.0)), lead_v)
+    lead_tb = jnp.where(hard_kind == HardKind.BRAKING_LEAD, r.u(0.3, 1.0), jnp.where(lead_mode == 2, r.u(1.0, 3.0), 100.0))
+    lead_dec = jnp.where(hard_kind == HardKind.BRAKING_LEAD, r.u(4.0, 6.0), r.u(1.0, 2.5))
     # a queued lead waits at a red stop line
     lead_s = jnp.where(lay["ego_red"] & (lead_mode == 1), lay["stop_s"] - 1.5 - lead_len / 2, lead_s)
     lead_v = jnp.where(lay["ego_red"] & (lead_mode == 1), 0.0, lead_v)
@@ -383,70 +407,67 @@ def _make_agents(key, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     lead_present = lead_present & ~((hard_kind == HardKind.SHARP_TURN) | (hard_kind == HardKind.SHARP_CURVE))
 
     # slot 1: follower on the route
-    fol_s = _BEHIND - _u(ks[11], 12.0, 30.0)
-    fol_v = v * _u(ks[12], 0.8, 1.0)
-    fol_present = jax.random.uniform(ks[13]) < 0.5
+    fol_s = _BEHIND - r.u(12.0, 30.0)
+    fol_v = v * r.u(0.8, 1.0)
+    fol_present = r.u() < 0.5
 
     # slots 2..5: traffic on other lanes
     tr = lay["traffic"]
-    tr_s = tr[:, 3] + (tr[:, 4] - tr[:, 3]) * jax.random.uniform(ks[14], (4,))
-    tr_v = speed_limit * (tr[:, 5] + (tr[:, 6] - tr[:, 5]) * jax.random.uniform(ks[15], (4,)))
-    tr_present = (jax.random.uniform(ks[16], (4,)) < tr[:, 7] * cfg.other_vehicle_prob / 0.6)
+    tr_s = tr[:, 3] + (tr[:, 4] - tr[:, 3]) * r.u(0.0, 1.0, (4,))
+    tr_v = speed_limit * (tr[:, 5] + (tr[:, 6] - tr[:, 5]) * r.u(0.0, 1.0, (4,)))
+    tr_present = (r.u(0.0, 1.0, (4,)) < tr[:, 7] * cfg.other_vehicle_prob / 0.6)
     tr_paths = paths[tr[:, 0].astype(jnp.int32)]
 
     # slot 6: crossing pedestrian, at the route centre at t_cross
-    ku = jax.random.split(ks[17], 8)
-    t_cross = _u(ku[0], 2.0, 4.5)
-    ped_v = _u(ku[1], 0.9, 1.6)
-    s_c = _BEHIND + jnp.maximum(v * t_cross * _u(ku[2], 0.5, 1.1), v**2 / 4.0 + 10.0)
-    side = jnp.where(jax.random.uniform(ku[3]) < 0.5, -1.0, 1.0)
+    t_cross = r.u(2.0, 4.5)
+    ped_v = r.u(0.9, 1.6)
+    s_c = _BEHIND + jnp.maximum(v * t_cross * r.u(0.5, 1.1), v**2 / 4.0 + 10.0)
+    side = jnp.where(r.u() < 0.5, -1.0, 1.0)
     pc = P.path_pose(route, s_c[None])[0]
-    ped_h = pc[2] - side * (jnp.pi / 2) + _u(ku[4], -0.2, 0.2)
+    ped_h = pc[2] - side * (jnp.pi / 2) + r.u(-0.2, 0.2)
     ped_start = pc[:2] - ped_v * t_cross * jnp.stack([jnp.cos(ped_h), jnp.sin(ped_h)])
     ped_path = P.path(ped_start[0], ped_start[1], ped_h, 100.0)
-    ped_present = (hard_kind < 0) & (jax.random.uniform(ku[5]) < cfg.ped_prob) & (kind != SceneKind.MERGE)
+    ped_present = (hard_kind < 0) & (r.u() < cfg.ped_prob) & (kind != SceneKind.MERGE)
 
     # slot 7: sidewalk pedestrian walking along the road outside its edge
-    side_off = jnp.where(jax.random.uniform(ku[6]) < 0.5, lay["edge_lo"] - 1.5, lay["edge_hi"] + 1.5)
-    walk_s = _BEHIND + _u(ku[7], -10.0, 60.0)
-    walker_present = jax.random.uniform(ks[18]) < 0.4
+    side_off = jnp.where(r.u() < 0.5, lay["edge_lo"] - 1.5, lay["edge_hi"] + 1.5)
+    walk_s = _BEHIND + r.u(-10.0, 60.0)
+    walker_present = (r.u() < 0.4) & (walk_s < lay["static_s_max"] - 8.0)
 
     # slot 8: cyclist at the right edge of the rightmost lane, ahead
-    cyc_s = _BEHIND + _EGO.front_length + 2.0 * v + _u(ks[19], 10.0, 40.0)
+    cyc_s = _BEHIND + _EGO.front_length + 2.0 * v + r.u(10.0, 40.0)
     cyc_off = lay["edge_lo"] + 1.0
-    cyc_v = _u(ks[20], 3.0, 6.0)
-    cyc_present = (hard_kind < 0) & (jax.random.uniform(ks[21]) < cfg.cyclist_prob) & (kind != SceneKind.INTERSECTION)
+    cyc_v = r.u(3.0, 6.0)
+    cyc_present = (hard_kind < 0) & (r.u() < cfg.cyclist_prob) & (kind != SceneKind.INTERSECTION)
 
     # slots 9..11: cones / barriers on the shoulder or closing another lane
-    kc = jax.random.split(ks[22], 6)
-    st_s = _BEHIND + _u(kc[0], 8.0, 70.0, (3,))
-    in_lane = (jax.random.uniform(kc[1], (3,)) < 0.4) & lay["other_lane_valid"][:3]
-    shoulder_off = jnp.where(jax.random.uniform(kc[2], (3,)) < 0.5, lay["edge_lo"] - 0.6, lay["edge_hi"] + 0.6)
+    st_s = _BEHIND + r.u(8.0, 70.0, (3,))
+    in_lane = (r.u(0.0, 1.0, (3,)) < 0.4) & lay["other_lane_valid"][:3]
+    shoulder_off = jnp.where(r.u(0.0, 1.0, (3,)) < 0.5, lay["edge_lo"] - 0.6, lay["edge_hi"] + 0.6)
     st_off = jnp.where(in_lane, lay["other_lane_offsets"][:3], shoulder_off)
-    st_type = jnp.where(jax.random.uniform(kc[3], (3,)) < 0.6, AgentType.TRAFFIC_CONE, AgentType.BARRIER)
-    st_present = jax.random.uniform(kc[4], (3,)) < cfg.static_prob
+    st_type = jnp.where(r.u(0.0, 1.0, (3,)) < 0.6, AgentType.TRAFFIC_CONE, AgentType.BARRIER)
+    st_present = (r.u(0.0, 1.0, (3,)) < cfg.static_prob) & (st_s < lay["static_s_max"])
 
     # slots 12..13: parked cars beyond the road edge
-    kp = jax.random.split(ks[23], 3)
-    pk_s = _BEHIND + _u(kp[0], -20.0, 80.0, (2,))
-    pk_off = jnp.where(jax.random.uniform(kp[1], (2,)) < 0.5, lay["edge_lo"] - 2.2, lay["edge_hi"] + 2.2)
-    pk_present = jax.random.uniform(kp[2], (2,)) < cfg.parked_prob
+    pk_s = _BEHIND + r.u(-20.0, 80.0, (2,))
+    pk_off = jnp.where(r.u(0.0, 1.0, (2,)) < 0.5, lay["edge_lo"] - 2.2, lay["edge_hi"] + 2.2)
+    pk_present = (r.u(0.0, 1.0, (2,)) < cfg.parked_prob) & (pk_s < lay["static_s_max"])
 
     z3 = jnp.zeros(3)
     slot_path = jnp.concatenate(
         [route[None], route[None], tr_paths, ped_path[None], route[None], route[None], jnp.tile(route[None], (3, 1)), jnp.tile(route[None], (2, 1))]
     )
     offset = jnp.concatenate([jnp.zeros(2), tr[:, 1], jnp.zeros(1), side_off[None], cyc_off[None], st_off, pk_off]) + jit_lat
-    direction = jnp.concatenate([jnp.ones(2), tr[:, 2], jnp.ones(1), jnp.where(jax.random.uniform(kc[5]) < 0.5, 1.0, -1.0)[None], jnp.ones(1), jnp.ones(3), jnp.ones(2)])
+    direction = jnp.concatenate([jnp.ones(2), tr[:, 2], jnp.ones(1), jnp.where(r.u() < 0.5, 1.0, -1.0)[None], jnp.ones(1), jnp.ones(3), jnp.ones(2)])
     s0 = jnp.concatenate([lead_s[None], fol_s[None], tr_s, jnp.zeros(1), walk_s[None], cyc_s[None], st_s, pk_s])
-    v0 = jnp.concatenate([lead_v[None], fol_v[None], tr_v, ped_v[None], _u(kc[5], 0.8, 1.4)[None], cyc_v[None], z3, jnp.zeros(2)])
+    v0 = jnp.concatenate([lead_v[None], fol_v[None], tr_v, ped_v[None], r.u(0.8, 1.4)[None], cyc_v[None], z3, jnp.zeros(2)])
     t_brake = jnp.concatenate([lead_tb[None], jnp.full(13, 100.0)])
     decel = jnp.concatenate([lead_dec[None], jnp.zeros(13)])
     present = jnp.concatenate([lead_present[None], fol_present[None], tr_present, ped_present[None], walker_present[None], cyc_present[None], st_present, pk_present])
     kinds = jnp.array([0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 3, 3, 0, 0], jnp.int32)
     kinds = kinds.at[9:12].set(st_type.astype(jnp.int32))
-    size_l = jnp.concatenate([lead_len[None], _u(ks[11], 4.2, 5.2, (5,)), jnp.array([0.6, 0.6, 1.8]), jnp.where(st_type == AgentType.TRAFFIC_CONE, 0.45, 2.0), _u(ks[12], 4.3, 5.0, (2,))])
-    size_w = jnp.concatenate([jnp.full(6, 1.9) + _u(ks[13], 0.0, 0.2, (6,)), jnp.array([0.6, 0.6, 0.7]), jnp.where(st_type == AgentType.TRAFFIC_CONE, 0.45, 0.6), jnp.full(2, 1.9)])
+    size_l = jnp.concatenate([lead_len[None], r.u(4.2, 5.2, (5,)), jnp.array([0.6, 0.6, 1.8]), jnp.where(st_type == AgentType.TRAFFIC_CONE, 0.45, 2.0), r.u(4.3, 5.0, (2,))])
+    size_w = jnp.concatenate([jnp.full(6, 1.9) + r.u(0.0, 0.2, (6,)), jnp.array([0.6, 0.6, 0.7]), jnp.where(st_type == AgentType.TRAFFIC_CONE, 0.45, 0.6), jnp.full(2, 1.9)])
     size_h = jnp.concatenate([jnp.full(6, 1.6), jnp.array([1.75, 1.75, 1.7]), jnp.where(st_type == AgentType.TRAFFIC_CONE, 0.8, 1.0), jnp.full(2, 1.6)])
     x, y, h, vx, vy, valid = jax.vmap(_agent_tracks)(slot_path, offset, direction, s0, v0, t_brake, decel, present)
     h = wrap_angle(h + jit_head[:, None])
@@ -580,33 +601,36 @@ def _select(pred, a, b):
     return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
 
 
-def _draw_header(key, cfg: GeneratorConfig):
-    ks = jax.random.split(key, 12)
-    hard = jax.random.uniform(ks[0]) < cfg.hard_fraction
-    hard_kind = jnp.where(hard, jax.random.randint(ks[1], (), 0, 4), HardKind.NONE)
-    normal_kind = jax.random.choice(ks[2], 4, p=jnp.asarray(cfg.kind_probs) / sum(cfg.kind_probs))
+def _draw_header(key, cfg: GeneratorConfig, hard_fraction=None):
+    r = _Rand(key)
+    hard = r.u() < (cfg.hard_fraction if hard_fraction is None else hard_fraction)
+    hard_kind = jnp.where(hard, r.randint(0, 4), HardKind.NONE)
+    cum = np.cumsum(cfg.kind_probs) / sum(cfg.kind_probs)
+    normal_kind = jnp.sum(r.u() > jnp.asarray(cum[:-1], jnp.float32))
     hard_map = jnp.array([SceneKind.STRAIGHT, SceneKind.CURVE, SceneKind.STRAIGHT, SceneKind.INTERSECTION])
     kind = jnp.where(hard, hard_map[jnp.maximum(hard_kind, 0)], normal_kind)
-    return ks, hard, hard_kind, kind
+    return r, hard, hard_kind, kind
 
 
-def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = GeneratorConfig()) -> Scene:
-    """One scene (no batch dims) from a PRNG key; jittable and vmappable."""
+def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = GeneratorConfig(), hard_fraction=None) -> Scene:
+    """One scene (no batch dims) from a PRNG key; jittable and vmappable.
+
+    ``hard_fraction`` (traceable) overrides ``config.hard_fraction`` when given.
+    """
     cfg = config
-    ks, hard, hard_kind, kind = _draw_header(key, cfg)
+    r, hard, hard_kind, kind = _draw_header(key, cfg, hard_fraction)
     speed_limit = jnp.select(
-        [kind == SceneKind.INTERSECTION, kind == SceneKind.MERGE], [_u(ks[3], 10.0, 14.0), _u(ks[3], 16.0, 25.0)], _u(ks[3], 12.0, 25.0)
+        [kind == SceneKind.INTERSECTION, kind == SceneKind.MERGE], [r.u(10.0, 14.0), r.u(16.0, 25.0)], r.u(12.0, 25.0)
     )
-    desired = speed_limit * _u(ks[4], 0.8, 1.0)
-    ego_speed = desired * _u(ks[5], 0.5, 1.05)
-    ego_speed = jnp.where(jax.random.uniform(ks[6]) < 0.05, 0.0, ego_speed)
+    desired = speed_limit * r.u(0.8, 1.0)
+    ego_speed = desired * r.u(0.5, 1.05)
+    ego_speed = jnp.where(r.u() < 0.05, 0.0, ego_speed)
     ego_speed = jnp.select(
         [hard_kind == HardKind.STOPPED_AHEAD, hard_kind == HardKind.SHARP_CURVE, hard_kind == HardKind.BRAKING_LEAD, hard_kind == HardKind.SHARP_TURN],
-        [_u(ks[7], 8.0, 15.0), _u(ks[7], 8.0, 12.0), _u(ks[7], 12.0, 18.0), _u(ks[7], 7.0, 10.0)],
+        [r.u(8.0, 15.0), r.u(8.0, 12.0), r.u(12.0, 18.0), r.u(7.0, 10.0)],
         ego_speed,
     )
-    k_lay = jax.random.split(ks[8], 3)
-    road = _road_layout(k_lay[0], cfg, kind == SceneKind.CURVE, hard_kind == HardKind.SHARP_CURVE)
+    road = _road_layout(r, cfg, kind == SceneKind.CURVE, hard_kind == HardKind.SHARP_CURVE)
     # on a sharp curve the ego already drives about the comfortable curve speed
     ego_speed = jnp.where(
         hard_kind == HardKind.SHARP_CURVE, jnp.minimum(ego_speed, 0.95 * curve_speed(road["paths"][0])), ego_speed
@@ -614,12 +638,12 @@ def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = Generator
     speed_limit = jnp.maximum(speed_limit, ego_speed)
     desired = jnp.maximum(desired, ego_speed)
     inter = _intersection_layout(
-        k_lay[1], cfg, hard_kind == HardKind.SHARP_TURN, ego_speed, jax.random.uniform(ks[9]) < cfg.red_prob
+        r, cfg, hard_kind == HardKind.SHARP_TURN, ego_speed, r.u() < cfg.red_prob
     )
-    merge = _merge_layout(k_lay[2], cfg)
+    merge = _merge_layout(r, cfg)
     lay = _select(kind == SceneKind.MERGE, merge, _select(kind == SceneKind.INTERSECTION, inter, road))
 
-    agents = _make_agents(ks[10], lay, cfg, ego_speed, speed_limit, hard_kind, kind)
+    agents = _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind)
     route = lay["paths"][0]
     s_traj, v_traj, a0 = _expert(cfg, route, agents, ego_speed, desired, lay["stop_s"])
     # the follower (slot 1) drives the expert's speed profile a fixed gap behind: it never
@@ -677,11 +701,11 @@ def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = Generator
     )
 
 
-@functools.partial(jax.jit, static_argnames=("num_scenes", "config", "start_id"))
-def _generate(key, num_scenes: int, config: GeneratorConfig, start_id: int = 0) -> Scene:
+@functools.partial(jax.jit, static_argnames=("num_scenes", "config"))
+def _generate(key, hard_fraction, start_id, num_scenes: int, config: GeneratorConfig) -> Scene:
     ids = jnp.arange(num_scenes) + start_id
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
-    return jax.vmap(lambda k, i: generate_scene(k, i, config))(keys, ids)
+    return jax.vmap(lambda k, i: generate_scene(k, i, config, hard_fraction))(keys, ids)
 
 
 def generate_scenes(key: jax.Array, num_scenes: int, config: GeneratorConfig = GeneratorConfig(), start_id: int = 0) -> Scene:
@@ -693,7 +717,19 @@ def generate_scenes(key: jax.Array, num_scenes: int, config: GeneratorConfig = G
         raise ValueError(f"num_scenes must be >= 1, got {num_scenes}")
     if not 0.0 <= config.hard_fraction <= 1.0:
         raise ValueError(f"hard_fraction must be in [0, 1], got {config.hard_fraction}")
-    return _generate(key, int(num_scenes), config, int(start_id))
+    sz = config.sizes
+    if sz.num_agents < _NUM_SLOTS or sz.num_lanes < _MAX_LANES or sz.num_drivable < _MAX_STRIPS:
+        raise ValueError(
+            f"sizes too small for the generator: need num_agents >= {_NUM_SLOTS}, num_lanes >= {_MAX_LANES}, "
+            f"num_drivable >= {_MAX_STRIPS}; got {sz}"
+        )
+    if sz.lane_vertices % 2 or sz.drivable_vertices % 2 or min(sz.lane_vertices, sz.drivable_vertices) < 8:
+        raise ValueError(f"lane_vertices and drivable_vertices must be even and >= 8; got {sz}")
+    if min(sz.centerline_points, sz.route_points) < 2:
+        raise ValueError(f"centerline_points and route_points must be >= 2; got {sz}")
+    # hard_fraction and start_id are traced: changing them does not recompile
+    static = dataclasses.replace(config, hard_fraction=0.0)
+    return _generate(key, jnp.float32(config.hard_fraction), jnp.int32(start_id), int(num_scenes), static)
 
 
 def scene_labels(key: jax.Array, num_scenes: int, config: GeneratorConfig = GeneratorConfig(), start_id: int = 0):
@@ -701,7 +737,11 @@ def scene_labels(key: jax.Array, num_scenes: int, config: GeneratorConfig = Gene
 
     kind: :class:`SceneKind`; hard_kind: :class:`HardKind` (-1 = a normal scene).
     """
+    return _labels(key, jnp.int32(start_id), int(num_scenes), config)
+
+
+@functools.partial(jax.jit, static_argnames=("num_scenes", "config"))
+def _labels(key, start_id, num_scenes: int, config: GeneratorConfig):
     ids = jnp.arange(num_scenes) + start_id
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
-    _, _, hard_kind, kind = jax.vmap(lambda k: _draw_header(k, config))(keys)
-    return kind, hard_kind
+    return jax.vmap(lambda k: _draw_header(k, config)[:-3:-1])(keys)

@@ -81,7 +81,8 @@ class Known:
 
 HORIZON = 5.0
 DT_PRED = 0.25
-CONFLICT_DIST = 4.5  # m between time-aligned centres
+CONFLICT_DIST = 3.5  # m between centres (CoLMDriver's safety edge: d_min < ~3.55 m)
+TIME_MARGIN = 1.5  # s: positions this close in time count as simultaneous
 
 
 class _Base:
@@ -292,10 +293,14 @@ class RuleBasedPolicy(_Base):
         return np.stack([k.x + v * np.cos(k.heading) * ts, k.y + v * np.sin(k.heading) * ts], -1)
 
     def yields_to(self, view, i, me: Known, k: Known, my_path, their_path) -> tuple[bool, float]:
-        d = np.linalg.norm(my_path - their_path, axis=-1)
-        t_idx = int(np.argmin(d))
-        if d[t_idx] >= CONFLICT_DIST:
+        # distances between my position at t1 and theirs at t2 with |t1 - t2| <= TIME_MARGIN
+        d = np.linalg.norm(my_path[:, None] - their_path[None], axis=-1)
+        steps = np.arange(len(my_path))
+        d = np.where(np.abs(steps[:, None] - steps[None]) * DT_PRED <= TIME_MARGIN, d, np.inf)
+        t1, t2 = np.unravel_index(int(np.argmin(d)), d.shape)
+        if d[t1, t2] >= CONFLICT_DIST:
             return False, np.inf
+        t_idx = int(t1)
         t_c = t_idx * DT_PRED
         if not k.cooperative:
             return True, t_c
@@ -329,7 +334,7 @@ class RuleBasedPolicy(_Base):
             me.cooperative, me.maneuver = True, int(view["lane_maneuver"][lane])
             if target is not None and int(view["lane_maneuver"][target]) == 3:
                 me.maneuver = 3
-            plan_v = max(float(view["speed"][i]), 0.7 * cruise)
+            plan_v = max(float(view["speed"][i]), cruise)
             my_path = self.predict(view, me, plan_v)
             yield_now, t_min = False, np.inf
             pts = self.lane_points(view, lane)

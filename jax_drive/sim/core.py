@@ -100,37 +100,40 @@ def bicycle(x, y, heading, v, accel, steer, length, dt) -> tuple:
 
 # ------------------------------------------------------------------------- perception
 def leader_gaps(cfg: SimConfig, sc: Scenario, st: SimState, present: chex.Array):
-    """Nearest obstacle ahead in each agent's current lane path.
+    """Nearest obstacle ahead of each agent.
+
+    Candidates: vehicles on the same lane path further along it, and anything straight
+    ahead of the body within the summed half widths (this covers paths that share
+    geometry, lane changes in progress and stopped vehicles), restricted to vehicles
+    moving the same way (cos of heading difference > 0.3) or stopped / crashed.
+    O(A C + A^2) per tick.
 
     Returns: arc (A,) own arc on the lane, lat (A,) own lateral offset, gap (A,) bumper
-    gap to the nearest same-direction or stopped vehicle ahead (inf if none), lead_v (A,)
-    its speed along the lane, lead (A,) its index (-1 none).
+    gap to the nearest candidate (inf if none), lead_v (A,) its speed along our heading,
+    lead (A,) its index (-1 none).
     """
     pts = sc.lanes.points[st.lane]  # (A, C, 2)
     pos = jnp.stack([st.x, st.y], -1)
     arc, lat, _ = lanes_lib.project(pts, pos)
-    arc_ij, lat_ij, lh_ij = lanes_lib.project(pts[:, None], pos[None, :, :])  # (A, A)
-    ahead = arc_ij - arc[:, None]
-    in_lane = jnp.abs(lat_ij) < (sc.width[:, None] + sc.width[None, :]) / 2 + 0.3
-    dh = jnp.cos(st.heading[None, :] - lh_ij)
-    stopped = (st.speed[None, :] < 0.5) | (st.collision_step[None, :] >= 0)
-    same_dir = (dh > 0.3) | stopped
     a = sc.valid.shape[-1]
     not_self = ~jnp.eye(a, dtype=bool)
-    cand = present[None, :] & not_self & in_lane & same_dir & (ahead > 0) & (ahead < cfg.follow_range)
-    gap = jnp.where(cand, ahead - (sc.length[:, None] + sc.length[None, :]) / 2, jnp.inf)
-    # Also whatever is straight ahead of the body (during lane changes the old lane still matters).
+    dh = jnp.cos(st.heading[None, :] - st.heading[:, None])
+    stopped = (st.speed[None, :] < 0.5) | (st.collision_step[None, :] >= 0)
+    same_dir = (dh > 0.3) | stopped
+    half_len = (sc.length[:, None] + sc.length[None, :]) / 2
+    ahead = arc[None, :] - arc[:, None]
+    on_path = (st.lane[None, :] == st.lane[:, None]) & (jnp.abs(lat[None, :]) < sc.lanes.width[st.lane][None, :] / 2 + 0.5)
+    cand = present[None, :] & not_self & on_path & same_dir & (ahead > 0) & (ahead < cfg.follow_range)
+    gap = jnp.where(cand, ahead - half_len, jnp.inf)
     rel = pos[None, :, :] - pos[:, None, :]
     c, s = jnp.cos(st.heading)[:, None], jnp.sin(st.heading)[:, None]
     fwd = c * rel[..., 0] + s * rel[..., 1]
     side = -s * rel[..., 0] + c * rel[..., 1]
-    dh_body = jnp.cos(st.heading[None, :] - st.heading[:, None])
     body = (
-        present[None, :] & not_self & ((dh_body > 0.3) | stopped) & (fwd > 0) & (fwd < cfg.follow_range)
+        present[None, :] & not_self & same_dir & (fwd > 0) & (fwd < cfg.follow_range)
         & (jnp.abs(side) < (sc.width[:, None] + sc.width[None, :]) / 2 + 0.2)
     )
-    gap = jnp.minimum(gap, jnp.where(body, fwd - (sc.length[:, None] + sc.length[None, :]) / 2, jnp.inf))
-    dh = jnp.where(body & ~cand, dh_body, dh)
+    gap = jnp.minimum(gap, jnp.where(body, fwd - half_len, jnp.inf))
     lead = jnp.argmin(gap, axis=-1)
     gmin = jnp.min(gap, axis=-1)
     pick = jnp.arange(a)[None, :] == lead[:, None]
@@ -300,7 +303,6 @@ def _events(cfg: SimConfig, sc: Scenario, old: SimState, st: SimState, old_arc, 
     stop = sc.lanes.stop_arc[st.lane]
     crossed = (old_arc + sc.length / 2 < stop) & (c_arc + sc.length / 2 >= stop) & (jnp.abs(c_lat) < 2.5)
     ran = present & (sc.lanes.light[st.lane] >= 0) & (light == Light.RED) & crossed
-    off = lanes_lib.offroad(sc.lanes.points, sc.lanes.width, sc.lanes.valid, pos, cfg.offroad_margin)
     moving = present & ~collided & (sc.behaviour != Behaviour.STOPPED)
     slow = st.speed < cfg.stagnation_speed
     return st.replace(
@@ -310,17 +312,31 @@ def _events(cfg: SimConfig, sc: Scenario, old: SimState, st: SimState, old_arc, 
         progress=progress,
         done=collided | (success_step >= 0),
         red_runs=st.red_runs + ran.astype(jnp.int32),
-        offroad_steps=st.offroad_steps + (off & moving).astype(jnp.int32),
         stagnant_steps=jnp.where(slow & moving, st.stagnant_steps + 1, 0),
     )
 
 
 # ------------------------------------------------------------------------ public API
-def step_impl(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
-    """One decision period: latch ``action`` then run ``cfg.decision_steps`` ticks."""
+def check_offroad(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
+    """Off-road test at a decision boundary (against every lane path, O(A L C)); an
+    agent found off road is charged the whole decision period of steps."""
+    present = sc.valid & (st.success_step < 0)
+    moving = present & (st.collision_step < 0) & (sc.behaviour != Behaviour.STOPPED)
+    pos = jnp.stack([st.x, st.y], -1)
+    off = lanes_lib.offroad(sc.lanes.points, sc.lanes.width, sc.lanes.valid, pos, cfg.offroad_margin)
+    return st.replace(offroad_steps=st.offroad_steps + cfg.decision_steps * (off & moving).astype(jnp.int32))
+
+
+def _decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
     st = apply_action(cfg, sc, st, action)
     st, _ = jax.lax.scan(lambda s, _: (tick(cfg, sc, s), None), st, None, length=cfg.decision_steps)
-    return st
+    return check_offroad(cfg, sc, st)
+
+
+def step_impl(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
+    """One decision period: latch ``action``, run ``cfg.decision_steps`` ticks, then
+    the off-road check."""
+    return _decision(cfg, sc, st, action)
 
 
 step = jax.jit(step_impl, static_argnums=0)
@@ -333,8 +349,7 @@ def rollout(cfg: SimConfig, sc: Scenario, st: SimState, actions: Action) -> tupl
     """
 
     def body(s, act):
-        s = apply_action(cfg, sc, s, act)
-        s, _ = jax.lax.scan(lambda q, _: (tick(cfg, sc, q), None), s, None, length=cfg.decision_steps)
+        s = _decision(cfg, sc, s, act)
         return s, s
 
     return jax.lax.scan(body, st, actions)
@@ -348,8 +363,12 @@ def batched_reset(cfg: SimConfig, keys: chex.PRNGKey, sc: Scenario) -> SimState:
 
 @functools.partial(jax.jit, static_argnums=0)
 def batched_step(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
-    """:func:`step` vmapped over a leading episode axis."""
-    return jax.vmap(lambda s, q, a: step_impl(cfg, s, q, a))(sc, st, action)
+    """:func:`step` over a leading episode axis (the tick scan runs outside the vmap,
+    which XLA on CPU executes faster than a vmapped scan)."""
+    st = jax.vmap(lambda s, q, a: apply_action(cfg, s, q, a))(sc, st, action)
+    vtick = jax.vmap(lambda s, q: tick(cfg, s, q))
+    st, _ = jax.lax.scan(lambda q, _: (vtick(sc, q), None), st, None, length=cfg.decision_steps)
+    return jax.vmap(lambda s, q: check_offroad(cfg, s, q))(sc, st)
 
 
 def idle_action(cfg: SimConfig, batch: tuple[int, ...] = ()) -> Action:

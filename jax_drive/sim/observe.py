@@ -18,7 +18,7 @@ import numpy as np
 from jax_drive.geometry import box_corners, rotate, segments_intersect, wrap_angle
 from jax_drive.sim import lanes as lanes_lib
 from jax_drive.sim.core import lane_light
-from jax_drive.sim.state import LIGHT_NAMES, Behaviour, Scenario, SimConfig, SimState
+from jax_drive.sim.state import LIGHT_NAMES, Scenario, SimConfig, SimState
 
 NUM_NEIGHBOURS = 6
 EGO_FEATURES = 8

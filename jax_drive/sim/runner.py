@@ -108,7 +108,7 @@ def _actions(cfg: SimConfig, cmds: np.ndarray, speeds: np.ndarray) -> Action:
 
 def run_episodes(name, keys, *, accident_prone, policy, background: bool = False,
                  cfg: SimConfig = SimConfig(), record: bool = False, keep_trajectory: bool = False,
-                 progress=None) -> tuple[list[EpisodeResult], list[Transition]]:
+                 progress=None, max_time: float | None = None) -> tuple[list[EpisodeResult], list[Transition]]:
     """Runs one batch of episodes (one per key) of scenario ``name`` (a name, or one
     name per key).
 
@@ -119,6 +119,7 @@ def run_episodes(name, keys, *, accident_prone, policy, background: bool = False
       record: keep replay transitions with captions (slower: text per agent per step).
       keep_trajectory: keep poses for rendering.
       progress: optional callable(n_decisions_done) for progress bars.
+      max_time: optional cap on every episode's time limit, s (quick checks).
     Returns: per-episode results (input order) and replay transitions.
     """
     keys = list(keys)
@@ -139,6 +140,8 @@ def run_episodes(name, keys, *, accident_prone, policy, background: bool = False
     buses = [MessageBus(cfg.max_agents, cfg.comm_radius, cfg.message_ttl) for _ in range(n)]
     interdrive = [S.family(nm) == "interdrive" for nm in names]
     timeout = np.asarray(sc.timeout)
+    if max_time is not None:
+        timeout = np.minimum(timeout, max_time)
     eligible = [np.nonzero(s["valid"] & s["reward"] & (s["role"] == Role.FOCAL))[0] for s in statics]
     ended = np.zeros(size, bool)
     ended[n:] = True  # padding

@@ -438,7 +438,7 @@ def ic_chaos(b, rng, accident_prone, background):
         if accident_prone:
             offsets.append(float(rng.uniform(-0.4, 0.4)) + (2.5 if second else 0.0))
         else:
-            offsets.append(4.0 * (k % 4) + (12.0 if second else 0.0) + float(rng.uniform(0.0, 0.5)))
+            offsets.append(4.0 * (k % 4) + (16.0 if second else 0.0) + float(rng.uniform(0.0, 0.5)))
     lanes = [b.lane(intersection_path(a, t, o, oo), maneuver={"straight": 0, "right": 1, "left": 2}[t])
              for a, t, o, oo in paths]
     v = 7.0
@@ -494,13 +494,14 @@ def _merge(b, rng, accident_prone, background, vids, n_highway_egos=1):
     lc = b.arc(ramp, (-15.0, -LANE_W))
     b.add(_focal(ramp, a1, v1, vids[0], cruise=v1, goal_lane=hw[0], goal_arc=b.arc(hw[0], (160.0, 0.0)), lc_arc=lc,
                  lc_end_arc=b.arc(ramp, (55.0, -LANE_W))))
-    # the merger's lane change starts at lc and its front reaches the target lane ~1.5 s later
-    t_cut = (lc - a1) / v1 + 1.5
-    merge_x = -15.0 + v1 * 1.5
+    # the merger's lane change starts at lc (x = -15): the target-lane vehicle is then just
+    # behind its shoulder (accident-prone) or well clear of it (safe)
+    t_cut = (lc - a1) / v1
+    merge_x = -15.0
     v2 = 11.0 + rng.uniform(-0.5, 0.5)
     for k in range(n_highway_egos):
         if accident_prone:
-            x2 = merge_x - v2 * t_cut - rng.uniform(3.0, 6.0) - 12.0 * k
+            x2 = merge_x - v2 * t_cut - rng.uniform(2.5, 4.5) - 12.0 * k
         else:
             x2 = merge_x - v2 * t_cut + rng.choice([-1, 1]) * rng.uniform(35.0, 45.0) - 12.0 * k
         b.add(_focal(hw[0], b.arc(hw[0], (x2, 0.0)), v2, vids[1 + k], cruise=v2,

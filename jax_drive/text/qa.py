@@ -3,8 +3,9 @@
 For each scene and each metric except comfort, :func:`qa_candidates` draws candidate
 questions in one jitted, batched call and labels them with the scorer's geometry
 (:mod:`jax_drive.geometry`: ego footprint from the rear-axle pose, oriented boxes,
-separating-axis overlap, even-odd point-in-polygon), then keeps up to ``per_class``
-positive and ``per_class`` negative questions per (scene, metric) at random.
+separating-axis overlap, even-odd point-in-polygon), then keeps
+``min(#yes, #no, per_class)`` questions of each answer per (scene, metric) at random, so
+every scene's questions are balanced.
 
 Labels (all in the ego frame at t0):
 
@@ -52,7 +53,8 @@ _DEG = np.pi / 180.0
 class QAConfig:
     """QA generation options.
 
-    per_class: at most this many Yes and this many No questions per scene and metric (2).
+    per_class: at most this many Yes and this many No questions per scene and metric (2);
+      always as many Yes as No.
     num_candidates: candidates drawn per scene and metric before balancing (64).
     ttc_frames: observation frames ahead tested for TTC, (0, 3, 6, 9) = 0 .. 0.9 s.
     ahead_angle_deg: an object counts as ahead below this angle (30 degrees).
@@ -241,17 +243,19 @@ def _one_scene(u, scene: Scene, config: QAConfig):
 
 
 def _balance(u, label, ok, per_class):
-    """Indices (2 * per_class,) and their validity: per_class Yes then per_class No.
+    """Indices (2 * per_class,) and their validity: per_class Yes slots then per_class No.
 
-    u: (C, 2) uniforms used as random priorities.
+    Exactly k = min(#yes, #no, per_class) items of each answer are kept, so every
+    (scene, metric) is balanced. u: (C, 2) uniforms used as random priorities.
     """
+    masks = [ok & label, ok & ~label]
+    k = jnp.minimum(jnp.minimum(masks[0].sum(), masks[1].sum()), per_class)
     out_idx, out_ok = [], []
-    for j, value in enumerate((True, False)):
-        mask = ok & (label == value)
+    for j, mask in enumerate(masks):
         score = jnp.where(mask, u[:, j], -1.0)
-        top, idx = jax.lax.top_k(score, per_class)
+        _, idx = jax.lax.top_k(score, per_class)
         out_idx.append(idx)
-        out_ok.append(top >= 0.0)
+        out_ok.append(jnp.arange(per_class) < k)
     return jnp.concatenate(out_idx), jnp.concatenate(out_ok)
 
 

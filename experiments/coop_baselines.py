@@ -1,0 +1,174 @@
+"""Rule-based and silent baselines on the six TalkingVehicles scenarios (CR / SR / TR)
+and the ten InterDrive types without and with background traffic (DS / RC / IS / SR),
+3 seeds, mean ± standard error across seeds. Episodes alternate accident-prone and safe
+configurations (accident-prone first).
+
+    python experiments/coop_baselines.py --json experiments/results/coop_baselines.json
+
+Writes the JSON (with the command line), a plot next to it (coop_baselines.png) and one
+rendering per TalkingVehicles scenario (coop_<scenario>.png, rule-based, accident-prone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from jax_drive.sim import baselines, metrics as M, runner, scenarios as S  # noqa: E402
+from jax_drive.sim.evaluate import ID_KEYS, TV_KEYS, episode_flags, jsonable  # noqa: E402
+
+
+def run_group(names, policy, seeds, episodes, background, keep_trajectory=False, max_time=None):
+    """All scenarios x seeds x episodes of one policy in a single batch; returns
+    {scenario: {seed: [EpisodeResult]}}."""
+    flags = episode_flags("alternate", episodes)
+    batch_names, keys, batch_flags, tags = [], [], [], []
+    for name in names:
+        for seed in seeds:
+            for k in range(episodes):
+                batch_names.append(name)
+                keys.append(jax.random.fold_in(jax.random.key(seed), k))
+                batch_flags.append(flags[k])
+                tags.append((name, seed))
+    bar = tqdm(desc=f"{policy.name}{' bg' if background else ''} ({len(keys)} episodes)", unit="decision",
+               leave=False)
+    results, _ = runner.run_episodes(batch_names, keys, accident_prone=batch_flags, policy=policy,
+                                     background=background, keep_trajectory=keep_trajectory,
+                                     progress=lambda d: bar.update(1), max_time=max_time)
+    bar.close()
+    out: dict = {}
+    for tag, r in zip(tags, results):
+        out.setdefault(tag[0], {}).setdefault(tag[1], []).append(r)
+    return out
+
+
+def summarise(by_seed: dict, family: str) -> dict:
+    per_seed = []
+    for seed, rs in sorted(by_seed.items()):
+        if family == "talking_vehicles":
+            m = M.talking_vehicles_rates([o for r in rs for o in r.outcomes])
+        else:
+            m = M.interdrive_rates([r.metrics for r in rs])
+        m["seed"] = seed
+        per_seed.append(m)
+    keys = TV_KEYS if family == "talking_vehicles" else ID_KEYS
+    all_rs = [r for rs in by_seed.values() for r in rs]
+    sent = sum(r.messages_sent for r in all_rs)
+    split = {}
+    for label, flag in (("accident_prone", True), ("safe", False)):
+        rs = [r for r in all_rs if r.accident_prone == flag]
+        split[label] = (M.talking_vehicles_rates([o for r in rs for o in r.outcomes]) if family == "talking_vehicles"
+                        else M.interdrive_rates([r.metrics for r in rs]))
+    return {
+        "aggregate": M.aggregate_seeds(per_seed, keys),
+        "per_seed": per_seed,
+        "split": split,
+        "bytes_per_message": sum(r.bytes_sent for r in all_rs) / sent if sent else 0.0,
+        "messages_per_episode": sent / len(all_rs),
+        "feedback_examples": sorted({f for r in all_rs for f in r.feedback})[:4],
+    }
+
+
+def plot(report: dict, path: str) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    tv = report["talking_vehicles"]
+    names = list(S.TALKING_VEHICLES)
+    x = np.arange(len(names))
+    for k, (pol, colour) in enumerate((("silent", "tab:orange"), ("rule_based", "tab:blue"))):
+        for j, (metric, hatch) in enumerate((("CR", "//"), ("SR", ""))):
+            m = [tv[n][pol]["aggregate"][metric]["mean"] for n in names]
+            e = [tv[n][pol]["aggregate"][metric]["se"] for n in names]
+            axes[0].bar(x + (2 * k + j - 1.5) * 0.2, m, 0.2, yerr=e, color=colour, hatch=hatch,
+                        label=f"{pol} {metric}", alpha=0.85)
+    axes[0].set_xticks(x, [n.replace("tv_", "") for n in names], rotation=30, ha="right", fontsize=7)
+    axes[0].set_ylabel("%")
+    axes[0].set_title("TalkingVehicles: CR (hatched) and SR, mean ± SE over 3 seeds", fontsize=9)
+    axes[0].legend(fontsize=7)
+    for ax, bg in ((axes[1], "without_background"), (axes[2], "with_background")):
+        idr = report["interdrive"][bg]
+        if not idr:
+            ax.axis("off")
+            continue
+        names = list(S.INTERDRIVE)
+        x = np.arange(len(names))
+        for k, (pol, colour) in enumerate((("silent", "tab:orange"), ("rule_based", "tab:blue"))):
+            m = [idr[n][pol]["aggregate"]["DS"]["mean"] for n in names]
+            e = [idr[n][pol]["aggregate"]["DS"]["se"] for n in names]
+            ax.bar(x + (k - 0.5) * 0.4, m, 0.4, yerr=e, color=colour, label=pol, alpha=0.85)
+        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("DS")
+        ax.set_title(f"InterDrive DS ({bg.replace('_', ' ')})", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--tv-episodes", type=int, default=10, help="episodes per seed per TalkingVehicles scenario")
+    parser.add_argument("--id-episodes", type=int, default=4, help="episodes per seed per InterDrive type and setting")
+    parser.add_argument("--json", default="experiments/results/coop_baselines.json")
+    parser.add_argument("--no-render", action="store_true")
+    parser.add_argument("--no-id-background", action="store_true", help="skip InterDrive with background traffic")
+    parser.add_argument("--id-max-time", type=float, default=40.0,
+                        help="cap on InterDrive episode length, s (routes here take 10-25 s)")
+    args = parser.parse_args(argv)
+    seeds = list(range(args.seeds))
+    t0 = time.time()
+    report = {"command": "python experiments/coop_baselines.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "seeds": seeds, "tv_episodes_per_seed": args.tv_episodes, "id_episodes_per_seed": args.id_episodes,
+              "configs": "alternating accident-prone / safe, accident-prone first",
+              "id_max_time_s": args.id_max_time,
+              "talking_vehicles": {}, "interdrive": {"without_background": {}, "with_background": {}}}
+    out_dir = os.path.dirname(os.path.abspath(args.json))
+    os.makedirs(out_dir, exist_ok=True)
+    policies = [baselines.SilentPolicy(), baselines.RuleBasedPolicy()]
+    for policy in policies:
+        groups = run_group(S.TALKING_VEHICLES, policy, seeds, args.tv_episodes, False,
+                           keep_trajectory=not args.no_render and policy.name == "rule_based")
+        for name, by_seed in groups.items():
+            report["talking_vehicles"].setdefault(name, {})[policy.name] = summarise(by_seed, "talking_vehicles")
+            if not args.no_render and policy.name == "rule_based":
+                from jax_drive.sim.render import render_episode
+
+                render_episode(by_seed[seeds[0]][0], os.path.join(out_dir, f"coop_{name}.png"))
+        for bg, label in ((False, "without_background"), (True, "with_background")):
+            if bg and args.no_id_background:
+                continue
+            groups = run_group(S.INTERDRIVE, policy, seeds, args.id_episodes, bg, max_time=args.id_max_time)
+            for name, by_seed in groups.items():
+                report["interdrive"][label].setdefault(name, {})[policy.name] = summarise(by_seed, "interdrive")
+    report["wall_seconds"] = time.time() - t0
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(jsonable(report), f, indent=2)
+    plot(report, os.path.splitext(args.json)[0] + ".png")
+    # tables
+    for fam, keys in (("talking_vehicles", TV_KEYS),):
+        rows = [(f"{n} [{p}]", report[fam][n][p]["aggregate"]) for n in S.TALKING_VEHICLES for p in
+                ("silent", "rule_based")]
+        print(M.format_table(rows, keys))
+    for label in ("without_background", "with_background"):
+        if not report["interdrive"][label]:
+            continue
+        rows = [(f"{n} [{p}]", report["interdrive"][label][n][p]["aggregate"]) for n in S.INTERDRIVE for p in
+                ("silent", "rule_based")]
+        print(label)
+        print(M.format_table(rows, ID_KEYS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

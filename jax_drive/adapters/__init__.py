@@ -1,0 +1,1 @@
+"""Optional adapters to other simulators and datasets (imported lazily)."""

@@ -1,0 +1,102 @@
+"""Scenario library invariants: structure, determinism by key, and the safety contract
+(accident-prone: the silent baseline collides in most seeds; safe: it does not), plus the
+rule-based baseline and the runner's records."""
+
+import jax
+import numpy as np
+import pytest
+
+from jax_drive.sim import baselines, runner, scenarios as S
+from jax_drive.sim.state import Behaviour, Role
+
+AP_SEEDS = (0, 1, 2)
+SAFE_SEEDS = (10, 11)
+
+
+@pytest.mark.parametrize("name", S.SCENARIOS)
+def test_structure_and_determinism(name):
+    a = S.build(name, jax.random.key(0), accident_prone=True, background=True)
+    b = S.build(name, jax.random.key(0), accident_prone=True, background=True)
+    c = S.build(name, jax.random.key(1), accident_prone=True, background=True)
+    np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
+    assert not np.allclose(np.asarray(a.x)[np.asarray(a.valid)], np.asarray(c.x)[np.asarray(c.valid)])
+    valid = np.asarray(a.valid)
+    role, beh = np.asarray(a.role)[valid], np.asarray(a.behaviour)[valid]
+    reward = np.asarray(a.reward)[valid]
+    assert (role == Role.FOCAL).sum() >= (2 if name != "tv_overtake_perception" else 2)
+    assert reward.sum() >= 1 and np.all(role[reward] == Role.FOCAL)
+    assert np.all(beh[reward] == Behaviour.POLICY)
+    # every agent starts on its lane, inside the map, not overlapping anyone
+    from jax_drive.sim import core
+
+    cfg = runner.SimConfig()
+    st = core.step(cfg, a, core.reset(cfg, jax.random.key(0), a), core.go_action(cfg, a))
+    assert int(np.asarray(st.collision_step)[valid].max()) == -1
+    assert int(np.asarray(st.offroad_steps)[valid].max()) == 0
+    # background flag adds traffic
+    plain = S.build(name, jax.random.key(0), accident_prone=True, background=False)
+    assert int(np.asarray(plain.valid).sum()) <= int(valid.sum())
+    if S.family(name) == "interdrive" and name not in ("tv_highway_exit",):
+        assert int(np.asarray(plain.valid).sum()) < int(valid.sum())
+
+
+def test_chaos_has_six_to_eight_egos():
+    counts = {int((np.asarray(S.build("ic_chaos", jax.random.key(k)).reward)).sum()) for k in range(8)}
+    assert counts <= {6, 7, 8} and len(counts) >= 2
+
+
+def test_unknown_scenario_rejected():
+    with pytest.raises(ValueError, match="unknown scenario"):
+        S.build("nope", jax.random.key(0))
+
+
+def _collided(results):
+    return [any(o.outcome == "collision" for o in r.outcomes) for r in results]
+
+
+@pytest.fixture(scope="module")
+def silent_runs():
+    names, keys, flags = [], [], []
+    for name in S.SCENARIOS:
+        for s in AP_SEEDS:
+            names.append(name), keys.append(jax.random.key(s)), flags.append(True)
+        for s in SAFE_SEEDS:
+            names.append(name), keys.append(jax.random.key(s)), flags.append(False)
+    results, _ = runner.run_episodes(names, keys, accident_prone=flags, policy=baselines.SilentPolicy(),
+                                     max_time=25.0)
+    return names, flags, results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", S.SCENARIOS)
+def test_accident_prone_collides_and_safe_does_not_for_silent(silent_runs, name):
+    names, flags, results = silent_runs
+    ap = [c for n, f, c in zip(names, flags, _collided(results)) if n == name and f]
+    safe = [c for n, f, c in zip(names, flags, _collided(results)) if n == name and not f]
+    assert sum(ap) >= 2, f"{name}: accident-prone collisions {ap}"
+    assert not any(safe), f"{name}: safe collisions {safe}"
+
+
+@pytest.mark.slow
+def test_rule_based_avoids_accidents_with_messages_and_records():
+    names = ["tv_red_light", "tv_overtake_perception", "tv_highway_merge", "ic_straight_left"]
+    results, trs = runner.run_episodes(names, [jax.random.key(0)] * 4, accident_prone=True,
+                                       policy=baselines.RuleBasedPolicy(), record=True, keep_trajectory=True,
+                                       max_time=25.0)
+    assert not any(_collided(results)), [r.feedback for r in results]
+    assert all(r.messages_sent > 0 and r.bytes_sent > 0 for r in results)
+    assert sum(o.outcome == "success" for r in results for o in r.outcomes) >= 6
+    # replay records: captions, commands, retro labels
+    assert trs and all(t.observation.startswith("You are Vehicle") for t in trs)
+    assert {t.outcome for t in trs if t.outcome} <= {"success", "collision", "timeout"}
+    red = [t for t in trs if t.scenario == "tv_red_light" and t.vehicle_id == 109]
+    assert any("Messages received" in t.observation for t in red)
+    assert red[0].next_observation == red[1].observation
+    # rendering
+    from jax_drive.sim.render import render_episode
+
+    import tempfile, os
+
+    with tempfile.TemporaryDirectory() as d:
+        path = render_episode(results[0], os.path.join(d, "ep.png"))
+        assert os.path.getsize(path) > 10_000
