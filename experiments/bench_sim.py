@@ -40,8 +40,7 @@ def bench_jax(episodes: int, decisions: int, repeats: int, cfg: SimConfig) -> di
 
     @jax.jit
     def run(sc, st, acts):
-        final, _ = jax.vmap(lambda s, q, a: core.rollout(cfg, s, q, a))(sc, st, acts)
-        return final
+        return core.batched_rollout(cfg, sc, st, acts)
 
     t0 = time.perf_counter()
     jax.block_until_ready(run(sc, st0, acts))

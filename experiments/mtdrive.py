@@ -90,6 +90,8 @@ def plot_refinement(results: dict, path: str, stage: str = "rl", max_scenes: int
             c = np.asarray(geometry.box_corners(scene.agents.x[i, 0], scene.agents.y[i, 0], scene.agents.heading[i, 0],
                                                 scene.agents.length[i], scene.agents.width[i]))
             ax.fill(c[:, 0], c[:, 1], color="tab:blue", alpha=0.5)
+        ego = np.asarray(geometry.ego_corners(np.zeros(3, np.float32)))
+        ax.fill(ego[:, 0], ego[:, 1], color="tab:green", alpha=0.8)
         turns = rollouts.turns[s]
         colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(turns), 1)))
         for j, (turn, color) in enumerate(zip(turns, colors)):

@@ -7,7 +7,7 @@ JAX scorer equals the reference: discrete metrics (NC, DAC, DDC, TTC, C) exactly
 PDMS within 1e-4, raw progress within 1e-3 m; per-pose DAC / NC / TTC violations exactly.
 The same holds for scenes placed at UTM-sized offsets and rotated (the reference then works
 in float64 global coordinates; the JAX side goes through jax_drive.scenes.frames). The
-NAVSIM v2 parts TLC, LK and v2 TTC are compared too; v2 EP is a known disagreement (xfail).
+NAVSIM v2 parts TLC, LK, v2 TTC and v2 EP are compared too.
 The stand-in for the PDM-Closed reference is the (sometimes stretched) expert: both scorers
 get the same reference poses, which only matter through the EP normaliser.
 
@@ -239,14 +239,6 @@ def test_navsim_v2_parts_match_reference(scored):
     assert not bad, f"{len(bad)} disagreements:\n" + "\n".join(bad[:40])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known disagreement, JAX side: the EPDMS multiplier (and so the v2 EP normaliser) uses "
-        "the v1 DDC; NAVSIM >= v2.1 skips steps whose centre is inside an intersection "
-        "(pdm_scorer._calculate_driving_direction_compliance). Remove this mark once fixed."
-    ),
-)
 def test_navsim_v2_progress_matches_reference(scored):
     jax_out, ref_out = scored
     bad = mismatches(jax_out, ref_out, (), V2_CONTINUOUS, ())

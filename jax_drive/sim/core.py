@@ -371,6 +371,21 @@ def batched_step(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> 
     return jax.vmap(lambda s, q: check_offroad(cfg, s, q))(sc, st)
 
 
+def batched_rollout(cfg: SimConfig, sc: Scenario, st: SimState, actions: Action) -> SimState:
+    """Final state after scanning decisions with actions (E, D, ...) over a leading
+    episode axis (jit it; the whole rollout is one XLA program)."""
+    acts = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), actions)  # (D, E, ...)
+
+    def body(q, act):
+        q = jax.vmap(lambda s, x, a: apply_action(cfg, s, x, a))(sc, q, act)
+        vtick = jax.vmap(lambda s, x: tick(cfg, s, x))
+        q, _ = jax.lax.scan(lambda x, _: (vtick(sc, x), None), q, None, length=cfg.decision_steps)
+        return jax.vmap(lambda s, x: check_offroad(cfg, s, x))(sc, q), None
+
+    final, _ = jax.lax.scan(body, st, acts)
+    return final
+
+
 def idle_action(cfg: SimConfig, batch: tuple[int, ...] = ()) -> Action:
     """KEEP for every agent (scripted agents ignore actions anyway)."""
     a = cfg.max_agents

@@ -1,0 +1,5 @@
+import sys
+
+from jax_drive.cli import main
+
+sys.exit(main())
