@@ -10,3 +10,10 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci")
+
+import jax  # noqa: E402
+
+# Persist XLA executables between test processes: compilation dominates this suite on a
+# 2-core CPU, and a compiled program is keyed by its exact HLO, so reuse is always exact.
+jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_drive_xla"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)

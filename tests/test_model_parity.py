@@ -13,7 +13,6 @@
 
 import importlib.util
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -77,7 +77,7 @@ def test_format_rejects_bad_input():
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(st.lists(st.tuples(finite, finite, finite), min_size=8, max_size=8))
 def test_round_trip(points):
     points = np.asarray(points)
@@ -106,7 +106,7 @@ _token = st.sampled_from(
 )
 
 
-@settings(max_examples=400)
+@settings(max_examples=250)
 @given(st.lists(_token, max_size=60))
 def test_fuzz_near_miss_text_never_raises(tokens):
     text = "".join(tokens)

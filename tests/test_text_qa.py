@@ -188,6 +188,8 @@ def test_dac_geometry_equals_scorer_mask():
     config = PDMConfig(simulate=False)
     reference = np.stack([np.arange(1, 41) * 0.4, np.zeros(40), np.zeros(40)], -1)
     rng = np.random.default_rng(0)
+    in_drivable = jax.jit(qa.in_drivable)
+    interpolate = jax.jit(interpolate_poses, static_argnums=2)
     flagged_any = 0
     for _ in range(8):
         x = np.cumsum(rng.uniform(0.5, 3.0, 8))
@@ -195,15 +197,17 @@ def test_dac_geometry_equals_scorer_mask():
         h = np.arctan2(np.diff(np.concatenate([[0.0], y])), np.diff(np.concatenate([[0.0], x])))
         proposal = np.stack([x, y, h], -1)[None]
         result = jax.device_get(score_proposals(scene, proposal, reference, config))
-        states = np.asarray(interpolate_poses(scene, proposal, 0.5))[0]  # (41, 3)
-        inside = np.asarray(
-            qa.in_drivable(states, scene.map.drivable.vertices[None], scene.map.drivable.valid[None])
-        )
+        states = np.asarray(interpolate(scene, proposal, 0.5))[0]  # (41, 3)
+        inside = np.asarray(in_drivable(states, scene.map.drivable.vertices[None], scene.map.drivable.valid[None]))
+        pose_inside = np.asarray(
+            in_drivable(proposal[0], scene.map.drivable.vertices[None], scene.map.drivable.valid[None])
+        )  # the QA label of each output pose
+        np.testing.assert_allclose(states[5::5], proposal[0], atol=1e-4)
         for k in range(8):
             window = list(range(5 * k + 1, 5 * k + 6)) + ([0] if k == 0 else [])
             assert bool(result.violations.dac_point[0, k]) == bool(np.any(~inside[window])), k
             # The QA label of pose k itself implies the scorer's flag.
-            if not bool(qa.in_drivable(proposal[0, k], scene.map.drivable.vertices, scene.map.drivable.valid)):
+            if not pose_inside[k]:
                 assert bool(result.violations.dac_point[0, k])
         flagged_any += int(result.violations.dac_point.any())
     assert flagged_any >= 2
