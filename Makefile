@@ -24,7 +24,7 @@ demo: $(STAMP)
 	JAX_PLATFORMS=cpu $(VENV)/bin/jax-drive score --planner pdm_closed --scenes 256 --json runs/demo_score_pdm_closed.json
 
 test: $(STAMP)
-	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider --durations=15
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 clean:
 	rm -rf $(VENV) runs

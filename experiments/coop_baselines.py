@@ -122,6 +122,8 @@ def main(argv=None) -> int:
     parser.add_argument("--id-episodes", type=int, default=4, help="episodes per seed per InterDrive type and setting")
     parser.add_argument("--json", default="experiments/results/coop_baselines.json")
     parser.add_argument("--no-render", action="store_true")
+    parser.add_argument("--reuse-tv", default=None,
+                        help="take the TalkingVehicles section from this earlier JSON instead of re-running it")
     parser.add_argument("--no-id-background", action="store_true", help="skip InterDrive with background traffic")
     parser.add_argument("--id-max-time", type=float, default=40.0,
                         help="cap on InterDrive episode length, s (routes here take 10-25 s)")
@@ -136,9 +138,17 @@ def main(argv=None) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.json))
     os.makedirs(out_dir, exist_ok=True)
     policies = [baselines.SilentPolicy(), baselines.RuleBasedPolicy()]
+    if args.reuse_tv:
+        with open(args.reuse_tv, encoding="utf-8") as f:
+            old = json.load(f)
+        report["talking_vehicles"] = old["talking_vehicles"]
+        report["tv_command"] = old["command"]
     for policy in policies:
-        groups = run_group(S.TALKING_VEHICLES, policy, seeds, args.tv_episodes, False,
-                           keep_trajectory=not args.no_render and policy.name == "rule_based")
+        if args.reuse_tv:
+            groups = {}
+        else:
+            groups = run_group(S.TALKING_VEHICLES, policy, seeds, args.tv_episodes, False,
+                               keep_trajectory=not args.no_render and policy.name == "rule_based")
         for name, by_seed in groups.items():
             report["talking_vehicles"].setdefault(name, {})[policy.name] = summarise(by_seed, "talking_vehicles")
             if not args.no_render and policy.name == "rule_based":

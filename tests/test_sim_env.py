@@ -40,7 +40,7 @@ def test_episode_rewards_captions_and_messages():
 def test_gymnasium_single_agent_wrapper():
     from gymnasium.utils.env_checker import check_env
 
-    env = SingleAgentEnv("tv_highway_merge", accident_prone=False)
+    env = SingleAgentEnv("tv_highway_merge", agent_rank=1, accident_prone=False)  # the highway car
     check_env(env, skip_render_check=True)
     obs, info = env.reset(seed=1)
     assert obs.shape == env.observation_space.shape and "caption" in info

@@ -169,7 +169,7 @@ class Builder:
         for i, ag in enumerate(self.agents):
             x, y, h = self.pose(ag.lane, ag.arc)
             gl = ag.lane if ag.goal_lane is None else ag.goal_lane
-            garc = self.length(gl) + 5.0 if ag.goal_arc is None else ag.goal_arc
+            garc = self.length(gl) - 5.0 if ag.goal_arc is None else ag.goal_arc
             route = max(garc - (self.arc(gl, (x, y))), 1.0)
             vals = dict(x=x, y=y, heading=h, speed=ag.speed, length=ag.size[0], width=ag.size[1], lane=ag.lane,
                         goal_lane=gl, goal_arc=garc, route_length=route, lc_arc=ag.lc_arc, lc_end_arc=ag.lc_end_arc,
@@ -268,6 +268,8 @@ def _followers(b: Builder, lane: int, arc: float, speed: float, n: int, rng, spa
     """Background IDM vehicles queued behind ``arc`` on ``lane``."""
     for _ in range(n):
         arc -= float(rng.uniform(*spacing))
+        if arc < 2.0:  # would start before the lane: no room for more
+            break
         b.add(_Agent(lane=lane, arc=arc, speed=speed, cruise=speed))
 
 
@@ -449,7 +451,7 @@ def ic_chaos(b, rng, accident_prone, background):
         t = t0 + (offsets[k] if k else 0.0)
         arc = max(timed_arc(centre, v, t), 2.0)
         b.add(_focal(lanes[k], arc, v, vids[k], cruise=v))
-        if background and k < 4:
+        if background and k + 4 >= n:  # behind the last ego of each approach
             _followers(b, lanes[k], arc, v, 1, rng)
     return 70.0
 
