@@ -258,28 +258,6 @@ def test_ego_frame_overlap_matches_shapely():
     np.testing.assert_array_equal(got, want)
 
 
-def test_points_in_polygons_matches_shapely():
-    from shapely.geometry import Point, Polygon
-
-    from jax_drive.pdm.metrics import points_in_polygons_fast, polygon_edges
-
-    rng = np.random.default_rng(2)
-    # Star-shaped (non-convex) polygons with 7 real vertices padded to 10.
-    polys, rings = [], []
-    for k in range(5):
-        ang = np.sort(rng.uniform(0, 2 * np.pi, 7))
-        rad = rng.uniform(2.0, 6.0, 7)
-        ring = np.stack([rad * np.cos(ang) + k * 3.0, rad * np.sin(ang)], -1)
-        rings.append(np.concatenate([ring, np.repeat(ring[:1], 3, 0)], 0))
-        polys.append(Polygon(ring))
-    verts = jnp.asarray(np.stack(rings), jnp.float32)
-    pts = rng.uniform([-6, -6], [18, 6], size=(300, 2))
-    got = np.asarray(points_in_polygons_fast(jnp.asarray(pts, jnp.float32),
-                                             polygon_edges(verts, jnp.ones(5, bool))))
-    want = np.array([[p.contains(Point(*q)) for p in polys] for q in pts])
-    np.testing.assert_array_equal(got, want)
-
-
 def test_scores_stay_in_range_on_random_proposals():
     rng = np.random.default_rng(3)
     scene = straight_scene([make_agent(25.0, 0.0, vx=5.0), make_agent(5.0, 3.5, vx=9.0),

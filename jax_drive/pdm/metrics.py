@@ -1,4 +1,4 @@
-"""Per-step PDM rules on simulated ego states of ONE scene (vectorised over trajectories).
+"""Per-step PDM rules on simulated ego states of ONE scene (vectorised over trajectories and steps).
 
 All functions here take an unbatched scene and Q trajectories (the PDM-Closed reference and
 the proposals); :mod:`jax_drive.pdm.scorer` vmaps them over scene batch dims. Shapes:
@@ -35,6 +35,7 @@ import numpy as np
 
 from jax_drive.geometry import project_on_polyline
 from jax_drive.pdm.config import PDMConfig
+from jax_drive.pdm.polygons import MapBudget, SlabTable, build_slab_table, inside_bits, inside_bits_brute, pack_bits
 from jax_drive.types import MOVING_AGENT_TYPES, PolygonType
 
 
@@ -77,39 +78,22 @@ def ahead_behind(lon: chex.Array, lat: chex.Array, config: PDMConfig) -> tuple[c
     return ahead, behind
 
 
-def points_in_polygons_fast(points: chex.Array, edges: tuple) -> chex.Array:
-    """Even-odd test with precomputed edges. points (..., K, 2) -> (..., K, P) bool.
-
-    ``edges`` = (ax, ay, by, inv_slope, valid) from :func:`polygon_edges`.
-    """
-    ax, ay, by, inv, valid = edges
-    px = points[..., :, None, None, 0]
-    py = points[..., :, None, None, 1]
-    straddle = (ay > py) != (by > py)
-    cross = straddle & (px < ax + (py - ay) * inv)
-    inside = (jnp.sum(cross.astype(jnp.int32), axis=-1) & 1) == 1
-    return inside & valid
-
-
-def polygon_edges(vertices: chex.Array, valid: chex.Array) -> tuple:
-    """Edge data (each (P, V)) for :func:`points_in_polygons_fast`; padded edges are inert."""
-    a = vertices
-    b = jnp.roll(vertices, -1, axis=-2)
-    dy = b[..., 1] - a[..., 1]
-    inv = (b[..., 0] - a[..., 0]) / jnp.where(dy == 0, 1.0, dy)
-    return (a[..., 0], a[..., 1], b[..., 1], inv, valid)
-
-
 @chex.dataclass(frozen=True)
 class SceneArrays:
-    """Scene data re-laid out for the per-step scan (one scene, no batch dims).
+    """Scene data re-laid out for the vectorised steps (one scene, no batch dims).
 
     obj_x, obj_y, obj_z, obj_heading, obj_valid: (F, N) per frame.
     obj_half_l, obj_half_w, obj_size: (N,), (N,), (N, 3) [length, width, height].
     obj_agent: (N,) bool moving-agent class (collision with it scores 0, else 0.5).
     obj_stopped: (N,) bool stopped track (not a moving agent, or first-frame speed <= 0.05).
+    obj_index: (N,) int32 the objects' indices in the scene (with a budget only the objects
+      valid in some frame are kept, in scene order, so N can be smaller than the scene's).
     drivable_vertices (Pd, V, 2), drivable_valid (Pd,), intersection (Pd,) bool.
     lane_vertices (Pl, V, 2), lane_valid (Pl,), lane_on_route (Pl,), red (F, Pl) bool.
+    drivable_table, lane_table: :class:`SlabTable` or None (then brute-force tests).
+    intersection_bits (Wd,), on_route_bits (Wl,), red_bits (F, Wl): the masks above as bits.
+    red_vertices (L, V, 2), red_kept (F, L): vertices and per-frame red flags of the lanes
+      that can be red (all lanes when no budget is given).
     route_points (R, 2), route_valid (R,).
     """
 
@@ -123,6 +107,7 @@ class SceneArrays:
     obj_size: chex.Array
     obj_agent: chex.Array
     obj_stopped: chex.Array
+    obj_index: chex.Array
     drivable_vertices: chex.Array
     drivable_valid: chex.Array
     intersection: chex.Array
@@ -130,12 +115,23 @@ class SceneArrays:
     lane_valid: chex.Array
     lane_on_route: chex.Array
     red: chex.Array
+    drivable_table: SlabTable | None
+    lane_table: SlabTable | None
+    intersection_bits: chex.Array
+    on_route_bits: chex.Array
+    red_bits: chex.Array
+    red_vertices: chex.Array
+    red_kept: chex.Array
     route_points: chex.Array
     route_valid: chex.Array
 
 
-def scene_arrays(scene, config: PDMConfig) -> SceneArrays:
-    """Builds :class:`SceneArrays` from an unbatched Scene."""
+def scene_arrays(scene, config: PDMConfig, budget: MapBudget | None = None) -> SceneArrays:
+    """Builds :class:`SceneArrays` from an unbatched Scene.
+
+    ``budget`` (from :func:`jax_drive.pdm.polygons.map_budget` on the concrete scene batch)
+    enables the slab tables; None keeps the brute-force polygon tests (same results).
+    """
     ag = scene.agents
     valid = jnp.asarray(ag.valid, bool)
     first = jnp.argmax(valid, axis=-1)  # (N,)
@@ -146,21 +142,37 @@ def scene_arrays(scene, config: PDMConfig) -> SceneArrays:
     stopped = (~agent) | (first_speed <= config.collision_stopped_speed)
     lanes = scene.map.lanes
     red = (jnp.asarray(scene.map.red_light, bool) & lanes.valid[:, None] & lanes.on_route[:, None]
-           & (lanes.kind[:, None] == 1))
+           & (lanes.kind[:, None] == 1)).T  # (F, Pl)
     f32 = lambda a: jnp.asarray(a, jnp.float32)
+    drivable_vertices, drivable_valid = f32(scene.map.drivable.vertices), jnp.asarray(scene.map.drivable.valid, bool)
+    lane_vertices, lane_valid = f32(lanes.vertices), jnp.asarray(lanes.valid, bool)
+    intersection = drivable_valid & (scene.map.drivable.kind == int(PolygonType.INTERSECTION))
+    on_route = jnp.asarray(lanes.on_route, bool) & lane_valid
+    obj_index = jnp.arange(valid.shape[0], dtype=jnp.int32)
+    if budget is not None:
+        # Objects never valid cannot collide; stable order keeps first-index tie-breaks.
+        obj_index = jnp.argsort(~any_valid, stable=True)[: budget.objects].astype(jnp.int32)
+    if budget is None:
+        tables = (None, None)
+        red_vertices, red_kept = lane_vertices, red
+    else:
+        tables = (build_slab_table(drivable_vertices, drivable_valid, budget.drivable),
+                  build_slab_table(lane_vertices, lane_valid, budget.lanes))
+        # Only lanes that are ever red can put a red vertex inside the ego box.
+        kept = jnp.argsort(~jnp.any(red, axis=0), stable=True)[: budget.red_lanes]
+        red_vertices, red_kept = lane_vertices[kept], red[:, kept]
+    o = lambda a: jnp.asarray(a)[obj_index]
     return SceneArrays(
-        obj_x=f32(ag.x).T, obj_y=f32(ag.y).T, obj_z=f32(ag.z).T, obj_heading=f32(ag.heading).T,
-        obj_valid=(valid & any_valid[:, None]).T,
-        obj_half_l=f32(ag.length) / 2, obj_half_w=f32(ag.width) / 2,
-        obj_size=jnp.stack([f32(ag.length), f32(ag.width), f32(ag.height)], -1),
-        obj_agent=agent, obj_stopped=stopped,
-        drivable_vertices=f32(scene.map.drivable.vertices),
-        drivable_valid=jnp.asarray(scene.map.drivable.valid, bool),
-        intersection=jnp.asarray(scene.map.drivable.valid, bool)
-        & (scene.map.drivable.kind == int(PolygonType.INTERSECTION)),
-        lane_vertices=f32(lanes.vertices), lane_valid=jnp.asarray(lanes.valid, bool),
-        lane_on_route=jnp.asarray(lanes.on_route, bool) & jnp.asarray(lanes.valid, bool),
-        red=red.T,
+        obj_x=o(f32(ag.x)).T, obj_y=o(f32(ag.y)).T, obj_z=o(f32(ag.z)).T, obj_heading=o(f32(ag.heading)).T,
+        obj_valid=o(valid & any_valid[:, None]).T,
+        obj_half_l=o(f32(ag.length)) / 2, obj_half_w=o(f32(ag.width)) / 2,
+        obj_size=o(jnp.stack([f32(ag.length), f32(ag.width), f32(ag.height)], -1)),
+        obj_agent=o(agent), obj_stopped=o(stopped), obj_index=obj_index,
+        drivable_vertices=drivable_vertices, drivable_valid=drivable_valid, intersection=intersection,
+        lane_vertices=lane_vertices, lane_valid=lane_valid, lane_on_route=on_route, red=red,
+        drivable_table=tables[0], lane_table=tables[1],
+        intersection_bits=pack_bits(intersection), on_route_bits=pack_bits(on_route),
+        red_bits=pack_bits(red), red_vertices=red_vertices, red_kept=red_kept,
         route_points=f32(scene.route.points), route_valid=jnp.asarray(scene.route.valid, bool),
     )
 
@@ -187,35 +199,44 @@ def ego_geometry(x, y, h, config: PDMConfig) -> dict:
             "front": rear + config.ego_front_length * fwd, "half_length": hl, "half_width": hw}
 
 
-def footprint_masks(geo: dict, sa: SceneArrays, red_t: chex.Array) -> dict:
+def footprint_masks(geo: dict, sa: SceneArrays, red_bits: chex.Array, red_kept: chex.Array) -> dict:
     """Map masks for ego footprints.
 
-    Args: geo from :func:`ego_geometry` with leading dims (Q,); red_t (Pl,) red lanes now.
-    Returns dict of (Q,) bool: multiple_lanes, non_drivable, oncoming, rear_in_intersection,
+    Args: geo from :func:`ego_geometry` with leading dims (...) (e.g. (Q, T)); red_bits
+      (..., Wl) and red_kept (..., L): the red lanes at each footprint's step (from
+      ``sa.red_bits`` / ``sa.red_kept``, broadcastable to the leading dims).
+    Returns dict of (...) bool: multiple_lanes, non_drivable, oncoming, rear_in_intersection,
       centre_in_intersection, red_light (ego box meets a red on-route lane connector:
       an ego corner / the centre inside it, or one of its vertices inside the ego box;
       a connector crossing the box with no vertex inside and no ego point inside is missed).
     """
     pts = jnp.concatenate([geo["corners"], geo["centre"][..., None, :], geo["rear"][..., None, :]], -2)
-    in_drv = points_in_polygons_fast(pts, polygon_edges(sa.drivable_vertices, sa.drivable_valid))
-    in_lane = points_in_polygons_fast(pts[..., :5, :], polygon_edges(sa.lane_vertices, sa.lane_valid))
+    if sa.drivable_table is None:
+        in_drv = inside_bits_brute(pts, sa.drivable_vertices, sa.drivable_valid)  # (..., 6, Wd)
+        in_lane = inside_bits_brute(pts[..., :5, :], sa.lane_vertices, sa.lane_valid)  # (..., 5, Wl)
+    else:
+        in_drv = inside_bits(pts, sa.drivable_table)
+        in_lane = inside_bits(pts[..., :5, :], sa.lane_table)
+    hits = lambda bits: jnp.any(bits != 0, axis=-1)
     corner_lane = in_lane[..., :4, :]
-    lanes_touched = jnp.sum(jnp.any(corner_lane, axis=-2), axis=-1)
-    one_lane_holds_all = jnp.any(jnp.all(corner_lane, axis=-2), axis=-1)
-    multiple = (lanes_touched > 1) & ~one_lane_holds_all
-    non_drivable = jnp.sum(jnp.any(in_drv[..., :4, :], axis=-1), axis=-1) < 4
-    oncoming = ~jnp.any(in_lane[..., 4, :] & sa.lane_on_route, axis=-1)
-    rear_int = jnp.any(in_drv[..., 5, :] & sa.intersection, axis=-1)
-    centre_int = jnp.any(in_drv[..., 4, :] & sa.intersection, axis=-1)
-    pts_in_red = jnp.any(in_lane & red_t, axis=(-2, -1))
+    touched = corner_lane[..., 0, :] | corner_lane[..., 1, :] | corner_lane[..., 2, :] | corner_lane[..., 3, :]
+    common = corner_lane[..., 0, :] & corner_lane[..., 1, :] & corner_lane[..., 2, :] & corner_lane[..., 3, :]
+    lanes_touched = jnp.sum(jax.lax.population_count(touched), axis=-1)
+    multiple = (lanes_touched > 1) & ~hits(common)
+    non_drivable = jnp.sum(hits(in_drv[..., :4, :]), axis=-1) < 4
+    oncoming = ~hits(in_lane[..., 4, :] & sa.on_route_bits)
+    rear_int = hits(in_drv[..., 5, :] & sa.intersection_bits)
+    centre_int = hits(in_drv[..., 4, :] & sa.intersection_bits)
+    pts_in_red = jnp.any(hits(in_lane & red_bits[..., None, :]), axis=-1)
     # Red polygon vertices inside the ego box (box axes from the rear-axle heading).
     h = geo["heading"]
-    c, s_ = jnp.cos(h)[:, None, None], jnp.sin(h)[:, None, None]
-    rel = sa.lane_vertices[None] - geo["centre"][:, None, None, :]  # (Q, Pl, V, 2)
-    lon = rel[..., 0] * c + rel[..., 1] * s_
-    lat = -rel[..., 0] * s_ + rel[..., 1] * c
+    c, s_ = jnp.cos(h)[..., None, None], jnp.sin(h)[..., None, None]
+    relx = sa.red_vertices[..., 0] - geo["centre"][..., 0, None, None]  # (..., L, V)
+    rely = sa.red_vertices[..., 1] - geo["centre"][..., 1, None, None]
+    lon = relx * c + rely * s_
+    lat = -relx * s_ + rely * c
     vert_in = (jnp.abs(lon) <= geo["half_length"]) & (jnp.abs(lat) <= geo["half_width"])
-    vert_in_red = jnp.any(jnp.any(vert_in, -1) & red_t, -1)
+    vert_in_red = jnp.any(jnp.any(vert_in, -1) & red_kept, -1)
     return {"multiple_lanes": multiple, "non_drivable": non_drivable, "oncoming": oncoming,
             "rear_in_intersection": rear_int, "centre_in_intersection": centre_int,
             "red_light": pts_in_red | vert_in_red}
@@ -223,93 +244,109 @@ def footprint_masks(geo: dict, sa: SceneArrays, red_t: chex.Array) -> dict:
 
 def _first_index(mask: chex.Array) -> chex.Array:
     """Index of the first True along the last axis, -1 if none. (..., N) -> (...)."""
-    idx = jnp.argmax(mask, axis=-1)
-    return jnp.where(jnp.any(mask, axis=-1), idx, -1).astype(jnp.int32)
+    idx = _first_true(mask, axis=-1)[..., 0]
+    return jnp.where(idx < mask.shape[-1], idx, -1)
+
+
+def _first_true(mask: chex.Array, axis: int) -> chex.Array:
+    """Index of the first True along ``axis``, or the axis length if none (keeps the axis)."""
+    n = mask.shape[axis]
+    # A min over an iota instead of argmax: XLA:CPU's variadic argmax reduce is slow.
+    shape = [1] * mask.ndim
+    shape[axis] = n
+    iota = jnp.arange(n, dtype=jnp.int32).reshape(shape)
+    return jnp.min(jnp.where(mask, iota, n), axis=axis, keepdims=True)
+
+
+def _to_ego(x, y, c, s, ox, oy, oc, os_):
+    """Object centres / headings in the ego rear-axle frame (all args broadcast).
+
+    Returns lon, lat (object centre), crel, srel (cos / sin of the relative heading).
+    """
+    dx, dy = ox - x, oy - y
+    return c * dx + s * dy, -s * dx + c * dy, c * oc + s * os_, c * os_ - s * oc
 
 
 def run_steps(traj: dict, sa: SceneArrays, config: PDMConfig) -> dict:
-    """Scans the 41 scoring steps: masks, NC and TTC with their ignore lists.
+    """The 41 scoring steps at once: masks, NC and TTC with their ignore lists.
+
+    NAVSIM walks the steps in order and puts an object on an ignore list at its first
+    harmless hit (NC: a not-at-fault collision; TTC: a projected overlap that is neither
+    ahead nor risky), so later hits with it are skipped. Whether a hit is harmless never
+    depends on the lists, hence an object is ignored at step k exactly when some earlier
+    step (TTC: earlier (step, projection) pair in time-major order) had a harmless hit
+    with it: the lists reduce to the index of the first harmless hit, and no sequential
+    scan is needed.
 
     Args:
       traj: dict of (Q, T) arrays x, y, heading, speed.
       sa: SceneArrays.
     Returns dict of per-step (T, Q) outputs: multiple_lanes, non_drivable, oncoming,
-      rear_in_intersection, centre_in_intersection, red_light, nc (score at that step, 1 if
-      no at-fault hit), nc_object (int32, -1 none), ttc_fail (bool), ttc_object, ttc_frame,
-      plus centre (T, Q, 2).
+      rear_in_intersection, centre_in_intersection, red_light (bool), nc (score at that
+      step, 1 if no at-fault hit), nc_object (int32, -1 none), ttc_fail (bool), ttc_object,
+      ttc_frame (int32, -1 none), plus centre (T, Q, 2).
     """
-    n_obj = sa.obj_half_l.shape[0]
-    q = traj["x"].shape[0]
-    n_frames = sa.obj_x.shape[0]
+    x, y, h, v = traj["x"], traj["y"], traj["heading"], traj["speed"]  # (Q, T)
+    n_steps = x.shape[1]
+    n_frames, n_obj = sa.obj_x.shape
     hl_ego, hw_ego = config.ego_length / 2, config.ego_width / 2
     centre_lon = config.ego_rear_axle_to_center
-    agent_score = jnp.where(sa.obj_agent, 0.0, config.static_collision_score)  # (N,)
-    d_frames = jnp.asarray(config.ttc_future_frames, jnp.int32)  # (D,)
+    geo = ego_geometry(x, y, h, config)
+    masks = footprint_masks(geo, sa, sa.red_bits[:n_steps], sa.red_kept[:n_steps])  # (Q, T) each
+    risky = masks["multiple_lanes"] | masks["non_drivable"]
+    c, s = jnp.cos(h), jnp.sin(h)
     obj_cos, obj_sin = jnp.cos(sa.obj_heading), jnp.sin(sa.obj_heading)  # (F, N)
     ohl, ohw = sa.obj_half_l, sa.obj_half_w
+    steps = jnp.arange(n_steps, dtype=jnp.int32)
 
-    def to_ego(x, y, c, s, ox, oy, oc, os_):
-        """Object centres / headings in the ego rear-axle frame: (Q, 1..) x (.., N)."""
-        dx, dy = ox - x, oy - y
-        return (c * dx + s * dy, -s * dx + c * dy, c * oc + s * os_, c * os_ - s * oc)
+    # ---- NC: ego box at step t against frame t; (Q, T, N).
+    e = lambda a: a[..., None]
+    lon, lat, crel, srel = _to_ego(e(x), e(y), e(c), e(s), sa.obj_x[:n_steps], sa.obj_y[:n_steps],
+                                   obj_cos[:n_steps], obj_sin[:n_steps])
+    hit = ego_frame_overlap(lon, lat, crel, srel, centre_lon, hl_ego, hw_ego, ohl, ohw)
+    hit = hit & sa.obj_valid[:n_steps]
+    _, behind = ahead_behind(lon, lat, config)
+    front = ego_frame_overlap(lon, lat, crel, srel, config.ego_front_length, 0.0, hw_ego, ohl, ohw)
+    ego_moving = e(v > config.collision_stopped_speed)
+    fault = ego_moving & (sa.obj_stopped | (~behind & (front | e(risky))))
+    first_harmless = _first_true(hit & ~fault, axis=1)  # (Q, 1, N)
+    hit = hit & (steps[:, None] <= first_harmless)
+    agent_score = jnp.where(sa.obj_agent, 0.0, config.static_collision_score)  # (N,)
+    obj_score = jnp.where(hit & fault, agent_score, 1.0)
+    nc = jnp.min(obj_score, axis=-1, initial=1.0)  # (Q, T)
+    nc_obj = jnp.where(nc < 1.0, _first_true(obj_score == nc[..., None], axis=-1)[..., 0], -1)
 
-    def step(carry, xs):
-        nc_ign, ttc_ign = carry
-        t, x, y, h, v = xs
-        geo = ego_geometry(x, y, h, config)
-        masks = footprint_masks(geo, sa, sa.red[t])
-        c, s = jnp.cos(h), jnp.sin(h)
-        risky = masks["multiple_lanes"] | masks["non_drivable"]  # (Q,)
+    # ---- TTC: ego box moved by v * d * dt along its heading, against frames t + d.
+    d_frames = jnp.asarray(config.ttc_future_frames, jnp.int32)  # (D,)
+    n_d = d_frames.shape[0]
+    ahead_t = steps[:, None] + d_frames  # (T, D)
+    frames = jnp.minimum(ahead_t, n_frames - 1)
+    fvalid = sa.obj_valid[frames] & (ahead_t < n_frames)[..., None]  # (T, D, N)
+    e2 = lambda a: a[..., None, None]
+    lon, lat, crel, srel = _to_ego(e2(x), e2(y), e2(c), e2(s), sa.obj_x[frames], sa.obj_y[frames],
+                                   obj_cos[frames], obj_sin[frames])  # (Q, T, D, N)
+    shift = centre_lon + (e(v) * (d_frames * config.dt))[..., None]  # (Q, T, D, 1)
+    raw = ego_frame_overlap(lon, lat, crel, srel, shift, hl_ego, hw_ego, ohl, ohw)
+    raw = raw & fvalid & e2(v >= config.ttc_stopped_speed)
+    ahead, behind = ahead_behind(lon, lat, config)
+    danger = ahead | (e2(risky | masks["rear_in_intersection"]) & ~behind)
+    q = x.shape[0]
+    flat = lambda a: a.reshape(q, n_steps * n_d, n_obj)  # time-major (step, projection) order
+    first_harmless = _first_true(flat(raw & ~danger), axis=1)  # (Q, 1, N)
+    order = jnp.arange(n_steps * n_d, dtype=jnp.int32)[:, None]
+    fail = flat(raw & danger) & (order <= first_harmless)  # (Q, T*D, N)
+    fail = fail.reshape(q, n_steps, n_d * n_obj)
+    first = _first_index(fail)  # (Q, T) over (projection, object)
+    fail_any = first >= 0
+    fail_obj = jnp.where(fail_any, first % n_obj, -1).astype(jnp.int32)
+    fail_frame = jnp.where(fail_any, frames[steps[None, :], jnp.maximum(first, 0) // n_obj], -1)
 
-        # ---- NC: ego box at step t against frame t.
-        lon, lat, crel, srel = to_ego(x[:, None], y[:, None], c[:, None], s[:, None],
-                                      sa.obj_x[t], sa.obj_y[t], obj_cos[t], obj_sin[t])  # (Q, N)
-        hit = ego_frame_overlap(lon, lat, crel, srel, centre_lon, hl_ego, hw_ego, ohl, ohw)
-        hit = hit & sa.obj_valid[t] & ~nc_ign
-        _, behind = ahead_behind(lon, lat, config)
-        front = ego_frame_overlap(lon, lat, crel, srel, config.ego_front_length, 0.0, hw_ego, ohl, ohw)
-        ego_stopped = (v <= config.collision_stopped_speed)[:, None]
-        at_fault = hit & ~ego_stopped & (sa.obj_stopped | (~behind & (front | risky[:, None])))
-        obj_score = jnp.where(at_fault, agent_score, 1.0)
-        nc_t = jnp.min(obj_score, axis=-1, initial=1.0)
-        nc_obj = jnp.where(nc_t < 1.0, jnp.argmin(obj_score, axis=-1), -1).astype(jnp.int32)
-        nc_ign = nc_ign | (hit & ~at_fault)
-
-        # ---- TTC: ego box moved by v * d * dt along its heading, against frames t + d.
-        frames = jnp.minimum(t + d_frames, n_frames - 1)  # (D,)
-        fvalid = sa.obj_valid[frames] & ((t + d_frames) < n_frames)[:, None]  # (D, N)
-        lon, lat, crel, srel = to_ego(x[:, None, None], y[:, None, None], c[:, None, None],
-                                      s[:, None, None], sa.obj_x[frames], sa.obj_y[frames],
-                                      obj_cos[frames], obj_sin[frames])  # (Q, D, N)
-        shift = centre_lon + (v[:, None] * d_frames * config.dt)[..., None]  # (Q, D, 1)
-        raw = ego_frame_overlap(lon, lat, crel, srel, shift, hl_ego, hw_ego, ohl, ohw)
-        moving = (v >= config.ttc_stopped_speed)[:, None, None]
-        raw = raw & fvalid & ~ttc_ign[:, None] & moving
-        ahead, behind = ahead_behind(lon, lat, config)
-        risky_ttc = (risky | masks["rear_in_intersection"])[:, None, None]
-        danger = ahead | (risky_ttc & ~behind)
-        # Projections are processed in order d = 0, 0.3, 0.6, 0.9 s: the first harmless hit
-        # puts the object on the ignore list, later projections skip it.
-        harmless = raw & ~danger
-        ignored_before = (jnp.cumsum(harmless.astype(jnp.int32), axis=1) - harmless) > 0
-        effective = raw & ~ignored_before
-        fail = effective & danger  # (Q, D, N)
-        ttc_ign = ttc_ign | jnp.any(effective & ~danger, axis=1)
-        first = _first_index(fail.reshape(q, -1))
-        fail_any = first >= 0
-        fail_obj = jnp.where(fail_any, first % n_obj, -1).astype(jnp.int32)
-        fail_frame = jnp.where(fail_any, frames[jnp.maximum(first, 0) // n_obj], -1).astype(jnp.int32)
-
-        out = dict(masks)
-        out.update(nc=nc_t, nc_object=nc_obj, ttc_fail=fail_any, ttc_object=fail_obj,
-                   ttc_frame=fail_frame, centre=geo["centre"])
-        return (nc_ign, ttc_ign), out
-
-    n_steps = traj["x"].shape[1]
-    xs = (jnp.arange(n_steps), traj["x"].T, traj["y"].T, traj["heading"].T, traj["speed"].T)
-    init = (jnp.zeros((q, n_obj), bool), jnp.zeros((q, n_obj), bool))
-    _, outs = jax.lax.scan(step, init, xs)
-    return outs
+    scene_index = lambda i: jnp.where(i >= 0, sa.obj_index[jnp.maximum(i, 0)], -1)
+    nc_obj, fail_obj = scene_index(nc_obj), scene_index(fail_obj)
+    out = {k: val.T for k, val in masks.items()}
+    out.update(nc=nc.T, nc_object=nc_obj.T, ttc_fail=fail_any.T, ttc_object=fail_obj.T,
+               ttc_frame=fail_frame.astype(jnp.int32).T, centre=jnp.swapaxes(geo["centre"], 0, 1))
+    return out
 
 
 def route_progress(centre_start: chex.Array, centre_end: chex.Array, sa: SceneArrays) -> chex.Array:
@@ -331,13 +368,15 @@ def route_distance(centre: chex.Array, sa: SceneArrays) -> chex.Array:
     with squared distances and one square root per point (it runs on 41 x Q points).
     """
     pts, valid = sa.route_points, sa.route_valid
-    a, b = pts[:-1], pts[1:]  # (R-1, 2)
+    ax, ay = pts[:-1, 0], pts[:-1, 1]  # (R-1,)
+    abx, aby = pts[1:, 0] - ax, pts[1:, 1] - ay
     seg_ok = valid[:-1] & valid[1:]
-    ab = b - a
-    inv = 1.0 / jnp.maximum(jnp.sum(ab * ab, -1), 1e-12)
-    rel = centre[..., None, :] - a  # (..., R-1, 2)
-    t = jnp.clip(jnp.sum(rel * ab, -1) * inv, 0.0, 1.0)
-    d2 = jnp.sum((rel - t[..., None] * ab) ** 2, -1)
+    inv = 1.0 / jnp.maximum(abx * abx + aby * aby, 1e-12)
+    # x / y kept apart: XLA:CPU fuses these elementwise chains, not reductions over a size-2 axis.
+    relx = centre[..., 0, None] - ax  # (..., R-1)
+    rely = centre[..., 1, None] - ay
+    t = jnp.clip((relx * abx + rely * aby) * inv, 0.0, 1.0)
+    d2 = jnp.square(relx - t * abx) + jnp.square(rely - t * aby)
     d2 = jnp.where(seg_ok, d2, jnp.inf)
     ok = jnp.sum(valid) >= 2
     return jnp.where(ok, jnp.sqrt(jnp.min(d2, axis=-1)), 0.0)

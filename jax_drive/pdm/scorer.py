@@ -40,6 +40,7 @@ from jax_drive.pdm.metrics import (
     run_steps,
     scene_arrays,
 )
+from jax_drive.pdm.polygons import MapBudget, map_budget
 from jax_drive.pdm.tracker import EgoTrajectory, simulate_states
 from jax_drive.types import NUM_OUTPUT_POSES, NUM_SCORE_STEPS, OUTPUT_DT, Scene, batch_shape
 
@@ -112,9 +113,9 @@ def _history_states(scene, config: PDMConfig) -> dict:
             "yaw_rate": yaw_rate[:n], "yaw_accel": yaw_accel[:n]}
 
 
-def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig) -> dict:
+def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig, budget: MapBudget | None) -> dict:
     """All per-trajectory metrics for one scene and Q trajectories (fields (Q, 41))."""
-    sa = scene_arrays(scene, config)
+    sa = scene_arrays(scene, config, budget)
     t = {"x": traj.x, "y": traj.y, "heading": traj.heading, "speed": traj.speed}
     steps = run_steps(t, sa, config)  # (T, Q) fields
     nc = jnp.min(steps["nc"], axis=0)
@@ -169,18 +170,18 @@ def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig) -> dict:
             "progress": progress, "violations": viol}
 
 
-def _metrics(scene, traj: EgoTrajectory, config: PDMConfig) -> dict:
+def _metrics(scene, traj: EgoTrajectory, config: PDMConfig, budget: MapBudget | None) -> dict:
     """:func:`_metrics_single`, optionally over chunks of ``config.chunk_size`` trajectories
     (``lax.map``) to bound the memory of the per-step (Q, ...) intermediates."""
     q = traj.x.shape[0]
     chunk = config.chunk_size
     if chunk <= 0 or q <= chunk:
-        return _metrics_single(scene, traj, config)
+        return _metrics_single(scene, traj, config, budget)
     n = -(-q // chunk)
     pad = n * chunk - q
     padded = jax.tree_util.tree_map(
         lambda a: jnp.pad(a, ((0, pad), (0, 0)), mode="edge").reshape(n, chunk, -1), traj)
-    out = jax.lax.map(lambda t: _metrics_single(scene, t, config), padded)
+    out = jax.lax.map(lambda t: _metrics_single(scene, t, config, budget), padded)
     return jax.tree_util.tree_map(lambda a: a.reshape((n * chunk,) + a.shape[2:])[:q], out)
 
 
@@ -226,7 +227,7 @@ def _sanitize(states: chex.Array) -> tuple[chex.Array, chex.Array]:
     return jnp.where(finite[..., None, None], states, 0.0), finite
 
 
-def _pairs_single(scene, proposals, reference, config: PDMConfig) -> PDMResult:
+def _pairs_single(scene, proposals, reference, config: PDMConfig, budget: MapBudget | None) -> PDMResult:
     """One scene: proposals (P, 8, 3) in 0.5 s steps, reference (40, 3) in 0.1 s steps."""
     proposals, finite = _sanitize(jnp.asarray(proposals, jnp.float32))
     reference, ref_finite = _sanitize(jnp.asarray(reference, jnp.float32))
@@ -234,7 +235,7 @@ def _pairs_single(scene, proposals, reference, config: PDMConfig) -> PDMResult:
         interpolate_poses(scene, reference[None], 0.1),
         interpolate_poses(scene, proposals, OUTPUT_DT)], axis=0)  # (1 + P, 41, 3)
     traj = simulate_states(scene, states, config)
-    m = _metrics(scene, traj, config)
+    m = _metrics(scene, traj, config, budget)
     mult = m["nc"] * m["dac"]
     masked = m["progress"] * mult * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
     mult2 = mult * m["ddc_v2"] * m["tlc"]
@@ -246,12 +247,12 @@ def _pairs_single(scene, proposals, reference, config: PDMConfig) -> PDMResult:
     return _aggregate(props, ep, ep2, finite, config)
 
 
-def _candidates_single(scene, candidates, config: PDMConfig) -> PDMResult:
+def _candidates_single(scene, candidates, config: PDMConfig, budget: MapBudget | None) -> PDMResult:
     """One scene: candidates (P, 40, 3) at 0.1 s, EP normalised over the set."""
     candidates, finite = _sanitize(jnp.asarray(candidates, jnp.float32))
     states = interpolate_poses(scene, candidates, 0.1)
     traj = simulate_states(scene, states, config)
-    m = _metrics(scene, traj, config)
+    m = _metrics(scene, traj, config, budget)
     f = finite.astype(jnp.float32)
     norm = jnp.max(m["progress"] * m["nc"] * m["dac"] * f)
     norm2 = jnp.max(m["progress"] * m["nc"] * m["dac"] * m["ddc_v2"] * m["tlc"] * f)
@@ -265,20 +266,20 @@ def _flatten_scene(scene: Scene):
     return flat, shape
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _score_proposals_jit(scene, proposals, reference, config: PDMConfig) -> PDMResult:
+@functools.partial(jax.jit, static_argnames=("config", "budget"))
+def _score_proposals_jit(scene, proposals, reference, config: PDMConfig, budget: MapBudget | None) -> PDMResult:
     flat, shape = _flatten_scene(scene)
     props = proposals.reshape((-1,) + proposals.shape[len(shape):])
     ref = reference.reshape((-1,) + reference.shape[len(shape):])
-    out = jax.vmap(lambda s, p, r: _pairs_single(s, p, r, config))(flat, props, ref)
+    out = jax.vmap(lambda s, p, r: _pairs_single(s, p, r, config, budget))(flat, props, ref)
     return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _score_candidates_jit(scene, candidates, config: PDMConfig) -> PDMResult:
+@functools.partial(jax.jit, static_argnames=("config", "budget"))
+def _score_candidates_jit(scene, candidates, config: PDMConfig, budget: MapBudget | None) -> PDMResult:
     flat, shape = _flatten_scene(scene)
     cands = candidates.reshape((-1,) + candidates.shape[len(shape):])
-    out = jax.vmap(lambda s, c: _candidates_single(s, c, config))(flat, cands)
+    out = jax.vmap(lambda s, c: _candidates_single(s, c, config, budget))(flat, cands)
     return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
 
 
@@ -329,7 +330,8 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
     proposals = _check("proposals", proposals, shape, (None, NUM_OUTPUT_POSES, 3), config.check_finite)
     reference = _check("reference", reference, shape, (NUM_SCORE_STEPS - 1, 3), config.check_finite)
     # check_finite only acts here: normalise it so both settings share one compilation.
-    return _score_proposals_jit(scene, proposals, reference, dataclasses.replace(config, check_finite=True))
+    return _score_proposals_jit(scene, proposals, reference, dataclasses.replace(config, check_finite=True),
+                                map_budget(scene))
 
 
 def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig()) -> PDMResult:
@@ -341,4 +343,5 @@ def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig()) 
     shape = _check_scene(scene)
     candidates = _check("candidates", candidates, shape, (None, NUM_SCORE_STEPS - 1, 3),
                         config.check_finite)
-    return _score_candidates_jit(scene, candidates, dataclasses.replace(config, check_finite=True))
+    return _score_candidates_jit(scene, candidates, dataclasses.replace(config, check_finite=True),
+                                 map_budget(scene))

@@ -14,8 +14,9 @@ Semantics kept from NAVSIM (see ``/work/shared/reference/navsim_pdm.md``):
     curvatures (padded with the last one);
   * the stopping P-controller replaces LQR when both the current and the reference speed
     are <= ``stopping_velocity``.
-Known difference: we run in float32 and solve the curvature least squares with a Cholesky
-solve instead of a float64 pseudo-inverse (same minimiser when the system is regular).
+Known difference: we run in float32 and solve the curvature least squares as a tridiagonal
+system in the curvature values instead of a float64 pseudo-inverse over curvature rates
+(same minimiser when the system is regular; see :func:`fit_profiles`).
 The t0 steering rate and yaw rate are taken as 0 (NAVSIM's ego status carries neither);
 they only enter the step-1 ``yaw_accel`` output, which no metric reads.
 """
@@ -93,6 +94,44 @@ def _profile(initial: chex.Array, derivatives: chex.Array, dt: float) -> chex.Ar
     return initial[..., None] + jnp.concatenate([jnp.zeros_like(cum[..., :1]), cum], -1)
 
 
+def solve_path_laplacian_system(diag: chex.Array, rhs: chex.Array, coupling: float,
+                                 pivot_floor: float = 1e-5) -> chex.Array:
+    """Solves the symmetric tridiagonal system with ``diag`` and constant off-diagonal
+    ``-coupling`` (Thomas algorithm, one forward and one backward sweep along the last axis).
+
+    Args: diag, rhs (..., M). Returns x (..., M).
+    With a standing ego (w = 0) the curvature system is the path Laplacian plus the tiny
+    initial-curvature penalty: singular in float32, where the last pivot cancels to ~0.
+    Pivots are floored at ``pivot_floor * coupling`` (far above the float32 noise of the
+    sweep, far below any pivot of a moving ego), so such a system gives x = 0 for rhs = 0
+    instead of NaN, where NAVSIM's float64 solve also gives 0.
+    """
+    floor = pivot_floor * coupling
+    diag_t, rhs_t = jnp.moveaxis(diag, -1, 0), jnp.moveaxis(rhs, -1, 0)
+
+    def forward(carry, xs):
+        d_prev, b_prev = carry
+        d, b = xs
+        factor = coupling / d_prev
+        d_new = jnp.maximum(d - coupling * factor, floor)
+        b_new = b + factor * b_prev
+        return (d_new, b_new), (d_new, b_new)
+
+    d0 = jnp.maximum(diag_t[0], floor)
+    _, (d_rest, b_rest) = jax.lax.scan(forward, (d0, rhs_t[0]), (diag_t[1:], rhs_t[1:]))
+    piv = jnp.concatenate([d0[None], d_rest], 0)
+    red = jnp.concatenate([rhs_t[:1], b_rest], 0)
+
+    def backward(x_next, xs):
+        d, b = xs
+        x = (b + coupling * x_next) / d
+        return x, x
+
+    x_last = red[-1] / piv[-1]
+    _, x_rest = jax.lax.scan(backward, x_last, (piv[:-1], red[:-1]), reverse=True)
+    return jnp.moveaxis(jnp.concatenate([x_rest, x_last[None]], 0), 0, -1)
+
+
 def fit_profiles(poses: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex.Array]:
     """Velocity and curvature profiles fitted to the reference poses.
 
@@ -108,19 +147,21 @@ def fit_profiles(poses: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex
     sol = jnp.einsum("ij,...j->...i", k_v, proj)
     velocity = _profile(sol[..., 0], sol[..., 1:], dt)  # (..., M)
 
-    # Curvature: heading_disp_i = v_i dt (k0 + dt * sum_{j<=i, j>=1} kr_j).
+    # Curvature. NAVSIM solves for x = [k0, kr_1 .. kr_{M-1}] with
+    #   heading_disp_i ~ v_i dt c_i,   c_i = k0 + dt * sum_{1<=j<=i} kr_j,
+    # penalising p0 k0^2 + pr sum kr_j^2. In the curvatures c themselves (k0 = c_0,
+    # kr_j = (c_j - c_{j-1}) / dt) the same objective is
+    #   sum_i (w_i c_i - dh_i)^2 + p0 c_0^2 + (pr / dt^2) sum_j (c_j - c_{j-1})^2,  w = v dt,
+    # whose normal equations are tridiagonal: same minimiser, O(M) instead of a Cholesky.
     dh = wrap_angle(disp[..., 2])
-    lower = np.tril(np.ones((m, m), np.float32))
-    lower[:, 1:] *= dt
-    lower[0, 1:] = 0.0
-    a = (velocity * dt)[..., :, None] * jnp.asarray(lower)  # (..., M, M)
-    reg = np.full((m,), config.curvature_rate_penalty, np.float32)
-    reg[0] = config.initial_curvature_penalty
-    normal = jnp.einsum("...ki,...kj->...ij", a, a) + jnp.diag(jnp.asarray(reg))
-    rhs = jnp.einsum("...ki,...k->...i", a, dh)
-    chol = jnp.linalg.cholesky(normal)
-    sol_k = jax.scipy.linalg.cho_solve((chol, True), rhs[..., None])[..., 0]
-    curvature = _profile(sol_k[..., 0], sol_k[..., 1:], dt)
+    w = velocity * dt
+    lam = config.curvature_rate_penalty / dt**2
+    neighbours = np.full((m,), 2.0)
+    neighbours[0] = neighbours[-1] = 1.0
+    extra = np.zeros((m,))
+    extra[0] = config.initial_curvature_penalty
+    diag = w * w + jnp.asarray(lam * neighbours + extra, jnp.float32)
+    curvature = solve_path_laplacian_system(diag, w * dh, lam)
     return velocity, curvature
 
 

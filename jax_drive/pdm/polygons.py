@@ -1,0 +1,205 @@
+"""Exact point-in-polygon tests for many points against one scene's polygons, as bit masks.
+
+The map masks of the scorer (DAC, multiple lanes, oncoming, intersections, red lights) test
+every ego footprint point of every step of every proposal against every polygon. Counted
+naively that is points x polygons x vertices edge tests, and most of them are wasted: the
+padded vertices of a polygon make zero-length edges, and a horizontal ray from a point can
+only cross edges whose y-range contains the point's y.
+
+So, per scene, we keep only the real edges (``PolygonBudget.edges`` slots) and cut the
+plane into horizontal slabs at every edge end's y; within a slab the set of edges a ray
+can cross is fixed, and a table lists it (``PolygonBudget.slab`` slots per slab). A point
+finds its slab by binary search and tests only those edges. It is the same even-odd test
+on the same edges as the brute-force version (:func:`inside_bits_brute`), so the two agree
+for every point except one lying within float rounding of an edge, where the compiler's
+choice of fused multiply-add decides (the scorer treats boundary points as either way).
+
+Masks are returned as bits: bit ``p % 32`` of word ``p // 32`` is polygon ``p``'s parity,
+so crossings combine with XOR and the per-polygon result never needs a (points, polygons)
+array. Capacities are static (they shape the arrays); :func:`map_budget` reads them off
+concrete scenes on the host and rounds them up so that similar maps share a compilation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+WORD = 32
+
+
+class PolygonBudget(NamedTuple):
+    """Static capacities of a slab table: real edges kept, edges listed per slab."""
+
+    edges: int
+    slab: int
+
+
+class MapBudget(NamedTuple):
+    """Static capacities for one scene batch: drivable and lane slab tables, red lanes kept,
+    objects kept (the ones valid in some frame; the rest can never collide).
+
+    ``None`` (instead of a MapBudget) means: scenes are traced, use the brute-force test.
+    """
+
+    drivable: PolygonBudget
+    lanes: PolygonBudget
+    red_lanes: int
+    objects: int
+
+
+def num_words(num_polygons: int) -> int:
+    return max(1, -(-num_polygons // WORD))
+
+
+def pack_bits(flags: chex.Array) -> chex.Array:
+    """(..., P) bool -> (..., W) uint32, bit p % 32 of word p // 32 set where flags[p]."""
+    p = flags.shape[-1]
+    w = num_words(p)
+    pad = w * WORD - p
+    f = jnp.pad(flags, [(0, 0)] * (flags.ndim - 1) + [(0, pad)]).reshape(flags.shape[:-1] + (w, WORD))
+    bits = jnp.left_shift(jnp.uint32(1), jnp.arange(WORD, dtype=jnp.uint32))
+    return jnp.sum(jnp.where(f, bits, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
+
+
+def _xor_reduce(x: chex.Array, axis: int) -> chex.Array:
+    return jax.lax.reduce(x, jnp.uint32(0), jax.lax.bitwise_xor, (axis % x.ndim,))
+
+
+def _edges(vertices: chex.Array, valid: chex.Array) -> dict:
+    """Edge arrays (P * V,) of the closed rings; edges of invalid polygons never straddle.
+
+    Returns ax, ay, by, inv (dx / dy, 0 for horizontal edges), lo, hi (y-range), poly (int32).
+    """
+    p, v = vertices.shape[:2]
+    a = vertices
+    b = jnp.roll(vertices, -1, axis=-2)
+    dy = b[..., 1] - a[..., 1]
+    inv = (b[..., 0] - a[..., 0]) / jnp.where(dy == 0, 1.0, dy)
+    real = valid[:, None] & (dy != 0)
+    flat = lambda z: z.reshape(p * v)
+    return {
+        "ax": flat(a[..., 0]), "ay": flat(a[..., 1]), "by": flat(b[..., 1]), "inv": flat(inv),
+        "lo": flat(jnp.minimum(a[..., 1], b[..., 1])), "hi": flat(jnp.maximum(a[..., 1], b[..., 1])),
+        "real": flat(real), "poly": flat(jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[:, None], (p, v))),
+    }
+
+
+@chex.dataclass(frozen=True)
+class SlabTable:
+    """Slab lookup for one scene's polygon set (no batch dims).
+
+    starts: (S,) sorted slab lower bounds (+inf padding); a point with y in
+      [starts[r - 1], starts[r]) uses row r of ``rows`` (row 0: below every edge, empty).
+    rows: (S + 1, K, 4 + W) float32, per listed edge [ax, ay, by, inv, polygon bit words
+      (uint32 bit patterns stored as float32)]; padding is inert (ay = by = 0, bits 0).
+      One array so that a point fetches its slab with a single contiguous gather.
+    """
+
+    starts: chex.Array
+    rows: chex.Array
+
+
+def build_slab_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBudget) -> SlabTable:
+    """Slab table of one polygon set. vertices (P, V, 2), valid (P,); jit-able.
+
+    The budget must hold the scene (see :func:`map_budget`); edges beyond it are dropped.
+    """
+    p = vertices.shape[0]
+    e = _edges(jnp.asarray(vertices, jnp.float32), jnp.asarray(valid, bool))
+    # Keep the real edges (stable order), budget.edges slots.
+    keep = jnp.argsort(~e["real"], stable=True)[: budget.edges]
+    e = {k: val[keep] for k, val in e.items()}
+    real = e["real"]
+    big = jnp.float32(jnp.inf)
+    starts = jnp.sort(jnp.concatenate([jnp.where(real, e["lo"], big), jnp.where(real, e["hi"], big)]))
+    # Row r >= 1 covers y in [starts[r - 1], starts[r]): members straddle starts[r - 1].
+    y = starts[:, None]
+    member = real & (e["lo"] <= y) & (y < e["hi"])  # (S, E)
+    order = jnp.argsort(~member, axis=-1, stable=True)[:, : budget.slab]  # (S, K)
+    listed = jnp.take_along_axis(member, order, axis=-1)[..., None]  # (S, K, 1)
+    word = e["poly"] // WORD
+    bit = jnp.left_shift(jnp.uint32(1), (e["poly"] % WORD).astype(jnp.uint32))
+    onehot_word = jnp.arange(num_words(p), dtype=jnp.int32) == word[:, None]  # (E, W)
+    edge_bits = jax.lax.bitcast_convert_type(jnp.where(onehot_word, bit[:, None], jnp.uint32(0)), jnp.float32)
+    per_edge = jnp.concatenate([jnp.stack([e["ax"], e["ay"], e["by"], e["inv"]], -1), edge_bits], -1)
+    rows = jnp.where(listed, per_edge[order], 0.0)  # (S, K, 4 + W); 0.0 is also the bits' zero
+    return SlabTable(starts=starts, rows=jnp.concatenate([jnp.zeros_like(rows[:1]), rows], 0))
+
+
+def inside_bits(points: chex.Array, table: SlabTable) -> chex.Array:
+    """Even-odd parity bits of points (..., 2) against a slab table -> (..., W) uint32."""
+    px, py = points[..., 0, None], points[..., 1, None]
+    row = table.rows[jnp.searchsorted(table.starts, points[..., 1], side="right")]  # (..., K, 4 + W)
+    ax, ay, by, inv = row[..., 0], row[..., 1], row[..., 2], row[..., 3]
+    bits = jax.lax.bitcast_convert_type(row[..., 4:], jnp.uint32)  # (..., K, W)
+    cross = ((ay > py) != (by > py)) & (px < ax + (py - ay) * inv)
+    return _xor_reduce(jnp.where(cross[..., None], bits, jnp.uint32(0)), axis=-2)
+
+
+def inside_bits_brute(points: chex.Array, vertices: chex.Array, valid: chex.Array) -> chex.Array:
+    """The same parity bits by testing every edge. points (..., 2), vertices (P, V, 2)."""
+    e = _edges(jnp.asarray(vertices, jnp.float32), jnp.asarray(valid, bool))
+    p, v = vertices.shape[:2]
+    shape = lambda z: z.reshape(p, v)
+    px, py = points[..., 0, None, None], points[..., 1, None, None]
+    ay, by = shape(e["ay"]), shape(e["by"])
+    cross = ((ay > py) != (by > py)) & (px < shape(e["ax"]) + (py - ay) * shape(e["inv"]))
+    odd = (jnp.sum(cross.astype(jnp.int32), axis=-1) & 1) == 1
+    return pack_bits(odd & jnp.asarray(valid, bool))
+
+
+def _round_up(n: int, step: int) -> int:
+    return max(step, int(math.ceil(n / step)) * step)
+
+
+def _max_straddle(lo: np.ndarray, hi: np.ndarray, real: np.ndarray) -> int:
+    """Most real edges straddling one horizontal line; lo, hi, real (B, E)."""
+    best = 0
+    for lo_s, hi_s in zip(np.where(real, lo, np.inf), np.where(real, hi, np.inf)):
+        ys = np.unique(lo_s[np.isfinite(lo_s)])
+        if ys.size:
+            lo_sorted, hi_sorted = np.sort(lo_s), np.sort(hi_s)
+            count = np.searchsorted(lo_sorted, ys, "right") - np.searchsorted(hi_sorted, ys, "right")
+            best = max(best, int(count.max()))
+    return best
+
+
+def polygon_budget(vertices: np.ndarray, valid: np.ndarray) -> PolygonBudget:
+    """Capacities for polygons (B..., P, V, 2) of concrete scenes, rounded up (edges to 16,
+    slab rows to 4) so that similar maps reuse one compilation."""
+    v = np.asarray(vertices, np.float32)
+    ok = np.asarray(valid, bool)
+    p, n = v.shape[-3], v.shape[-2]
+    v = v.reshape((-1, p, n, 2))
+    ok = ok.reshape((-1, p))
+    b = np.roll(v, -1, axis=-2)
+    lo = np.minimum(v[..., 1], b[..., 1]).reshape(len(v), -1)
+    hi = np.maximum(v[..., 1], b[..., 1]).reshape(len(v), -1)
+    real = ((b[..., 1] != v[..., 1]) & ok[..., None]).reshape(len(v), -1)
+    edges = int(real.sum(-1).max()) if len(v) else 0
+    return PolygonBudget(edges=min(_round_up(edges, 16), p * n),
+                         slab=min(_round_up(_max_straddle(lo, hi, real), 4), p * n))
+
+
+def map_budget(scene) -> MapBudget | None:
+    """Budget for a concrete Scene batch; None when its arrays are traced (inside jit)."""
+    leaves = (scene.map.drivable.vertices, scene.map.lanes.vertices, scene.map.red_light, scene.agents.valid)
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return None
+    lanes = scene.map.lanes
+    red = (np.asarray(scene.map.red_light, bool).any(-1) & np.asarray(lanes.valid, bool)
+           & np.asarray(lanes.on_route, bool) & (np.asarray(lanes.kind) == 1))
+    red_lanes = int(red.reshape((-1, red.shape[-1])).sum(-1).max()) if red.size else 0
+    present = np.asarray(scene.agents.valid, bool).any(-1)  # (..., N)
+    n_objects = present.shape[-1]
+    objects = int(present.reshape((-1, n_objects)).sum(-1).max()) if present.size else 0
+    return MapBudget(drivable=polygon_budget(scene.map.drivable.vertices, scene.map.drivable.valid),
+                     lanes=polygon_budget(lanes.vertices, lanes.valid),
+                     red_lanes=min(_round_up(red_lanes, 2) if red_lanes else 0, red.shape[-1]),
+                     objects=min(_round_up(objects, 8), n_objects))
