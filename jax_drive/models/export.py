@@ -14,17 +14,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.models.loading import HF_LAYER_KEYS
 from jax_drive.models.transformer import PROJECTIONS, CausalLM
 
-_HF_PROJ = {
-    "q_proj": "self_attn.q_proj",
-    "k_proj": "self_attn.k_proj",
-    "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj",
-    "gate_proj": "mlp.gate_proj",
-    "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj",
-}
 
 
 def _effective_kernel(proj) -> jnp.ndarray:
@@ -51,7 +43,7 @@ def hf_state_dict(model: CausalLM) -> dict[str, jnp.ndarray]:
         proj = getattr(model.layers, name)
         kernel = _effective_kernel(proj)
         for i in range(config.num_layers):
-            base = f"model.layers.{i}.{_HF_PROJ[name]}"
+            base = f"model.layers.{i}.{HF_LAYER_KEYS[name]}"
             out[base + ".weight"] = kernel[i].T
             if proj.bias is not None:
                 out[base + ".bias"] = proj.bias[...][i]
@@ -139,7 +131,7 @@ def export_peft(model: CausalLM, out_dir: str | Path, base_model_name: str = "")
         a = proj.lora_a[...]
         b = proj.lora_b[...]
         for i in range(model.config.num_layers):
-            base = f"base_model.model.model.layers.{i}.{_HF_PROJ[name]}"
+            base = f"base_model.model.model.layers.{i}.{HF_LAYER_KEYS[name]}"
             tensors[base + ".lora_A.weight"] = a[i].T.astype(jnp.float32)
             tensors[base + ".lora_B.weight"] = b[i].T.astype(jnp.float32)
     _save_tensors(tensors, out, "adapter_model", max_shard_bytes=2**62)
@@ -198,7 +190,7 @@ def load_peft(model: CausalLM, adapter_dir: str | Path) -> CausalLM:
         proj = getattr(model.layers, name)
         a, b = [], []
         for i in range(n):
-            base = f"base_model.model.model.layers.{i}.{_HF_PROJ[name]}"
+            base = f"base_model.model.model.layers.{i}.{HF_LAYER_KEYS[name]}"
             try:
                 a_i = tensors[base + ".lora_A.weight"]
                 b_i = tensors[base + ".lora_B.weight"]

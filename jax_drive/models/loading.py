@@ -65,7 +65,8 @@ def resolve_source(source: str | Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- HF layout
-_LAYER_KEYS = {
+# Hugging Face names of each projection inside a decoder layer (also used by export).
+HF_LAYER_KEYS = {
     "q_proj": "self_attn.q_proj",
     "k_proj": "self_attn.k_proj",
     "v_proj": "self_attn.v_proj",
@@ -93,11 +94,11 @@ def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (c.vocab_size, h)
     for i in range(c.num_layers):
         base = f"model.layers.{i}."
-        for name, key in _LAYER_KEYS.items():
+        for name, key in HF_LAYER_KEYS.items():
             shapes[base + key + ".weight"] = proj[name]
         if c.attention_bias:
             for name in ("q_proj", "k_proj", "v_proj"):
-                shapes[base + _LAYER_KEYS[name] + ".bias"] = (proj[name][0],)
+                shapes[base + HF_LAYER_KEYS[name] + ".bias"] = (proj[name][0],)
         for key in _NORM_KEYS.values():
             shapes[base + key + ".weight"] = (h,)
     return shapes
@@ -158,7 +159,7 @@ def assign_hf_weights(config: ModelConfig, get: Callable[[str], np.ndarray],
     n = config.num_layers
     for name in PROJECTIONS:
         proj = getattr(model.layers, name)
-        key = _LAYER_KEYS[name]
+        key = HF_LAYER_KEYS[name]
         kernel = np.stack([fetch(f"model.layers.{i}.{key}.weight").T for i in range(n)])
         proj.kernel.set_value(to_param(kernel))
         if proj.bias is not None:
