@@ -334,14 +334,17 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
                                 map_budget(scene))
 
 
-def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig()) -> PDMResult:
+def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig(), *,
+                     budget: MapBudget | None = None) -> PDMResult:
     """Scores a candidate set with EP normalised against the best candidate (PDM-Closed).
 
-    Args: scene (...), candidates (..., P, 40, 3) poses at 0.1 .. 4.0 s.
+    Args: scene (...), candidates (..., P, 40, 3) poses at 0.1 .. 4.0 s; budget: a
+      :class:`MapBudget` from ``map_budget(scene)`` taken outside a caller's jit (by default
+      it is read off the scene here, which is only possible when the scene is concrete).
     Returns: PDMResult (..., P).
     """
     shape = _check_scene(scene)
     candidates = _check("candidates", candidates, shape, (None, NUM_SCORE_STEPS - 1, 3),
                         config.check_finite)
     return _score_candidates_jit(scene, candidates, dataclasses.replace(config, check_finite=True),
-                                 map_budget(scene))
+                                 budget if budget is not None else map_budget(scene))

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_drive.pdm import PDMConfig, score_candidates
+from jax_drive.pdm.polygons import MapBudget, map_budget
 from jax_drive.planners.idm import IDMConfig, idm_rollout_single, target_speed
 from jax_drive.types import NUM_OUTPUT_POSES, Scene, batch_shape
 
@@ -68,11 +69,19 @@ def pdm_closed_candidates(scene: Scene, config: PDMClosedConfig = PDMClosedConfi
     return cands.reshape(shape + cands.shape[1:])
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
 def pdm_closed(scene: Scene, config: PDMClosedConfig = PDMClosedConfig()) -> PDMClosedOutput:
-    """PDM-Closed for a batch of scenes (...): one jitted program, no Python loops."""
+    """PDM-Closed for a batch of scenes (...): one jitted program, no Python loops.
+
+    Called with concrete scenes, the scorer's map budget is read off them first (fast
+    polygon tables); inside a caller's jit the scorer uses its brute-force tests instead.
+    """
+    return _pdm_closed_jit(scene, config, map_budget(scene))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "budget"))
+def _pdm_closed_jit(scene: Scene, config: PDMClosedConfig, budget: MapBudget | None) -> PDMClosedOutput:
     cands = pdm_closed_candidates(scene, config)
-    result = score_candidates(scene, cands, config.pdm)
+    result = score_candidates(scene, cands, config.pdm, budget=budget)
     best = jnp.argmax(result.pdms, axis=-1)
     poses = jnp.take_along_axis(cands, best[..., None, None, None], axis=-3)[..., 0, :, :]
     output = poses[..., 4::5, :][..., :NUM_OUTPUT_POSES, :]
