@@ -135,7 +135,7 @@ def build_slab_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBud
 def inside_bits(points: chex.Array, table: SlabTable) -> chex.Array:
     """Even-odd parity bits of points (..., 2) against a slab table -> (..., W) uint32."""
     px, py = points[..., 0, None], points[..., 1, None]
-    row = table.rows[jnp.searchsorted(table.starts, points[..., 1], side="right")]  # (..., K, 4 + W)
+    row = table.rows[jnp.searchsorted(table.starts, points[..., 1], side="right", method="scan_unrolled")]
     ax, ay, by, inv = row[..., 0], row[..., 1], row[..., 2], row[..., 3]
     bits = jax.lax.bitcast_convert_type(row[..., 4:], jnp.uint32)  # (..., K, W)
     cross = ((ay > py) != (by > py)) & (px < ax + (py - ay) * inv)
