@@ -3,8 +3,13 @@ scenario against Farama's highway-env running its multi-vehicle merge (merge-v0)
 same CPU.
 
 One agent-step = one real (non-padding) vehicle advanced by one simulation tick. JAX:
-``episodes`` merge episodes (with background traffic) vmapped and rolled out under one
-jitted ``lax.scan`` with scripted / GO actions, 20 Hz ticks. highway-env: merge-v0 with
+``episodes`` merge episodes (with background traffic, alternating accident-prone and
+safe, padded to the default 20 agent slots) vmapped and rolled out under one jitted
+``lax.scan`` of :func:`jax_drive.sim.core.batched_rollout`, the same physics, events and
+off-road checks as the tests and the runner use; policy agents get GO at their cruise
+speed every decision (the silent baseline's low-level command), background agents run
+IDM; 20 Hz ticks. Timed: the device rollout only (scenarios are built and transferred
+before; the result is waited for with ``block_until_ready``). highway-env: merge-v0 with
 simulation_frequency 20 and policy_frequency 2 (the same 0.05 s tick and 0.5 s
 decision), IDLE actions, resetting when an episode ends; agent-steps = vehicles on the
 road x ticks.
@@ -105,7 +110,9 @@ def main(argv=None) -> int:
         "speedup": jx["agent_steps_per_s"] / hw["agent_steps_per_s"],
         "jax": jx,
         "highway_env": hw,
+        "jax_policy": "GO at cruise speed for policy agents, IDM for background agents",
         "device": str(jax.devices()[0]),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "load_average": os.getloadavg(),

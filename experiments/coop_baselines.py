@@ -125,8 +125,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reuse-tv", default=None,
                         help="take the TalkingVehicles section from this earlier JSON instead of re-running it")
     parser.add_argument("--no-id-background", action="store_true", help="skip InterDrive with background traffic")
-    parser.add_argument("--id-max-time", type=float, default=40.0,
-                        help="cap on InterDrive episode length, s (routes here take 10-25 s)")
+    parser.add_argument("--id-max-time", type=float, default=None,
+                        help="optional cap on InterDrive episode length, s (default: each scenario's own "
+                             "time limit; episodes also end when every ego is done or blocked for 30 s)")
     args = parser.parse_args(argv)
     seeds = list(range(args.seeds))
     t0 = time.time()

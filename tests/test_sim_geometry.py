@@ -90,3 +90,45 @@ def test_visibility_respects_sensor_range():
     vis = np.asarray(observe.visibility(cfg, sc, st))
     assert vis[0, 1] and not vis[0, 2] and not vis[0, 0]
     assert not vis[:, 3:].any()  # padding never visible
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.floats(-6, 6), st.floats(-6, 6), st.floats(-3.2, 3.2), st.floats(3.0, 10.0),
+                          st.floats(1.5, 2.6)), min_size=2, max_size=5))
+def test_closed_form_pair_overlap_matches_corner_sat(boxes):
+    from jax_drive.sim.core import obb_overlap_pairs
+
+    x, y, h, length, width = (jnp.asarray(v, jnp.float32) for v in zip(*boxes))
+    pairs = np.asarray(obb_overlap_pairs(x, y, h, length, width))
+    corners = box_corners(x, y, h, length, width)
+    n = len(boxes)
+    ca = jnp.broadcast_to(corners[:, None], (n, n, 4, 2))
+    ref = np.asarray(boxes_overlap(ca, jnp.swapaxes(ca, 0, 1)))
+    # exact agreement except for pairs that just touch (float rounding either way)
+    gap = np.array([[sg.Polygon(np.asarray(corners[i])).distance(sg.Polygon(np.asarray(corners[j])))
+                     for j in range(n)] for i in range(n)])
+    depth = np.array([[sg.Polygon(np.asarray(corners[i])).intersection(sg.Polygon(np.asarray(corners[j]))).area
+                       for j in range(n)] for i in range(n)])
+    clear = (gap > 1e-3) | (depth > 1e-3)
+    assert np.array_equal(pairs[clear], ref[clear])
+    assert np.array_equal(pairs, pairs.T)
+
+
+@settings(max_examples=200)
+@given(st.floats(-10.0, 60.0), st.floats(-8.0, 25.0), st.floats(-5.0, 60.0))
+def test_lane_table_matches_direct_projection(x, y, s):
+    pts = jnp.asarray(POLY, jnp.float32)
+    tab = L.lane_table(pts)
+    arc, lat = L.project_table(tab, jnp.asarray([x, y], jnp.float32))
+    arc0, lat0, _ = L.project(pts, jnp.asarray([x, y], jnp.float32))
+    # the distance to the polyline is unique; the arc is too except at equidistant ties,
+    # where either nearest segment is right: then the points at both arcs are as far
+    np.testing.assert_allclose(abs(float(lat)), abs(float(lat0)), atol=1e-3)
+    if abs(float(arc) - float(arc0)) > 1e-3:
+        foot = np.asarray(L.point_at_arc_table(tab, arc))
+        foot0 = np.asarray(L.point_at_arc(pts, arc0)[0])
+        np.testing.assert_allclose(np.hypot(*(foot - [x, y])), np.hypot(*(foot0 - [x, y])), atol=1e-3)
+    xy = L.point_at_arc_table(tab, jnp.asarray(s, jnp.float32))
+    xy0, _ = L.point_at_arc(pts, jnp.asarray(s, jnp.float32))
+    np.testing.assert_allclose(np.asarray(xy), np.asarray(xy0), atol=1e-3)
+    assert abs(float(tab.length) - LINE.length) < 1e-2

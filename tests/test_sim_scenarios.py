@@ -68,21 +68,8 @@ def silent_runs():
     return names, flags, results
 
 
-# Known gaps (see the issue-6 report): these layouts do not yet meet the contract after the
-# car-following rewrite; kept visible as xfail rather than hidden.
-KNOWN_GAPS = {
-    "ic_chaos": "safe chaos configuration still collides for the silent baseline",
-    "lc_right_straight": "accident-prone timing collides in only 1 of 3 seeds",
-    "lc_highway_change": "accident-prone lane swaps do not collide for the silent baseline",
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_GAPS[n], strict=False)) if n in KNOWN_GAPS else n
-     for n in S.SCENARIOS],
-)
+@pytest.mark.parametrize("name", S.SCENARIOS)
 def test_accident_prone_collides_and_safe_does_not_for_silent(silent_runs, name):
     names, flags, results = silent_runs
     ap = [c for n, f, c in zip(names, flags, _collided(results)) if n == name and f]

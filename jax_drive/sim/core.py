@@ -11,6 +11,13 @@ longitudinal control (PID to a desired speed for policy agents, IDM for scripted
 bicycle -> events (collisions by oriented-box overlap, arrivals, red-light runs,
 off-road, stagnation).
 
+Cost per tick (what keeps the batched rollout fast): lane geometry is tabulated once per
+decision (:class:`Tables`: segment starts, unit directions, cumulative arcs), so a tick
+projects each agent once on its current lane (reused as the next tick's start), plus
+the few agents off their goal lane; collisions use a closed-form box test on the
+four box axes; the waypoint follower and the all-lanes off-road test run only when some
+agent needs them (``lax.cond`` at the batch level, so nothing is computed for nothing).
+
 The interface is backend-neutral: a CARLA backend only has to provide ``reset`` and
 ``step`` with the same pytrees.
 """
@@ -23,7 +30,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jax_drive.geometry import box_corners, boxes_overlap, wrap_angle
+from jax_drive.geometry import wrap_angle
 from jax_drive.sim import lanes as lanes_lib
 from jax_drive.sim.state import (
     SPEED_STEP,
@@ -99,22 +106,21 @@ def bicycle(x, y, heading, v, accel, steer, length, dt) -> tuple:
 
 
 # ------------------------------------------------------------------------- perception
-def leader_gaps(cfg: SimConfig, sc: Scenario, st: SimState, present: chex.Array):
+def leader_gaps(cfg: SimConfig, sc: Scenario, st: SimState, present: chex.Array, arc: chex.Array,
+                lat: chex.Array, width: chex.Array):
     """Nearest obstacle ahead of each agent.
 
     Candidates: vehicles on the same lane path further along it, and anything straight
     ahead of the body within the summed half widths (this covers paths that share
     geometry, lane changes in progress and stopped vehicles), restricted to vehicles
     moving the same way (cos of heading difference > 0.3) or stopped / crashed.
-    O(A C + A^2) per tick.
+    O(A^2) per tick.
 
-    Returns: arc (A,) own arc on the lane, lat (A,) own lateral offset, gap (A,) bumper
-    gap to the nearest candidate (inf if none), lead_v (A,) its speed along our heading,
-    lead (A,) its index (-1 none).
+    Args: arc, lat (A,) each agent's projection on its current lane; width (A,) its width.
+    Returns: gap (A,) bumper gap to the nearest candidate (inf if none), lead_v (A,) its
+    speed along our heading, lead (A,) its index (-1 none).
     """
-    pts = sc.lanes.points[st.lane]  # (A, C, 2)
     pos = jnp.stack([st.x, st.y], -1)
-    arc, lat, _ = lanes_lib.project(pts, pos)
     a = sc.valid.shape[-1]
     not_self = ~jnp.eye(a, dtype=bool)
     dh = jnp.cos(st.heading[None, :] - st.heading[:, None])
@@ -122,7 +128,7 @@ def leader_gaps(cfg: SimConfig, sc: Scenario, st: SimState, present: chex.Array)
     same_dir = (dh > 0.3) | stopped
     half_len = (sc.length[:, None] + sc.length[None, :]) / 2
     ahead = arc[None, :] - arc[:, None]
-    on_path = (st.lane[None, :] == st.lane[:, None]) & (jnp.abs(lat[None, :]) < sc.lanes.width[st.lane][None, :] / 2 + 0.5)
+    on_path = (st.lane[None, :] == st.lane[:, None]) & (jnp.abs(lat[None, :]) < width[None, :] / 2 + 0.5)
     cand = present[None, :] & not_self & on_path & same_dir & (ahead > 0) & (ahead < cfg.follow_range)
     gap = jnp.where(cand, ahead - half_len, jnp.inf)
     rel = pos[None, :, :] - pos[:, None, :]
@@ -140,7 +146,7 @@ def leader_gaps(cfg: SimConfig, sc: Scenario, st: SimState, present: chex.Array)
     lead_v = jnp.sum(jnp.where(pick, st.speed[None, :] * jnp.maximum(dh, 0.0), 0.0), -1)
     lead_v = jnp.where(jnp.isfinite(gmin), lead_v, 0.0)
     lead = jnp.where(jnp.isfinite(gmin), lead, -1)
-    return arc, lat, gmin, lead_v, lead
+    return gmin, lead_v, lead
 
 
 # ------------------------------------------------------------------------------ reset
@@ -205,19 +211,108 @@ def apply_action(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> 
 
 
 # ------------------------------------------------------------------------------- tick
+# Agents per episode whose goal lane differs from their current lane and who get
+# a projection of their own on the fast path (more fall back to the general path).
+FAST_SLOTS = 4
+
+
+@chex.dataclass(frozen=True)
+class Tables:
+    """Per-episode geometry that does not change during a decision period (lanes change
+    only when an action is latched), computed once per decision so ticks do only cheap
+    look-ups.
+
+    Fields (A agents, K slots, S segments):
+      lanes: (L, S, ...) :class:`~jax_drive.sim.lanes.LaneTable` of every lane path.
+      cur: (A, S, ...) rows of each agent's current lane; width, stop_arc (A,) float and
+        light (A,) int32 of that lane.
+      goal_idx: (K,) int32 agents whose goal lane is not their current lane (padded
+        with A, an out-of-range index); goal: (K, S, ...) their goal lane rows.
+      goal_width: (A,) width of each agent's goal lane.
+      overflow: () bool, more such agents than K (only possible when K < A).
+    """
+
+    lanes: lanes_lib.LaneTable
+    cur: lanes_lib.LaneTable
+    width: chex.Array
+    stop_arc: chex.Array
+    light: chex.Array
+    goal_idx: chex.Array
+    goal: lanes_lib.LaneTable
+    goal_width: chex.Array
+    overflow: chex.Array
+
+
+def tables(sc: Scenario, st: SimState, slots: int = FAST_SLOTS, lt: lanes_lib.LaneTable | None = None) -> Tables:
+    """:class:`Tables` of one episode for the current lanes of ``st``; ``slots`` (static)
+    is K, the number of separate goal-lane projections on the fast path; ``lt`` the
+    lane table of ``sc`` when already computed."""
+    a = sc.x.shape[-1]
+    k = min(slots, a)
+    lt = lanes_lib.lane_table(sc.lanes.points) if lt is None else lt
+    rows = lambda lane: lanes_lib.table_rows(lt, lane)  # noqa: E731
+    need_g = sc.goal_lane != st.lane
+    gi = jnp.nonzero(need_g, size=k, fill_value=a)[0]
+    clip = lambda i: jnp.minimum(i, a - 1)  # noqa: E731
+    return Tables(
+        lanes=lt, cur=rows(st.lane), width=sc.lanes.width[st.lane], stop_arc=sc.lanes.stop_arc[st.lane],
+        light=sc.lanes.light[st.lane], goal_idx=gi.astype(jnp.int32), goal=rows(sc.goal_lane[clip(gi)]),
+        goal_width=sc.lanes.width[sc.goal_lane], overflow=jnp.sum(need_g) > k,
+    )
+
+
+def obb_overlap_pairs(x, y, heading, length, width) -> chex.Array:
+    """(A, A) bool, oriented boxes i and j overlap or touch (separating-axis test on the
+    four box axes, written in closed form; equal to corner-based SAT for rectangles).
+
+    Args: x, y, heading, length, width: (A,) box centres, headings and sizes.
+    """
+    c, s = jnp.cos(heading), jnp.sin(heading)
+    hl, hw = length / 2, width / 2
+    dx = x[None, :] - x[:, None]
+    dy = y[None, :] - y[:, None]
+    cos_ij = jnp.abs(c[:, None] * c[None, :] + s[:, None] * s[None, :])
+    sin_ij = jnp.abs(c[:, None] * s[None, :] - s[:, None] * c[None, :])
+    li, wi, lj, wj = hl[:, None], hw[:, None], hl[None, :], hw[None, :]
+    sep = jnp.abs(dx * c[:, None] + dy * s[:, None]) > li + lj * cos_ij + wj * sin_ij
+    sep |= jnp.abs(-dx * s[:, None] + dy * c[:, None]) > wi + lj * sin_ij + wj * cos_ij
+    sep |= jnp.abs(dx * c[None, :] + dy * s[None, :]) > lj + li * cos_ij + wi * sin_ij
+    sep |= jnp.abs(-dx * s[None, :] + dy * c[None, :]) > wj + li * sin_ij + wi * cos_ij
+    return ~sep
+
+
 def tick(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
-    """Advances one episode by ``cfg.dt``."""
+    """Advances one episode by ``cfg.dt`` (convenience form of :func:`tick_fast`)."""
+    tab = tables(sc, st)
+    arc, lat = lanes_lib.project_table(tab.cur, jnp.stack([st.x, st.y], -1))
+    return tick_fast(cfg, sc, st, tab, arc, lat, True)[0]
+
+
+def tick_fast(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc: chex.Array, lat: chex.Array,
+              general: bool) -> tuple[SimState, chex.Array, chex.Array]:
+    """One tick of one episode.
+
+    Args: tab: :func:`tables` of the decision; arc, lat (A,): projection of each agent on
+      its current lane at the start of the tick; general (static): True runs the waypoint
+      follower and projects every agent on its goal lane; False (the fast
+      path) is valid only when no agent's command is WAYPOINTS and ``tab.overflow`` is
+      False, and projects only the agents listed in ``tab``.
+    Returns: the next state and its projection on the (unchanged) current lanes, which is
+      the next tick's ``arc, lat``.
+    """
     t = st.step * cfg.dt
     removed = st.success_step >= 0
     collided = st.collision_step >= 0
     present = sc.valid & ~removed
     frozen = collided | (sc.behaviour == Behaviour.STOPPED) | ~present
-    arc, lat, gap, lead_v, _ = leader_gaps(cfg, sc, st, present)
+    pos = jnp.stack([st.x, st.y], -1)
+    gap, lead_v, _ = leader_gaps(cfg, sc, st, present, arc, lat, tab.width)
 
     # Stop lines.
-    light = lane_light(sc, st.lane, t)
-    stop_gap = sc.lanes.stop_arc[st.lane] - arc - sc.length / 2
-    has_light = sc.lanes.light[st.lane] >= 0
+    states = light_state(sc.lights, t)
+    light = jnp.where(tab.light >= 0, states[jnp.clip(tab.light, 0)], Light.GREEN)
+    stop_gap = tab.stop_arc - arc - sc.length / 2
+    has_light = tab.light >= 0
     yellow_can_stop = stop_gap > st.speed**2 / (2 * 4.0)
     must_stop = (
         sc.obeys_lights
@@ -228,19 +323,23 @@ def tick(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
     gap = jnp.where(must_stop, jnp.minimum(gap, jnp.maximum(stop_gap, 0.0)), gap)
     lead_v = jnp.where(must_stop & (stop_gap <= gap), 0.0, lead_v)
 
-    # Waypoint targets.
-    wp_mode = st.command == Cmd.WAYPOINTS
-    pos = jnp.stack([st.x, st.y], -1)
-    elapsed = (st.step - st.wp_step) * cfg.dt
-    k = jnp.clip(jnp.floor(elapsed / cfg.waypoint_dt).astype(jnp.int32), 0, cfg.num_waypoints - 2)
-    wp = st.waypoints
-    a_idx = jnp.arange(wp.shape[0])
-    wp_speed = jnp.linalg.norm(wp[a_idx, k + 1] - wp[a_idx, k], axis=-1) / cfg.waypoint_dt
-
     # Longitudinal.
     follow = safe_speed(gap, lead_v, cfg)
     cmd_speed = jnp.where(st.command == Cmd.STOP, 0.0, jnp.minimum(st.speed_target, follow))
-    desired = jnp.where(wp_mode, wp_speed, cmd_speed)
+    lookahead = jnp.clip(0.8 * st.speed + 4.0, 5.0, 15.0)
+    aim = lanes_lib.point_at_arc_table(tab.cur, arc + lookahead)
+    desired = cmd_speed
+    if general:
+        wp_mode = st.command == Cmd.WAYPOINTS
+        elapsed = (st.step - st.wp_step) * cfg.dt
+        k = jnp.clip(jnp.floor(elapsed / cfg.waypoint_dt).astype(jnp.int32), 0, cfg.num_waypoints - 2)
+        wp = st.waypoints
+        a_idx = jnp.arange(wp.shape[0])
+        wp_speed = jnp.linalg.norm(wp[a_idx, k + 1] - wp[a_idx, k], axis=-1) / cfg.waypoint_dt
+        desired = jnp.where(wp_mode, wp_speed, cmd_speed)
+        wp_arc, _, _ = lanes_lib.project(wp, pos)
+        aim_wp, _ = lanes_lib.point_at_arc(wp, wp_arc + lookahead)
+        aim = jnp.where(wp_mode[:, None], aim_wp, aim)
     delta = jnp.clip(desired - st.speed, 0.0, 0.25)
     throttle, lon_err = pid_step(st.lon_err, delta, cfg.lon_pid)
     throttle = jnp.clip(throttle, 0.0, 0.75)
@@ -250,12 +349,6 @@ def tick(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
     accel = jnp.where(sc.behaviour == Behaviour.IDM, acc_idm, acc_pid)
 
     # Lateral.
-    lookahead = jnp.clip(0.8 * st.speed + 4.0, 5.0, 15.0)
-    pts = sc.lanes.points[st.lane]
-    aim_lane, _ = lanes_lib.point_at_arc(pts, arc + lookahead)
-    wp_arc, _, _ = lanes_lib.project(wp, pos)
-    aim_wp, _ = lanes_lib.point_at_arc(wp, wp_arc + lookahead)
-    aim = jnp.where(wp_mode[:, None], aim_wp, aim_lane)
     rel = aim - pos
     angle = wrap_angle(jnp.arctan2(rel[:, 1], rel[:, 0]) - st.heading)
     steer_cmd, lat_err = pid_step(st.lat_err, angle / (jnp.pi / 2), cfg.lat_pid)
@@ -272,16 +365,25 @@ def tick(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
     new = st.replace(
         step=step, x=x, y=y, heading=heading, speed=speed, accel=accel, steer=steer, lat_err=lat_err, lon_err=lon_err
     )
-    return _events(cfg, sc, st, new, arc, light, present)
+    return _events(cfg, sc, new, arc, light, present, tab, general)
 
 
-def _events(cfg: SimConfig, sc: Scenario, old: SimState, st: SimState, old_arc, light, present) -> SimState:
-    """Collisions, arrivals, route progress, red-light runs, off-road, stagnation."""
+def _project_some(rows: lanes_lib.LaneTable, idx: chex.Array, pos: chex.Array, arc: chex.Array,
+                  lat: chex.Array) -> tuple[chex.Array, chex.Array]:
+    """Overwrites arc, lat (A,) of agents ``idx`` (K,) (entries >= A ignored) with their
+    projection on ``rows`` (K, S, ...)."""
+    a = arc.shape[-1]
+    k_arc, k_lat = lanes_lib.project_table(rows, pos[jnp.minimum(idx, a - 1)])
+    return arc.at[idx].set(k_arc, mode="drop"), lat.at[idx].set(k_lat, mode="drop")
+
+
+def _events(cfg: SimConfig, sc: Scenario, st: SimState, old_arc, light, present,
+            tab: Tables, general: bool) -> tuple[SimState, chex.Array, chex.Array]:
+    """Collisions, arrivals, route progress, red-light runs, stagnation; also returns the
+    new projection on the current lanes."""
     a = sc.x.shape[-1]
     pos = jnp.stack([st.x, st.y], -1)
-    corners = box_corners(st.x, st.y, st.heading, sc.length, sc.width)
-    ca = jnp.broadcast_to(corners[:, None], (a, a, 4, 2))
-    overlap = boxes_overlap(ca, jnp.swapaxes(ca, 0, 1))
+    overlap = obb_overlap_pairs(st.x, st.y, st.heading, sc.length, sc.width)
     overlap = overlap & present[:, None] & present[None, :] & ~jnp.eye(a, dtype=bool)
     hit = jnp.any(overlap, -1)
     first_hit = hit & (st.collision_step < 0)
@@ -289,23 +391,26 @@ def _events(cfg: SimConfig, sc: Scenario, old: SimState, st: SimState, old_arc, 
     collision_with = jnp.where(first_hit, jnp.argmax(overlap, -1), st.collision_with)
     collided = collision_step >= 0
 
-    g_pts = sc.lanes.points[sc.goal_lane]
-    g_arc, g_lat, _ = lanes_lib.project(g_pts, pos)
-    arrived = (g_arc >= sc.goal_arc) & (jnp.abs(g_lat) < sc.lanes.width[sc.goal_lane] / 2 + 1.0)
+    # the goal lane is the current lane for all but the agents listed in the tables
+    c_arc, c_lat = lanes_lib.project_table(tab.cur, pos)
+    if general:
+        g_arc, g_lat = lanes_lib.project_table(lanes_lib.table_rows(tab.lanes, sc.goal_lane), pos)
+    else:
+        g_arc, g_lat = _project_some(tab.goal, tab.goal_idx, pos, c_arc, c_lat)
+    arrived = (g_arc >= sc.goal_arc) & (jnp.abs(g_lat) < tab.goal_width / 2 + 1.0)
     new_success = present & arrived & ~collided & (st.success_step < 0)
     success_step = jnp.where(new_success, st.step, st.success_step)
 
-    r_arc, _, _ = lanes_lib.project(sc.lanes.points[sc.lane], pos)
-    progress = jnp.where(present & ~collided, jnp.maximum(st.progress, jnp.clip(r_arc, 0.0, sc.route_length)), st.progress)
+    # route metres covered: route length less the distance still to go along the goal lane
+    covered = jnp.clip(sc.route_length - (sc.goal_arc - g_arc), 0.0, sc.route_length)
+    progress = jnp.where(present & ~collided, jnp.maximum(st.progress, covered), st.progress)
     progress = jnp.where(success_step >= 0, sc.route_length, progress)
 
-    c_arc, c_lat, _ = lanes_lib.project(sc.lanes.points[st.lane], pos)
-    stop = sc.lanes.stop_arc[st.lane]
-    crossed = (old_arc + sc.length / 2 < stop) & (c_arc + sc.length / 2 >= stop) & (jnp.abs(c_lat) < 2.5)
-    ran = present & (sc.lanes.light[st.lane] >= 0) & (light == Light.RED) & crossed
+    crossed = (old_arc + sc.length / 2 < tab.stop_arc) & (c_arc + sc.length / 2 >= tab.stop_arc) & (jnp.abs(c_lat) < 2.5)
+    ran = present & (tab.light >= 0) & (light == Light.RED) & crossed
     moving = present & ~collided & (sc.behaviour != Behaviour.STOPPED)
     slow = st.speed < cfg.stagnation_speed
-    return st.replace(
+    new = st.replace(
         collision_step=collision_step,
         collision_with=collision_with,
         success_step=success_step,
@@ -314,23 +419,54 @@ def _events(cfg: SimConfig, sc: Scenario, old: SimState, st: SimState, old_arc, 
         red_runs=st.red_runs + ran.astype(jnp.int32),
         stagnant_steps=jnp.where(slow & moving, st.stagnant_steps + 1, 0),
     )
+    return new, c_arc, c_lat
 
 
 # ------------------------------------------------------------------------ public API
-def check_offroad(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
-    """Off-road test at a decision boundary (against every lane path, O(A L C)); an
-    agent found off road is charged the whole decision period of steps."""
+def _offroad_candidates(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc, lat) -> tuple[chex.Array, chex.Array]:
+    """(A,) moving agents and those of them not inside their own current lane (given
+    their projection ``arc, lat`` on it); only the latter can be off road."""
     present = sc.valid & (st.success_step < 0)
     moving = present & (st.collision_step < 0) & (sc.behaviour != Behaviour.STOPPED)
-    pos = jnp.stack([st.x, st.y], -1)
-    off = lanes_lib.offroad(sc.lanes.points, sc.lanes.width, sc.lanes.valid, pos, cfg.offroad_margin)
+    m = cfg.offroad_margin
+    inside = ((jnp.abs(lat) <= tab.width / 2 + m) & (arc >= -m) & (arc <= tab.cur.length + m)
+              & sc.lanes.valid[st.lane])
+    return moving, moving & ~inside
+
+
+def _offroad_full(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables) -> chex.Array:
+    """(A,) off every lane path (O(A L C))."""
+    arc, lat = jax.vmap(lambda rows: lanes_lib.project_table(rows, jnp.stack([st.x, st.y], -1)),
+                        out_axes=-1)(tab.lanes)  # (A, L)
+    m = cfg.offroad_margin
+    inside = (jnp.abs(lat) <= sc.lanes.width / 2 + m) & (arc >= -m) & (arc <= tab.lanes.length + m)
+    return ~jnp.any(inside & sc.lanes.valid, axis=-1)
+
+
+def check_offroad(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
+    """Off-road test at a decision boundary (against every lane path, O(A L C), run only
+    when some agent has left its own lane); an agent found off road is charged the whole
+    decision period of steps."""
+    tab = tables(sc, st)
+    arc, lat = lanes_lib.project_table(tab.cur, jnp.stack([st.x, st.y], -1))
+    moving, cand = _offroad_candidates(cfg, sc, st, tab, arc, lat)
+    off = jax.lax.cond(jnp.any(cand), lambda: _offroad_full(cfg, sc, st, tab), lambda: jnp.zeros_like(cand))
     return st.replace(offroad_steps=st.offroad_steps + cfg.decision_steps * (off & moving).astype(jnp.int32))
 
 
 def _decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
     st = apply_action(cfg, sc, st, action)
-    st, _ = jax.lax.scan(lambda s, _: (tick(cfg, sc, s), None), st, None, length=cfg.decision_steps)
-    return check_offroad(cfg, sc, st)
+    tab = tables(sc, st)
+    arc, lat = lanes_lib.project_table(tab.cur, jnp.stack([st.x, st.y], -1))
+
+    def body(carry, _):
+        q, a, l = carry
+        return tick_fast(cfg, sc, q, tab, a, l, True), None
+
+    (st, arc, lat), _ = jax.lax.scan(body, (st, arc, lat), None, length=cfg.decision_steps)
+    moving, cand = _offroad_candidates(cfg, sc, st, tab, arc, lat)
+    off = jax.lax.cond(jnp.any(cand), lambda: _offroad_full(cfg, sc, st, tab), lambda: jnp.zeros_like(cand))
+    return st.replace(offroad_steps=st.offroad_steps + cfg.decision_steps * (off & moving).astype(jnp.int32))
 
 
 def step_impl(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
@@ -361,28 +497,50 @@ def batched_reset(cfg: SimConfig, keys: chex.PRNGKey, sc: Scenario) -> SimState:
     return jax.vmap(lambda k, s: reset(cfg, k, s))(keys, sc)
 
 
+def _batched_decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action,
+                      lt: lanes_lib.LaneTable | None = None) -> SimState:
+    """One decision of every episode (leading episode axis E).
+
+    Each tick takes one of two compiled variants of the same physics, chosen with a
+    ``lax.cond`` outside the vmap: the fast path when no agent follows waypoints and every
+    episode has at most :data:`FAST_SLOTS` agents off their goal lane (those get their
+    own projections), else the general path (waypoint follower on, goal-lane projections
+    for every agent). The full off-road test runs only when some agent has
+    left its own lane. The tick scan runs outside the vmap (faster on CPU than a vmapped
+    scan). ``lt``: (E, L, S, ...) lane tables of ``sc`` when already computed.
+    """
+    st = jax.vmap(lambda s, q, a: apply_action(cfg, s, q, a))(sc, st, action)
+    lt = jax.vmap(lambda s: lanes_lib.lane_table(s.lanes.points))(sc) if lt is None else lt
+    tab = jax.vmap(lambda s, q, t: tables(s, q, FAST_SLOTS, t))(sc, st, lt)
+    fast = ~jnp.any(st.command == Cmd.WAYPOINTS) & ~jnp.any(tab.overflow)
+    arc, lat = jax.vmap(lambda rows, q: lanes_lib.project_table(rows, jnp.stack([q.x, q.y], -1)))(tab.cur, st)
+
+    def vtick(general):
+        return jax.vmap(lambda s, q, t, a, l: tick_fast(cfg, s, q, t, a, l, general))
+
+    def body(c, _):
+        return jax.lax.cond(fast, lambda: vtick(False)(sc, *c[:1], tab, *c[1:]),
+                            lambda: vtick(True)(sc, *c[:1], tab, *c[1:])), None
+
+    (st, arc, lat), _ = jax.lax.scan(body, (st, arc, lat), None, length=cfg.decision_steps)
+    moving, cand = jax.vmap(lambda s, q, t, a, l: _offroad_candidates(cfg, s, q, t, a, l))(sc, st, tab, arc, lat)
+    off = jax.lax.cond(jnp.any(cand), lambda: jax.vmap(lambda s, q, t: _offroad_full(cfg, s, q, t))(sc, st, tab),
+                       lambda: jnp.zeros_like(cand))
+    return st.replace(offroad_steps=st.offroad_steps + cfg.decision_steps * (off & moving).astype(jnp.int32))
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def batched_step(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
-    """:func:`step` over a leading episode axis (the tick scan runs outside the vmap,
-    which XLA on CPU executes faster than a vmapped scan)."""
-    st = jax.vmap(lambda s, q, a: apply_action(cfg, s, q, a))(sc, st, action)
-    vtick = jax.vmap(lambda s, q: tick(cfg, s, q))
-    st, _ = jax.lax.scan(lambda q, _: (vtick(sc, q), None), st, None, length=cfg.decision_steps)
-    return jax.vmap(lambda s, q: check_offroad(cfg, s, q))(sc, st)
+    """:func:`step` over a leading episode axis."""
+    return _batched_decision(cfg, sc, st, action)
 
 
 def batched_rollout(cfg: SimConfig, sc: Scenario, st: SimState, actions: Action) -> SimState:
     """Final state after scanning decisions with actions (E, D, ...) over a leading
     episode axis (jit it; the whole rollout is one XLA program)."""
     acts = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), actions)  # (D, E, ...)
-
-    def body(q, act):
-        q = jax.vmap(lambda s, x, a: apply_action(cfg, s, x, a))(sc, q, act)
-        vtick = jax.vmap(lambda s, x: tick(cfg, s, x))
-        q, _ = jax.lax.scan(lambda x, _: (vtick(sc, x), None), q, None, length=cfg.decision_steps)
-        return jax.vmap(lambda s, x: check_offroad(cfg, s, x))(sc, q), None
-
-    final, _ = jax.lax.scan(body, st, acts)
+    lt = jax.vmap(lambda s: lanes_lib.lane_table(s.lanes.points))(sc)  # static: once per rollout
+    final, _ = jax.lax.scan(lambda q, act: (_batched_decision(cfg, sc, q, act, lt), None), st, acts)
     return final
 
 

@@ -142,3 +142,68 @@ def offroad(points: chex.Array, width: chex.Array, valid: chex.Array, xy: chex.A
     length = lane_length(points)
     inside = (jnp.abs(lat) <= width / 2 + margin) & (arc >= -margin) & (arc <= length + margin)
     return ~jnp.any(inside & valid, axis=-1)
+
+
+# ------------------------------------------------------------------ precomputed tables
+@chex.dataclass(frozen=True)
+class LaneTable:
+    """Per-segment data of polylines, computed once so per-tick projections need no
+    square roots, divisions or cumulative sums.
+
+    Fields (S = C - 1 segments): start (..., S, 2) segment start points; unit (..., S, 2)
+    unit directions (zero for degenerate segments); seg_len (..., S); cum (..., S) arc
+    length at each segment start.
+    """
+
+    start: chex.Array
+    unit: chex.Array
+    seg_len: chex.Array
+    cum: chex.Array
+
+    @property
+    def length(self) -> chex.Array:
+        """(...) total polyline length."""
+        return self.cum[..., -1] + self.seg_len[..., -1]
+
+
+def lane_table(points: chex.Array) -> LaneTable:
+    """Table of polylines (..., C, 2)."""
+    seg = jnp.diff(points, axis=-2)
+    seg_len = jnp.linalg.norm(seg, axis=-1)
+    unit = seg / jnp.maximum(seg_len, 1e-9)[..., None]
+    cum = jnp.concatenate([jnp.zeros_like(seg_len[..., :1]), jnp.cumsum(seg_len[..., :-1], -1)], -1)
+    return LaneTable(start=points[..., :-1, :], unit=unit, seg_len=seg_len, cum=cum)
+
+
+def table_rows(table: LaneTable, lane: chex.Array) -> LaneTable:
+    """Rows of a table of L polylines (L, S, ...) for indices ``lane`` (...)."""
+    return jax.tree.map(lambda v: v[lane], table)
+
+
+def project_table(rows: LaneTable, query: chex.Array) -> tuple[chex.Array, chex.Array]:
+    """:func:`project` on a table: rows (..., S, ...) and query (..., 2) -> arc (...),
+    lateral (...) (same extrapolation at the ends)."""
+    rel = query[..., None, :] - rows.start  # (..., S, 2)
+    t_raw = rel[..., 0] * rows.unit[..., 0] + rel[..., 1] * rows.unit[..., 1]
+    n_seg = rows.seg_len.shape[-1]
+    idx = jnp.arange(n_seg)
+    lo = jnp.where(idx == 0, -jnp.inf, 0.0)
+    hi = jnp.where(idx == n_seg - 1, jnp.inf, rows.seg_len)
+    t = jnp.clip(t_raw, lo, hi)
+    dx = rel[..., 0] - t * rows.unit[..., 0]
+    dy = rel[..., 1] - t * rows.unit[..., 1]
+    best = jnp.argmin(dx * dx + dy * dy, axis=-1)[..., None]
+    pick = lambda v: jnp.take_along_axis(v, best, axis=-1)[..., 0]  # noqa: E731
+    arc = pick(rows.cum + t)
+    lat = pick(rows.unit[..., 0] * rel[..., 1] - rows.unit[..., 1] * rel[..., 0])
+    return arc, lat
+
+
+def point_at_arc_table(rows: LaneTable, arc: chex.Array) -> chex.Array:
+    """:func:`point_at_arc` on a table: rows (..., S, ...), arc (...) -> xy (..., 2)."""
+    n_seg = rows.seg_len.shape[-1]
+    i = jnp.clip(jnp.sum(rows.cum[..., 1:] <= arc[..., None], axis=-1), 0, n_seg - 1)[..., None]
+    pick = lambda v: jnp.take_along_axis(v, i, axis=-1)[..., 0]  # noqa: E731
+    s = arc - pick(rows.cum)
+    return jnp.stack([pick(rows.start[..., 0]) + s * pick(rows.unit[..., 0]),
+                      pick(rows.start[..., 1]) + s * pick(rows.unit[..., 1])], -1)

@@ -428,32 +428,47 @@ def lm_left_right(b, rng, accident_prone, background):
 
 
 def ic_chaos(b, rng, accident_prone, background):
+    # 6-8 egos, two waves over the four approaches. Accident-prone: each wave reaches the
+    # centre together. Safe: one ego every CHAOS_GAP seconds (approach order S, W, N, E),
+    # on approaches long enough that nobody's start has to be clipped.
     n = int(rng.integers(6, 9))
     approaches = ["S", "W", "N", "E"]
-    paths, vids, offsets = [], [], [0.0]
+    v = 7.0
+    t0 = 5.0
+    paths, vids, offsets = [], [], []
     for k in range(n):
         ap = approaches[k % 4]
         turn = ["straight", "left", "right"][int(rng.integers(0, 3))] if k else "straight"
         paths.append((ap, turn, 1.75, 1.75))
         vids.append(201 + k)
         second = k >= 4  # second vehicle on an approach comes later
-        if accident_prone:
+        if k == 0:
+            offsets.append(0.0)
+        elif accident_prone:
             offsets.append(float(rng.uniform(-0.4, 0.4)) + (2.5 if second else 0.0))
         else:
-            offsets.append(4.0 * (k % 4) + (16.0 if second else 0.0) + float(rng.uniform(0.0, 0.5)))
-    lanes = [b.lane(intersection_path(a, t, o, oo), maneuver={"straight": 0, "right": 1, "left": 2}[t])
+            offsets.append(CHAOS_GAP * k + float(rng.uniform(0.0, 0.3)))
+    # background: one IDM car behind the last ego of each approach; safe: it continues the
+    # one-every-CHAOS_GAP sequence after the egos
+    bg = [k for k in range(n) if k + 4 >= n] if background else []
+    bg_t = {k: CHAOS_GAP * (n + j) for j, k in enumerate(bg)}
+    reach = 20.0 + v * (t0 + max(offsets + list(bg_t.values())))
+    lanes = [b.lane(intersection_path(a, t, o, oo, reach=reach), maneuver={"straight": 0, "right": 1, "left": 2}[t])
              for a, t, o, oo in paths]
-    v = 7.0
-    t0 = 5.0
     for k in range(n):
         centre = b.arc(lanes[k], (0.0, 0.0)) if paths[k][1] == "straight" else b.arc(
             lanes[k], intersection_path(paths[k][0], "straight", 1.75)[8])
-        t = t0 + (offsets[k] if k else 0.0)
-        arc = max(timed_arc(centre, v, t), 2.0)
+        arc = max(timed_arc(centre, v, t0 + offsets[k]), 2.0)
         b.add(_focal(lanes[k], arc, v, vids[k], cruise=v))
-        if background and k + 4 >= n:  # behind the last ego of each approach
-            _followers(b, lanes[k], arc, v, 1, rng)
+        if k in bg_t:
+            if accident_prone:
+                _followers(b, lanes[k], arc, v, 1, rng)
+            else:
+                b.add(_Agent(lane=lanes[k], arc=max(timed_arc(centre, v, t0 + bg_t[k]), 2.0), speed=v, cruise=v))
     return 70.0
+
+
+CHAOS_GAP = 2.5  # s between consecutive egos at the centre in the safe chaos configuration
 
 
 def lc_right_straight(b, rng, accident_prone, background):
@@ -468,9 +483,14 @@ def lc_right_straight(b, rng, accident_prone, background):
     lc = a0 + 12.0
     b.add(_focal(a_lane, a0, v, 201, cruise=v, goal_lane=r_lane, goal_arc=b.length(r_lane) - 10.0, lc_arc=lc,
                  lc_end_arc=b.arc(a_lane, (1.75, -STOP - 6.0))))
-    t_lc = (lc - a0) / v + 1.0
-    off = _offset(rng, accident_prone, 0.2, (3.0, 4.0))
-    b.add(_focal(s_lane, max(a0 + v * (t_lc) - v * (t_lc + off) - 5.0, 1.0), v, 202, cruise=v))
+    # B (same speed) is beside A's rear when A cuts in (accident-prone: centres 2.5-3.5 m
+    # apart, just outside a silent glance's 2 m but overlapping bodies), or 24-32 m ahead
+    # or behind (safe)
+    if accident_prone:
+        rel = -float(rng.uniform(2.5, 3.5))
+    else:
+        rel = float(rng.choice([-1.0, 1.0]) * v * rng.uniform(3.0, 4.0))
+    b.add(_focal(s_lane, max(a0 + rel, 1.0), v, 202, cruise=v))
     if background:
         _followers(b, s_lane, b.agents[-1].arc, v, 1, rng)
     return 60.0
@@ -575,19 +595,17 @@ def lc_highway_change(b, rng, accident_prone, background):
     hw = _highway(b, 3)
     n = int(rng.integers(6, 9))
     v = 10.0
-    slots = []
+    # outer lanes move to the middle lane, the middle one moves out: conflicting changes.
+    # Accident-prone: rows of three 30 m apart, neighbours in a row 2.5-3.5 m apart (bodies
+    # overlap, yet outside a silent glance's 2 m); safe: one ego every 12 m.
     for k in range(n):
-        row = k // 3
-        lane = k % 3
-        slots.append((lane, -100.0 - 30.0 * row))
-    for k, (lane, x) in enumerate(slots):
-        # outer lanes move to the middle lane, the middle one moves out: conflicting changes.
+        row, lane = k // 3, k % 3
+        if accident_prone:
+            x = -100.0 - 30.0 * row + lane * float(rng.uniform(2.5, 3.5))
+        else:
+            x = -100.0 - 12.0 * k + float(rng.uniform(-1.0, 1.0))
         goal = 1 if lane != 1 else int(rng.choice([0, 2]))
-        if not accident_prone:
-            x = x - 10.0 * lane  # staggered so that neighbours are not side by side
-            if lane == 1:
-                x -= 15.0
-        a0 = b.arc(hw[lane], (x + rng.uniform(-1, 1), lane * LANE_W))
+        a0 = b.arc(hw[lane], (x, lane * LANE_W))
         b.add(_focal(hw[lane], a0, v, 201 + k, cruise=v, goal_lane=hw[goal],
                      goal_arc=b.arc(hw[goal], (150.0, goal * LANE_W)), lc_arc=a0 + 20.0,
                      lc_end_arc=b.arc(hw[lane], (120.0, 0.0))))

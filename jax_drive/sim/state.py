@@ -268,7 +268,8 @@ class SimState:
       command: (..., A) int32 active :class:`Cmd`; speed_target: (..., A) m/s.
       waypoints: (..., A, W, 2); wp_step: (..., A) int32 step the waypoints were issued.
       lat_err: (..., A, lat_window) and lon_err: (..., A, lon_window) PID error windows.
-      progress: (..., A) best arc along the route lane (initial lane), metres.
+      progress: (..., A) route metres covered (route_length less the remaining distance
+        to goal_arc along the goal lane, best so far), metres; route_length on arrival.
       done: (..., A) bool agent finished (success or collision); frozen afterwards.
       success_step, collision_step: (..., A) int32 first step, -1 none.
       collision_with: (..., A) int32 agent index of the first collision, -1 none.
