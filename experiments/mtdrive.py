@@ -1,8 +1,14 @@
 """MTDrive end to end: SFT -> RL curation -> mtGRPO -> held-out multi-turn evaluation.
 
-    python experiments/mtdrive.py --preset cpu-demo --out experiments/results/mtdrive_cpu_demo
+    python experiments/mtdrive.py --preset cpu-demo --out experiments/results/mtdrive_cpu_demo \
+        [--seed S] [--work runs/...] [--sft-from WORK_OF_AN_EARLIER_RUN]
 
-writes ``results.json`` (PDMS per turn budget, sub-scores, format rate and turns used for
+Metrics, TensorBoard events and orbax checkpoints go to ``--work`` (default
+``runs/mtdrive_<preset>_s<seed>``), so the results directory only holds what is committed.
+``--sft-from`` loads the SFT checkpoint of an earlier run of the same preset and seed
+instead of repeating SFT.
+
+The script writes ``results.json`` (PDMS per turn budget, sub-scores, format rate and turns used for
 the untrained, SFT and RL policies on held-out scenes of every evaluation seed; training
 curves; timings) and three plots:
   * ``pdms_per_turn.png``: PDMS by turn budget per stage,
@@ -26,7 +32,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jax_drive.mtdrive import PRESETS, public, results_table, run_mtdrive, write_results  # noqa: E402
+from jax_drive.mtdrive import PRESETS, public, results_table, run_mtdrive, with_seed, write_results  # noqa: E402
 
 
 def plot_pdms_per_turn(results: dict, path: str) -> None:
@@ -76,8 +82,11 @@ def plot_refinement(results: dict, path: str, stage: str = "rl", max_scenes: int
     stage = stage if stage in results["_rollouts"] else list(results["_rollouts"])[-1]
     rollouts = results["_rollouts"][stage][0]
     scenes, refs = results["_held_out"][0]
-    multi = np.flatnonzero(rollouts.num_turns[:, 0] > 1)
-    chosen = list(multi[:max_scenes]) or list(range(min(max_scenes, len(rollouts.turns))))
+    usable = rollouts.usable[:, 0].any(-1)  # at least one answer to draw
+    multi = rollouts.num_turns[:, 0] > 1
+    order = np.concatenate([np.flatnonzero(multi & usable), np.flatnonzero(~multi & usable),
+                            np.flatnonzero(~usable)])
+    chosen = list(order[:max_scenes])
     fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 4.5), squeeze=False)
     for ax, s in zip(axes[0], chosen):
         scene = jax.tree_util.tree_map(lambda x: np.asarray(x)[s], scenes)
@@ -123,18 +132,26 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="output directory (default experiments/results/mtdrive_<preset>)")
     parser.add_argument("--advantage", choices=["grpo", "mtgrpo_intra", "mtgrpo_cross"], default=None)
     parser.add_argument("--skip-rl", action="store_true")
+    parser.add_argument("--seed", type=int, default=None, help="training seed (default: the preset's)")
+    parser.add_argument("--sft-from", default=None, help="reuse the SFT checkpoint of an earlier --work directory")
+    parser.add_argument("--work", default=None,
+                        help="metrics / checkpoints directory (default runs/mtdrive_<preset>_s<seed>)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.seed is not None:
+        preset = with_seed(preset, args.seed)
     out = args.out or os.path.join("experiments", "results", f"mtdrive_{args.preset.replace('-', '_')}")
     os.makedirs(out, exist_ok=True)
-    results = run_mtdrive(preset, out, advantage=args.advantage, skip_rl=args.skip_rl, progress=not args.no_progress)
+    work = args.work or os.path.join("runs", f"mtdrive_{args.preset.replace('-', '_')}_s{preset.seed}")
+    results = run_mtdrive(preset, work, advantage=args.advantage, skip_rl=args.skip_rl, sft_from=args.sft_from,
+                          progress=not args.no_progress)
     write_results(results, os.path.join(out, "results.json"))
     plot_pdms_per_turn(public(results), os.path.join(out, "pdms_per_turn.png"))
     plot_training(public(results), os.path.join(out, "training_curve.png"))
     plot_refinement(results, os.path.join(out, "refinement.png"))
     print(results_table(results))
-    print(f"results: {out}/results.json; timings (s): {results['timings_s']}")
+    print(f"results: {out}/results.json (checkpoints and metrics: {work}); timings (s): {results['timings_s']}")
     return 0
 
 

@@ -270,7 +270,7 @@ def grpo_train(
     references = np.asarray(references, np.float32)
     if references.shape != (n, 40, 3):
         raise ValueError(f"references must be ({n}, 40, 3), got {references.shape}")
-    prompts = list(scene_prompts(scenes, config.rollout.prompt) if prompts is None else prompts)
+    prompts = list(scene_prompts(scenes, config.rollout.prompt, config.rollout.caption) if prompts is None else prompts)
     if len(prompts) != n:
         raise ValueError(f"{len(prompts)} prompts for {n} scenes")
     engine = JaxEngine(model, tokenizer) if engine is None else engine
@@ -373,7 +373,7 @@ def evaluate_multiturn(
     if references is None:
         references = compute_reference(scenes, pdm_config)
     references = np.asarray(references, np.float32)
-    prompts = list(scene_prompts(scenes, config.prompt) if prompts is None else prompts)
+    prompts = list(scene_prompts(scenes, config.prompt, config.caption) if prompts is None else prompts)
     results = []
     for start in tqdm(range(0, n, batch_size), desc="eval", disable=not progress, dynamic_ncols=True):
         idx = np.arange(start, min(n, start + batch_size))

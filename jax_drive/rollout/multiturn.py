@@ -36,6 +36,7 @@ import numpy as np
 
 from jax_drive.sampling import SamplingParams
 from jax_drive.text import FormatConfig, PromptConfig, format_score, parse_trajectory, planning_prompt
+from jax_drive.text.caption import CaptionConfig
 from jax_drive.text.feedback import feedback_message, select, violations_to_numpy
 from jax_drive.text.format_score import plausible
 from jax_drive.types import NUM_OUTPUT_POSES, Scene
@@ -67,6 +68,8 @@ class RolloutConfig:
       max_context_tokens: a row stops before a turn whose context (+ max_new_tokens) would
         exceed this (MTDrive trains with 11,500 tokens).
       format_feedback: the user message after an unusable answer.
+      caption: scene caption options, used when ``prompt.perception == "text"`` (must match
+        the caption of the SFT data, ``BuildConfig.caption``).
     """
 
     group_size: int = 8
@@ -79,6 +82,7 @@ class RolloutConfig:
     system_prompt: str | None = None
     max_context_tokens: int = 11_500
     format_feedback: str = FORMAT_FEEDBACK
+    caption: CaptionConfig = CaptionConfig()
 
     def __post_init__(self):
         if not self.format_feedback:
@@ -141,8 +145,10 @@ class RolloutResult:
 
 
 # ------------------------------------------------------------------------------ prompts
-def scene_prompts(scenes: Scene, config: PromptConfig = PromptConfig(perception="text", image_placeholder=False)) -> list[str]:
-    """Turn-1 user prompts of S scenes (batched Scene with one leading dim)."""
+def scene_prompts(scenes: Scene, config: PromptConfig = PromptConfig(perception="text", image_placeholder=False),
+                  caption: CaptionConfig = CaptionConfig()) -> list[str]:
+    """Turn-1 user prompts of S scenes (batched Scene with one leading dim); ``caption``
+    sets the scene description when ``config.perception == "text"``."""
     history = np.asarray(jax.device_get(scenes.ego.history_poses))
     command = np.asarray(jax.device_get(scenes.command))
     if history.ndim != 3:
@@ -151,7 +157,7 @@ def scene_prompts(scenes: Scene, config: PromptConfig = PromptConfig(perception=
     if config.perception == "text":
         from jax_drive.text.caption import caption_scenes
 
-        captions = caption_scenes(scenes)
+        captions = caption_scenes(scenes, caption)
     return [planning_prompt(history[i], command[i], config, captions[i]) for i in range(history.shape[0])]
 
 
@@ -245,7 +251,7 @@ def run_rollouts(
     if reference is None:
         reference = compute_reference(scenes, pdm_config)
     if prompts is None:
-        prompts = scene_prompts(scenes, config.prompt)
+        prompts = scene_prompts(scenes, config.prompt, config.caption)
     if len(prompts) != num_scenes:
         raise ValueError(f"{len(prompts)} prompts for {num_scenes} scenes")
     cont = ChatContinuation.from_tokenizer(tokenizer, config.system_prompt)

@@ -1,0 +1,105 @@
+"""MTDrive pipeline plumbing on the tiny model: SFT checkpoint reuse, seeds, prompt/caption
+consistency between the SFT data and the RL / evaluation rollouts."""
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jax_drive.data.builders import BuildConfig, prompt_conversations
+from jax_drive.mtdrive import (
+    COMPACT_CAPTION,
+    PRESETS,
+    eval_config,
+    load_policy,
+    load_sft,
+    rl_config,
+    run_mtdrive,
+    with_seed,
+)
+from jax_drive.rl.optim import split_model
+from jax_drive.rl.sft import sft_train
+from jax_drive.rollout import scene_prompts
+from jax_drive.scenes import stack_scenes, straight_road_scene
+from jax_drive.text.caption import CaptionConfig
+from jax_drive.text.prompts import PromptConfig
+
+SMOKE = PRESETS["smoke"]
+DATA = [[{"role": "user", "content": f"plan {i}"},
+         {"role": "assistant", "content": "Here is the planning trajectory [PT, (+1.00, 0.0, 0.0)]."}]
+        for i in range(4)]
+
+
+def _lora_leaves(model):
+    return [np.asarray(x) for x in jax.tree.leaves(split_model(model, "lora")[1])]
+
+
+def test_load_sft_restores_the_trained_adapters(tmp_path):
+    preset = dataclasses.replace(SMOKE, sft=dataclasses.replace(SMOKE.sft, max_steps=2, batch_size=2))
+    model, tok = load_policy(preset)
+    sft_train(model, DATA, preset.sft, tokenizer=tok, out_dir=os.path.join(tmp_path, "sft"), progress=False)
+    trained = _lora_leaves(model)
+
+    fresh, _ = load_policy(preset)
+    before = _lora_leaves(fresh)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, trained)), "training did not change the adapters"
+    meta = load_sft(fresh, preset, tmp_path)
+    assert meta["step"] == 2
+    for a, b in zip(_lora_leaves(fresh), trained):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_load_sft_without_checkpoint_raises(tmp_path):
+    model, _ = load_policy(SMOKE)
+    with pytest.raises(FileNotFoundError):
+        load_sft(model, SMOKE, tmp_path)
+
+
+def test_run_mtdrive_rejects_unknown_stage(tmp_path):
+    with pytest.raises(ValueError, match="unknown stages"):
+        run_mtdrive(SMOKE, tmp_path, evaluate=("after_rl",))
+
+
+def test_with_seed_sets_every_training_seed():
+    p = with_seed(PRESETS["cpu-demo"], 7)
+    assert (p.seed, p.sft.seed, p.rl.seed) == (7, 7, 7)
+    assert p.eval_seeds == PRESETS["cpu-demo"].eval_seeds  # held-out scenes do not move
+
+
+def test_rl_and_eval_prompts_match_the_sft_prompts():
+    """The RL rollouts and the evaluation must caption scenes exactly as the SFT data does."""
+    preset = dataclasses.replace(PRESETS["cpu-demo"], rl=dataclasses.replace(
+        PRESETS["cpu-demo"].rl, rollout=dataclasses.replace(PRESETS["cpu-demo"].rl.rollout, caption=CaptionConfig())))
+    scenes = stack_scenes([straight_road_scene(scene_id=i, ego_speed=5.0 + i) for i in range(2)])
+    sft_prompts = [m[-1]["content"] for m in
+                   prompt_conversations(scenes, BuildConfig(prompt=preset.prompt, caption=preset.caption))]
+    rl = rl_config(preset, "grpo")
+    assert rl.advantage.mode == "grpo"
+    assert scene_prompts(scenes, rl.rollout.prompt, rl.rollout.caption) == sft_prompts
+    ev = eval_config(preset)
+    assert scene_prompts(scenes, ev.prompt, ev.caption) == sft_prompts
+    assert ev.sampling.temperature == 0.0 and ev.group_size == 1
+
+
+def test_compact_caption_shortens_the_prompt():
+    scenes = stack_scenes([straight_road_scene(scene_id=0, ego_speed=8.0)])
+    text = PromptConfig(perception="text", image_placeholder=False)
+    full = scene_prompts(scenes, text)[0]
+    compact = scene_prompts(scenes, text, COMPACT_CAPTION)[0]
+    assert len(compact) < len(full)
+    assert "30 m:" in compact and "10 m:" not in compact
+
+
+def test_filter_by_length_keeps_short_rows_and_counts_kinds():
+    from jax_drive.mtdrive import filter_by_length
+
+    rows = [np.zeros(n) for n in (5, 12, 8, 20, 3)]
+    kinds = ["single", "multi", "multi", "multi", "qa"]
+    kept, card = filter_by_length(rows, kinds, 10)
+    assert [len(r) for r in kept] == [5, 8, 3]
+    assert card == {"max_tokens": 10, "single": 1, "multi": 1, "qa": 1}
+    assert len(filter_by_length(rows, kinds, None)[0]) == 5
+    with pytest.raises(ValueError):
+        filter_by_length(rows, kinds, 2)
