@@ -18,7 +18,6 @@ import datetime as dt
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_sampler import time_call  # noqa: E402  (sibling script; experiments/ is on sys.path when run)
 from tqdm import tqdm  # noqa: E402
 
 from jax_drive.models import load_pretrained, positions_from_mask  # noqa: E402
@@ -36,12 +36,7 @@ from jax_drive.models.transformer import forward_logits, forward_token_logprobs 
 
 def _median_time(fn, repeats):
     fn()  # warm-up / compile
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return time_call(fn, repeats)
 
 
 def main() -> None:

@@ -82,16 +82,16 @@ def ahead_behind(lon: chex.Array, lat: chex.Array, config: PDMConfig) -> tuple[c
 class SceneArrays:
     """Scene data re-laid out for the vectorised steps (one scene, no batch dims).
 
-    obj_x, obj_y, obj_z, obj_heading, obj_valid: (F, N) per frame.
-    obj_half_l, obj_half_w, obj_size: (N,), (N,), (N, 3) [length, width, height].
+    obj_x, obj_y, obj_heading, obj_valid: (F, N) per frame.
+    obj_half_l, obj_half_w: (N,) half length / width.
     obj_agent: (N,) bool moving-agent class (collision with it scores 0, else 0.5).
     obj_stopped: (N,) bool stopped track (not a moving agent, or first-frame speed <= 0.05).
     obj_index: (N,) int32 the objects' indices in the scene (with a budget only the objects
       valid in some frame are kept, in scene order, so N can be smaller than the scene's).
-    drivable_vertices (Pd, V, 2), drivable_valid (Pd,), intersection (Pd,) bool.
-    lane_vertices (Pl, V, 2), lane_valid (Pl,), lane_on_route (Pl,), red (F, Pl) bool.
+    drivable_vertices (Pd, V, 2), drivable_valid (Pd,); lane_vertices (Pl, V, 2), lane_valid (Pl,).
     drivable_table, lane_table: :class:`SlabTable` or None (then brute-force tests).
-    intersection_bits (Wd,), on_route_bits (Wl,), red_bits (F, Wl): the masks above as bits.
+    intersection_bits (Wd,), on_route_bits (Wl,), red_bits (F, Wl): intersection polygons,
+      on-route lanes and red on-route lane connectors per frame, as polygon bit masks.
     red_vertices (L, V, 2), red_kept (F, L): vertices and per-frame red flags of the lanes
       that can be red (all lanes when no budget is given).
     route_points (R, 2), route_valid (R,).
@@ -99,22 +99,17 @@ class SceneArrays:
 
     obj_x: chex.Array
     obj_y: chex.Array
-    obj_z: chex.Array
     obj_heading: chex.Array
     obj_valid: chex.Array
     obj_half_l: chex.Array
     obj_half_w: chex.Array
-    obj_size: chex.Array
     obj_agent: chex.Array
     obj_stopped: chex.Array
     obj_index: chex.Array
     drivable_vertices: chex.Array
     drivable_valid: chex.Array
-    intersection: chex.Array
     lane_vertices: chex.Array
     lane_valid: chex.Array
-    lane_on_route: chex.Array
-    red: chex.Array
     drivable_table: SlabTable | None
     lane_table: SlabTable | None
     intersection_bits: chex.Array
@@ -148,14 +143,13 @@ def scene_arrays(scene, config: PDMConfig, budget: MapBudget | None = None) -> S
     lane_vertices, lane_valid = f32(lanes.vertices), jnp.asarray(lanes.valid, bool)
     intersection = drivable_valid & (scene.map.drivable.kind == int(PolygonType.INTERSECTION))
     on_route = jnp.asarray(lanes.on_route, bool) & lane_valid
-    obj_index = jnp.arange(valid.shape[0], dtype=jnp.int32)
-    if budget is not None:
-        # Objects never valid cannot collide; stable order keeps first-index tie-breaks.
-        obj_index = jnp.argsort(~any_valid, stable=True)[: budget.objects].astype(jnp.int32)
     if budget is None:
+        obj_index = jnp.arange(valid.shape[0], dtype=jnp.int32)
         tables = (None, None)
         red_vertices, red_kept = lane_vertices, red
     else:
+        # Objects never valid cannot collide; stable order keeps first-index tie-breaks.
+        obj_index = jnp.argsort(~any_valid, stable=True)[: budget.objects].astype(jnp.int32)
         tables = (build_slab_table(drivable_vertices, drivable_valid, budget.drivable),
                   build_slab_table(lane_vertices, lane_valid, budget.lanes))
         # Only lanes that are ever red can put a red vertex inside the ego box.
@@ -163,13 +157,12 @@ def scene_arrays(scene, config: PDMConfig, budget: MapBudget | None = None) -> S
         red_vertices, red_kept = lane_vertices[kept], red[:, kept]
     o = lambda a: jnp.asarray(a)[obj_index]
     return SceneArrays(
-        obj_x=o(f32(ag.x)).T, obj_y=o(f32(ag.y)).T, obj_z=o(f32(ag.z)).T, obj_heading=o(f32(ag.heading)).T,
+        obj_x=o(f32(ag.x)).T, obj_y=o(f32(ag.y)).T, obj_heading=o(f32(ag.heading)).T,
         obj_valid=o(valid & any_valid[:, None]).T,
         obj_half_l=o(f32(ag.length)) / 2, obj_half_w=o(f32(ag.width)) / 2,
-        obj_size=o(jnp.stack([f32(ag.length), f32(ag.width), f32(ag.height)], -1)),
         obj_agent=o(agent), obj_stopped=o(stopped), obj_index=obj_index,
-        drivable_vertices=drivable_vertices, drivable_valid=drivable_valid, intersection=intersection,
-        lane_vertices=lane_vertices, lane_valid=lane_valid, lane_on_route=on_route, red=red,
+        drivable_vertices=drivable_vertices, drivable_valid=drivable_valid,
+        lane_vertices=lane_vertices, lane_valid=lane_valid,
         drivable_table=tables[0], lane_table=tables[1],
         intersection_bits=pack_bits(intersection), on_route_bits=pack_bits(on_route),
         red_bits=pack_bits(red), red_vertices=red_vertices, red_kept=red_kept,
