@@ -1,10 +1,14 @@
 """LoRA adapters: selection as trainable state, merge/unmerge, training only the adapters,
 HF safetensors export (loaded back by transformers) and PEFT adapter export.
 
-`peft` is not installed here, so the PEFT test applies the exported adapter to the
-transformers model by hand: for every `...{proj}.lora_A.weight` / `lora_B.weight` pair read
-from adapter_model.safetensors with PEFT's key names, W <- W + B @ A * lora_alpha / r, which
-is exactly what PEFT's LoRA Linear computes (no dropout, no rsLoRA, fan_in_fan_out=False).
+The PEFT export is checked with the real `peft` library (pinned in requirements-test.txt):
+for the tiny random Qwen2 and Llama configs, with non-zero A and B, the base checkpoint from
+`save_safetensors` is loaded by transformers and the `export_peft` directory on top of it by
+`peft.PeftModel.from_pretrained`. Every exported tensor must be loaded into a PEFT LoRA module
+(same key set and values, scaling lora_alpha / r), and float32 logits on padded token batches
+must match our JAX model with the adapter applied to ATOL = 1e-4 absolute (measured: ~3e-7),
+both through PEFT's adapter layers and after `merge_and_unload()`; PEFT's merged weights must
+equal the ones `save_safetensors` folds in. The test skips only when peft is not importable.
 """
 
 import json
@@ -16,6 +20,7 @@ import pytest
 from flax import nnx
 
 from jax_drive.models import CausalLM, LoRAParam, ModelConfig, positions_from_mask
+from jax_drive.models.export import hf_state_dict
 from jax_drive.models.lora import (
     apply_lora,
     export_peft,
@@ -25,6 +30,7 @@ from jax_drive.models.lora import (
     save_safetensors,
     unmerge_lora,
 )
+from jax_drive.models.transformer import PROJECTIONS
 
 ATOL = 1e-4
 
@@ -34,8 +40,8 @@ def _model(arch="qwen2", **overrides):
     return CausalLM(config, rngs=nnx.Rngs(5)), config
 
 
-def _inputs(config, b=2, l=6):
-    ids = jax.random.randint(jax.random.key(1), (b, l), 1, config.vocab_size)
+def _inputs(config, b=2, l=6, seed=1):
+    ids = jax.random.randint(jax.random.key(seed), (b, l), 1, config.vocab_size)
     mask = jnp.ones((b, l), bool).at[1, :2].set(False)
     return ids, positions_from_mask(mask), mask
 
@@ -168,11 +174,9 @@ def test_full_export_loads_in_transformers(arch, tmp_path, hf_libs):
     np.testing.assert_allclose(np.asarray(ours)[m], ref[m], atol=ATOL, rtol=0)
 
 
-def test_peft_export_matches_manual_application(tmp_path, hf_libs):
-    torch, transformers = hf_libs
+def test_peft_export_format_and_roundtrip(tmp_path):
     model, config = _model("qwen2")
-    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
-    save_safetensors(model, base_dir)
+    adapter_dir = tmp_path / "adapter"
     rank, alpha = 4, 16
     apply_lora(model, rank=rank, alpha=alpha, targets=("q_proj", "k_proj", "o_proj", "up_proj"))
     _randomise_b(model, seed=3)
@@ -194,26 +198,73 @@ def test_peft_export_matches_manual_application(tmp_path, hf_libs):
     assert tensors[key.replace("lora_A", "lora_B")].shape == (
         config.num_kv_heads * config.head_dim, rank)
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
-    modules = dict(hf.named_modules())
-    with torch.no_grad():
-        for name, a in tensors.items():
-            if not name.endswith("lora_A.weight"):
-                continue
-            b = tensors[name.replace("lora_A", "lora_B")]
-            module_name = name[len("base_model.model."):-len(".lora_A.weight")]
-            linear = modules[module_name]
-            linear.weight += torch.from_numpy(b @ a) * (cfg["lora_alpha"] / cfg["r"])
+    # our own loader reads the adapter back
     ids, pos, mask = _inputs(config)
     ours, _ = model(ids, pos, mask)
-    ref = _hf_logits(hf, ids, pos, mask)
-    m = np.asarray(mask)
-    np.testing.assert_allclose(np.asarray(ours)[m], ref[m], atol=ATOL, rtol=0)
-
-    # and our own loader reads the adapter back
     fresh = CausalLM(config, rngs=nnx.Rngs(5))
     load_peft(fresh, adapter_dir)
     np.testing.assert_allclose(fresh(ids, pos, mask)[0], ours, atol=1e-6)
     merge_lora(model)
     with pytest.raises(ValueError, match="unmerge"):
         export_peft(model, tmp_path / "merged")
+
+
+# arch -> (rank, lora_alpha, targets): a subset with an integer alpha / r, and every projection
+# with a fractional scale (7.5 / 3), so names, layout and scaling are all exercised.
+PEFT_CASES = {
+    "qwen2": (4, 16, ("q_proj", "k_proj", "o_proj", "up_proj")),
+    "llama": (3, 7.5, PROJECTIONS),
+}
+
+
+@pytest.mark.filterwarnings("error:Found missing adapter keys")  # a name PEFT did not load
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize("arch", sorted(PEFT_CASES))
+def test_peft_adapter_loaded_by_peft_matches(arch, tmp_path, hf_libs):
+    """PeftModel.from_pretrained(base, export_peft(...)) gives our logits, merged or not."""
+    torch, transformers = hf_libs
+    peft = pytest.importorskip(
+        "peft", reason="peft is not installed (requirements-test.txt pins it; run `make install`)")
+    model, config = _model(arch)
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
+    save_safetensors(model, base_dir)  # base weights only: no adapters yet
+    rank, alpha, targets = PEFT_CASES[arch]
+    apply_lora(model, rank=rank, alpha=alpha, targets=targets)
+    _randomise_b(model, seed=3)  # non-zero A and B
+    export_peft(model, adapter_dir)
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    peft_model = peft.PeftModel.from_pretrained(base.eval(), adapter_dir).eval()
+    # every exported tensor landed in a PEFT LoRA module (nothing missing or left over)
+    from safetensors.numpy import load_file
+
+    exported = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    loaded = peft.get_peft_model_state_dict(peft_model)
+    assert sorted(loaded) == sorted(exported)
+    for name, value in exported.items():
+        np.testing.assert_array_equal(loaded[name].numpy(), value)
+    lora_layers = [m for m in peft_model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    assert len(lora_layers) == len(targets) * config.num_layers
+    assert all(abs(m.scaling["default"] - alpha / rank) < 1e-12 for m in lora_layers)
+
+    batches = [_inputs(config), _inputs(config, b=3, l=9, seed=7)]
+    for ids, pos, mask in batches:
+        m = np.asarray(mask)
+        ours = np.asarray(model(ids, pos, mask)[0])[m]
+        ref = _hf_logits(peft_model, ids, pos, mask)[m]
+        with peft_model.disable_adapter():
+            plain = _hf_logits(peft_model, ids, pos, mask)[m]
+        assert np.abs(ref - plain).max() > 1e-2  # the adapter is live in PEFT
+        np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+
+    merged = peft_model.merge_and_unload().eval()
+    assert not any(isinstance(m, peft.tuners.lora.LoraLayer) for m in merged.modules())
+    for ids, pos, mask in batches:
+        m = np.asarray(mask)
+        ours = np.asarray(model(ids, pos, mask)[0])[m]
+        np.testing.assert_allclose(ours, _hf_logits(merged, ids, pos, mask)[m], atol=ATOL, rtol=0)
+    # PEFT's merged weights are the ones save_safetensors folds in
+    folded = hf_state_dict(model)
+    merged_sd = merged.state_dict()
+    for name, value in folded.items():
+        np.testing.assert_allclose(merged_sd[name].numpy(), np.asarray(value), atol=1e-6, rtol=0)
