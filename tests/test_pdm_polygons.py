@@ -1,8 +1,9 @@
-"""Slab-table point-in-polygon tests, the scorer's budgets, and the curvature solve.
+"""Band-table point-in-polygon tests, the scorer's budgets, and the curvature solve.
 
-The slab lookup must agree with the brute-force even-odd test (the same edge tests on the
+The band lookup must agree with the brute-force even-odd test (the same edge tests on the
 same edges) for every point not within float rounding of an edge, including points on the
-horizontal lines through vertices (the half-open straddle rule), and with shapely away
+horizontal lines through vertices (the half-open straddle rule) and points on and
+next to band boundaries (where the band index may round either way), and with shapely away
 from boundaries.
 """
 
@@ -17,8 +18,9 @@ import shapely
 from jax_drive.pdm import PDMConfig
 from jax_drive.pdm import scorer as scorer_mod
 from jax_drive.pdm.polygons import (
+    NUM_BANDS,
     PolygonBudget,
-    build_slab_table,
+    build_band_table,
     inside_bits,
     inside_bits_brute,
     map_budget,
@@ -50,7 +52,7 @@ def _bits_to_bool(bits: np.ndarray, count: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("count", [5, 40])  # 40 polygons need two bit words
-def test_slab_equals_brute_and_shapely(count):
+def test_band_lookup_equals_brute_and_shapely(count):
     rng = np.random.default_rng(count)
     verts = _random_polygons(rng, count, 12)
     valid = rng.uniform(size=count) < 0.8
@@ -59,10 +61,13 @@ def test_slab_equals_brute_and_shapely(count):
     on_vertex = verts[:, :5].reshape(-1, 2)
     same_y = np.stack([rng.uniform(-32, 32, len(on_vertex)), on_vertex[:, 1]], -1)
     mid = ((verts[:, :4] + verts[:, 1:5]) / 2).reshape(-1, 2)
-    pts = np.concatenate([pts, on_vertex, same_y, mid]).astype(np.float32)
-
     budget = polygon_budget(verts[None], valid[None])
-    table = build_slab_table(jnp.asarray(verts), jnp.asarray(valid), budget)
+    table = build_band_table(jnp.asarray(verts), jnp.asarray(valid), budget)
+    # Ordinates on every band boundary and one float step either side of it.
+    edges_y = np.float32(table.y0) + np.arange(NUM_BANDS + 1, dtype=np.float32) / np.float32(table.inv_height)
+    near = np.concatenate([edges_y, np.nextafter(edges_y, -np.inf), np.nextafter(edges_y, np.inf)])
+    on_bands = np.stack([rng.uniform(-32, 32, len(near)), near], -1)
+    pts = np.concatenate([pts, on_vertex, same_y, mid, on_bands]).astype(np.float32)
     fast = np.asarray(jax.jit(inside_bits)(jnp.asarray(pts), table))
     brute = np.asarray(inside_bits_brute(jnp.asarray(pts), jnp.asarray(verts), jnp.asarray(valid)))
     # Exactly on an edge the x-crossing test is decided by rounding, which depends on how
@@ -82,7 +87,7 @@ def test_slab_equals_brute_and_shapely(count):
     assert want[clear].any() and not want[clear].all()
 
 
-def test_budget_covers_every_slab_and_too_small_budget_loses_edges():
+def test_budget_covers_every_band_and_too_small_budget_loses_edges():
     rng = np.random.default_rng(3)
     verts = _random_polygons(rng, 8, 10)
     valid = np.ones(8, bool)
@@ -91,10 +96,10 @@ def test_budget_covers_every_slab_and_too_small_budget_loses_edges():
     assert budget.edges >= real and budget.edges % 16 == 0
     pts = jnp.asarray(rng.uniform(-30, 30, (2000, 2)), jnp.float32)
     brute = np.asarray(inside_bits_brute(pts, jnp.asarray(verts), jnp.asarray(valid)))
-    ok = inside_bits(pts, build_slab_table(jnp.asarray(verts), jnp.asarray(valid), budget))
+    ok = inside_bits(pts, build_band_table(jnp.asarray(verts), jnp.asarray(valid), budget))
     np.testing.assert_array_equal(np.asarray(ok), brute)
-    # The check can fail: a slab capacity of 1 drops crossings and changes answers.
-    tiny = inside_bits(pts, build_slab_table(jnp.asarray(verts), jnp.asarray(valid), PolygonBudget(budget.edges, 1)))
+    # The check can fail: a band capacity of 1 drops crossings and changes answers.
+    tiny = inside_bits(pts, build_band_table(jnp.asarray(verts), jnp.asarray(valid), PolygonBudget(budget.edges, 1)))
     assert not np.array_equal(np.asarray(tiny), brute)
 
 
@@ -119,7 +124,7 @@ def test_map_budget_concrete_and_traced():
 
 
 def test_scorer_same_result_with_and_without_budget():
-    """The budgeted path (slab tables, kept objects, kept red lanes) is exact."""
+    """The budgeted path (band tables, kept objects, kept red lanes) is exact."""
     scenes = generate_scenes(jax.random.PRNGKey(11), 12)
     rng = np.random.default_rng(0)
     expert = np.asarray(scenes.expert)

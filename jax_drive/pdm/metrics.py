@@ -35,7 +35,7 @@ import numpy as np
 
 from jax_drive.geometry import project_on_polyline
 from jax_drive.pdm.config import PDMConfig
-from jax_drive.pdm.polygons import MapBudget, SlabTable, build_slab_table, inside_bits, inside_bits_brute, pack_bits
+from jax_drive.pdm.polygons import MapBudget, BandTable, build_band_table, inside_bits, inside_bits_brute, pack_bits
 from jax_drive.types import MOVING_AGENT_TYPES, PolygonType
 
 
@@ -89,7 +89,7 @@ class SceneArrays:
     obj_index: (N,) int32 the objects' indices in the scene (with a budget only the objects
       valid in some frame are kept, in scene order, so N can be smaller than the scene's).
     drivable_vertices (Pd, V, 2), drivable_valid (Pd,); lane_vertices (Pl, V, 2), lane_valid (Pl,).
-    drivable_table, lane_table: :class:`SlabTable` or None (then brute-force tests).
+    drivable_table, lane_table: :class:`BandTable` or None (then brute-force tests).
     intersection_bits (Wd,), on_route_bits (Wl,), red_bits (F, Wl): intersection polygons,
       on-route lanes and red on-route lane connectors per frame, as polygon bit masks.
     red_vertices (L, V, 2), red_kept (F, L): vertices and per-frame red flags of the lanes
@@ -110,8 +110,8 @@ class SceneArrays:
     drivable_valid: chex.Array
     lane_vertices: chex.Array
     lane_valid: chex.Array
-    drivable_table: SlabTable | None
-    lane_table: SlabTable | None
+    drivable_table: BandTable | None
+    lane_table: BandTable | None
     intersection_bits: chex.Array
     on_route_bits: chex.Array
     red_bits: chex.Array
@@ -125,7 +125,7 @@ def scene_arrays(scene, config: PDMConfig, budget: MapBudget | None = None) -> S
     """Builds :class:`SceneArrays` from an unbatched Scene.
 
     ``budget`` (from :func:`jax_drive.pdm.polygons.map_budget` on the concrete scene batch)
-    enables the slab tables; None keeps the brute-force polygon tests (same results).
+    enables the band tables; None keeps the brute-force polygon tests (same results).
     """
     ag = scene.agents
     valid = jnp.asarray(ag.valid, bool)
@@ -150,8 +150,8 @@ def scene_arrays(scene, config: PDMConfig, budget: MapBudget | None = None) -> S
     else:
         # Objects never valid cannot collide; stable order keeps first-index tie-breaks.
         obj_index = jnp.argsort(~any_valid, stable=True)[: budget.objects].astype(jnp.int32)
-        tables = (build_slab_table(drivable_vertices, drivable_valid, budget.drivable),
-                  build_slab_table(lane_vertices, lane_valid, budget.lanes))
+        tables = (build_band_table(drivable_vertices, drivable_valid, budget.drivable),
+                  build_band_table(lane_vertices, lane_valid, budget.lanes))
         # Only lanes that are ever red can put a red vertex inside the ego box.
         kept = jnp.argsort(~jnp.any(red, axis=0), stable=True)[: budget.red_lanes]
         red_vertices, red_kept = lane_vertices[kept], red[:, kept]

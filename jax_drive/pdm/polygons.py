@@ -7,12 +7,16 @@ padded vertices of a polygon make zero-length edges, and a horizontal ray from a
 only cross edges whose y-range contains the point's y.
 
 So, per scene, we keep only the real edges (``PolygonBudget.edges`` slots) and cut the
-plane into horizontal slabs at every edge end's y; within a slab the set of edges a ray
-can cross is fixed, and a table lists it (``PolygonBudget.slab`` slots per slab). A point
-finds its slab by binary search and tests only those edges. It is the same even-odd test
-on the same edges as the brute-force version (:func:`inside_bits_brute`), so the two agree
-for every point except one lying within float rounding of an edge, where the compiler's
-choice of fused multiply-add decides (the scorer treats boundary points as either way).
+y-extent of those edges into ``NUM_BANDS`` equal horizontal bands; each band lists the edges
+whose y-range meets it, widened by a small margin (``PolygonBudget.band`` slots per band).
+A point finds its band with one multiply and a floor (no search) and tests only the listed
+edges. Every edge a ray from the point can cross is listed in the point's band even when
+the floor rounds across a band boundary (the margin is ~1e4 times the rounding error);
+extra listed edges are harmless, since the crossing test itself requires the edge to
+straddle the point's y. So it is the same even-odd test on the same edges as the
+brute-force version (:func:`inside_bits_brute`), and the two agree for every point except
+one lying within float rounding of an edge, where the compiler's choice of fused
+multiply-add decides (the scorer treats boundary points as either way).
 
 Masks are returned as bits: bit ``p % 32`` of word ``p // 32`` is polygon ``p``'s parity,
 so crossings combine with XOR and the per-polygon result never needs a (points, polygons)
@@ -33,15 +37,20 @@ import numpy as np
 WORD = 32
 
 
+NUM_BANDS = 128  # bands per table: a finer cut lists fewer edges per band, up to a floor
+BAND_MARGIN = 0.01  # band widening on the device, as a fraction of the band height
+_HOST_MARGIN = 2 * BAND_MARGIN  # the host's capacity count widens more, so it never undercounts
+
+
 class PolygonBudget(NamedTuple):
-    """Static capacities of a slab table: real edges kept, edges listed per slab."""
+    """Static capacities of a band table: real edges kept, edges listed per band."""
 
     edges: int
-    slab: int
+    band: int
 
 
 class MapBudget(NamedTuple):
-    """Static capacities for one scene batch: drivable and lane slab tables, red lanes kept,
+    """Static capacities for one scene batch: drivable and lane band tables, red lanes kept,
     objects kept (the ones valid in some frame; the rest can never collide).
 
     ``None`` (instead of a MapBudget) means: scenes are traced, use the brute-force test.
@@ -91,22 +100,32 @@ def _edges(vertices: chex.Array, valid: chex.Array) -> dict:
 
 
 @chex.dataclass(frozen=True)
-class SlabTable:
-    """Slab lookup for one scene's polygon set (no batch dims).
+class BandTable:
+    """Band lookup for one scene's polygon set (no batch dims).
 
-    starts: (S,) sorted slab lower bounds (+inf padding); a point with y in
-      [starts[r - 1], starts[r]) uses row r of ``rows`` (row 0: below every edge, empty).
-    rows: (S + 1, K, 4 + W) float32, per listed edge [ax, ay, by, inv, polygon bit words
-      (uint32 bit patterns stored as float32)]; padding is inert (ay = by = 0, bits 0).
-      One array so that a point fetches its slab with a single contiguous gather.
+    y0, inv_height: () float32; band b covers y in [y0 + b h, y0 + (b + 1) h), h = 1 / inv_height.
+    rows: (NUM_BANDS + 2, K, 4 + W) float32; row b + 1 lists band b's edges as [ax, ay, by,
+      inv, polygon bit words (uint32 bit patterns stored as float32)]; rows 0 and
+      NUM_BANDS + 1 (below / above every edge) and padding are inert (ay = by = 0, bits 0).
+      One array so that a point fetches its band with a single contiguous gather.
     """
 
-    starts: chex.Array
+    y0: chex.Array
+    inv_height: chex.Array
     rows: chex.Array
 
 
-def build_slab_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBudget) -> SlabTable:
-    """Slab table of one polygon set. vertices (P, V, 2), valid (P,); jit-able.
+def _band_extent(lo, hi, real):
+    """(y0, band height) from edge y-ranges; a table with no real edge gets a unit extent."""
+    y0 = jnp.min(jnp.where(real, lo, jnp.inf))
+    y1 = jnp.max(jnp.where(real, hi, -jnp.inf))
+    y0 = jnp.where(jnp.isfinite(y0), y0, 0.0)
+    y1 = jnp.where(jnp.isfinite(y1), y1, y0 + 1.0)
+    return y0, jnp.maximum(y1 - y0, 1e-3) / NUM_BANDS
+
+
+def build_band_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBudget) -> BandTable:
+    """Band table of one polygon set. vertices (P, V, 2), valid (P,); jit-able.
 
     The budget must hold the scene (see :func:`map_budget`); edges beyond it are dropped.
     """
@@ -116,26 +135,32 @@ def build_slab_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBud
     keep = jnp.argsort(~e["real"], stable=True)[: budget.edges]
     e = {k: val[keep] for k, val in e.items()}
     real = e["real"]
-    big = jnp.float32(jnp.inf)
-    starts = jnp.sort(jnp.concatenate([jnp.where(real, e["lo"], big), jnp.where(real, e["hi"], big)]))
-    # Row r >= 1 covers y in [starts[r - 1], starts[r]): members straddle starts[r - 1].
-    y = starts[:, None]
-    member = real & (e["lo"] <= y) & (y < e["hi"])  # (S, E)
-    order = jnp.argsort(~member, axis=-1, stable=True)[:, : budget.slab]  # (S, K)
-    listed = jnp.take_along_axis(member, order, axis=-1)[..., None]  # (S, K, 1)
+    y0, height = _band_extent(e["lo"], e["hi"], real)
+    band_lo = y0 + jnp.arange(NUM_BANDS, dtype=jnp.float32)[:, None] * height  # (G, 1)
+    margin = BAND_MARGIN * height
+    member = real & (e["lo"] <= band_lo + height + margin) & (e["hi"] >= band_lo - margin)  # (G, E)
+    order = jnp.argsort(~member, axis=-1, stable=True)[:, : budget.band]  # (G, K)
+    listed = jnp.take_along_axis(member, order, axis=-1)[..., None]  # (G, K, 1)
     word = e["poly"] // WORD
     bit = jnp.left_shift(jnp.uint32(1), (e["poly"] % WORD).astype(jnp.uint32))
     onehot_word = jnp.arange(num_words(p), dtype=jnp.int32) == word[:, None]  # (E, W)
     edge_bits = jax.lax.bitcast_convert_type(jnp.where(onehot_word, bit[:, None], jnp.uint32(0)), jnp.float32)
     per_edge = jnp.concatenate([jnp.stack([e["ax"], e["ay"], e["by"], e["inv"]], -1), edge_bits], -1)
-    rows = jnp.where(listed, per_edge[order], 0.0)  # (S, K, 4 + W); 0.0 is also the bits' zero
-    return SlabTable(starts=starts, rows=jnp.concatenate([jnp.zeros_like(rows[:1]), rows], 0))
+    rows = jnp.where(listed, per_edge[order], 0.0)  # (G, K, 4 + W); 0.0 is also the bits' zero
+    empty = jnp.zeros_like(rows[:1])
+    return BandTable(y0=y0, inv_height=1.0 / height, rows=jnp.concatenate([empty, rows, empty], 0))
 
 
-def inside_bits(points: chex.Array, table: SlabTable) -> chex.Array:
-    """Even-odd parity bits of points (..., 2) against a slab table -> (..., W) uint32."""
+def band_index(y: chex.Array, table: BandTable) -> chex.Array:
+    """Row of ``table.rows`` for ordinates y (...) -> (...) int32 (0 below, G + 1 above)."""
+    band = jnp.floor((y - table.y0) * table.inv_height)
+    return jnp.clip(band, -1.0, float(NUM_BANDS)).astype(jnp.int32) + 1
+
+
+def inside_bits(points: chex.Array, table: BandTable) -> chex.Array:
+    """Even-odd parity bits of points (..., 2) against a band table -> (..., W) uint32."""
     px, py = points[..., 0, None], points[..., 1, None]
-    row = table.rows[jnp.searchsorted(table.starts, points[..., 1], side="right", method="scan_unrolled")]
+    row = table.rows[band_index(points[..., 1], table)]  # (..., K, 4 + W)
     ax, ay, by, inv = row[..., 0], row[..., 1], row[..., 2], row[..., 3]
     bits = jax.lax.bitcast_convert_type(row[..., 4:], jnp.uint32)  # (..., K, W)
     cross = ((ay > py) != (by > py)) & (px < ax + (py - ay) * inv)
@@ -158,21 +183,26 @@ def _round_up(n: int, step: int) -> int:
     return max(step, int(math.ceil(n / step)) * step)
 
 
-def _max_straddle(lo: np.ndarray, hi: np.ndarray, real: np.ndarray) -> int:
-    """Most real edges straddling one horizontal line; lo, hi, real (B, E)."""
+def _max_band_count(lo: np.ndarray, hi: np.ndarray, real: np.ndarray) -> int:
+    """Most real edges listed in one band, counted in float64 with a wider margin than the
+    device uses (so the count is never below the device's); lo, hi, real (B, E)."""
     best = 0
-    for lo_s, hi_s in zip(np.where(real, lo, np.inf), np.where(real, hi, np.inf)):
-        ys = np.unique(lo_s[np.isfinite(lo_s)])
-        if ys.size:
-            lo_sorted, hi_sorted = np.sort(lo_s), np.sort(hi_s)
-            count = np.searchsorted(lo_sorted, ys, "right") - np.searchsorted(hi_sorted, ys, "right")
-            best = max(best, int(count.max()))
+    for lo_s, hi_s, real_s in zip(lo, hi, real):
+        if not real_s.any():
+            continue
+        lo_r, hi_r = lo_s[real_s].astype(np.float64), hi_s[real_s].astype(np.float64)
+        y0, y1 = lo_r.min(), hi_r.max()
+        height = max(y1 - y0, 1e-3) / NUM_BANDS
+        band_lo = y0 + np.arange(NUM_BANDS)[:, None] * height
+        margin = _HOST_MARGIN * height
+        count = ((lo_r <= band_lo + height + margin) & (hi_r >= band_lo - margin)).sum(-1)
+        best = max(best, int(count.max()))
     return best
 
 
 def polygon_budget(vertices: np.ndarray, valid: np.ndarray) -> PolygonBudget:
     """Capacities for polygons (B..., P, V, 2) of concrete scenes, rounded up (edges to 16,
-    slab rows to 4) so that similar maps reuse one compilation."""
+    band rows to 4) so that similar maps reuse one compilation."""
     v = np.asarray(vertices, np.float32)
     ok = np.asarray(valid, bool)
     p, n = v.shape[-3], v.shape[-2]
@@ -184,7 +214,7 @@ def polygon_budget(vertices: np.ndarray, valid: np.ndarray) -> PolygonBudget:
     real = ((b[..., 1] != v[..., 1]) & ok[..., None]).reshape(len(v), -1)
     edges = int(real.sum(-1).max()) if len(v) else 0
     return PolygonBudget(edges=min(_round_up(edges, 16), p * n),
-                         slab=min(_round_up(_max_straddle(lo, hi, real), 4), p * n))
+                         band=min(_round_up(_max_band_count(lo, hi, real), 4), p * n))
 
 
 def map_budget(scene) -> MapBudget | None:
