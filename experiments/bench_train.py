@@ -23,6 +23,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -155,6 +156,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="B=2, L=128, 2 repeats")
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--remat-layers", action="store_true",
+                        help="recompute decoder blocks in the backward pass (ModelConfig.remat_layers)")
     parser.add_argument("--json", default="experiments/results/bench_train.json")
     args = parser.parse_args()
     if args.quick:
@@ -165,6 +168,8 @@ def main() -> None:
     bar = tqdm(total=2 * (args.repeats + 1) + 1, desc="bench_train")
     t0 = time.perf_counter()
     model, config, _ = load_pretrained(args.model, dtype="float32")
+    if args.remat_layers:
+        model.config = dataclasses.replace(config, remat_layers=True)
     load_s = time.perf_counter() - t0
     bar.update(1)
     batch = fixed_batch(args.batch, args.length, config.vocab_size)
@@ -174,7 +179,7 @@ def main() -> None:
         "host": platform.node(), "cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
         "model": args.model, "batch": args.batch, "length": args.length, "tokens_per_update": tokens,
         "repeats": args.repeats, "update": "old logp + ref logp + clipped loss/K3 KL + grad + clip + AdamW, full fine-tuning",
-        "load_seconds": load_s,
+        "load_seconds": load_s, "remat_layers": args.remat_layers,
     }
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(tmp) / "hf"

@@ -1,7 +1,8 @@
 """MTDrive end to end: SFT -> RL curation -> mtGRPO -> held-out multi-turn evaluation.
 
     python experiments/mtdrive.py --preset cpu-demo --out experiments/results/mtdrive_cpu_demo \
-        [--seed S] [--work runs/...] [--sft-from WORK_OF_AN_EARLIER_RUN]
+        [--seed S] [--work runs/...] [--sft-from WORK_OF_AN_EARLIER_RUN] [--sft-steps N]
+        [--skip-rl] [--evaluate {untrained,sft,rl} ...]
 
 Metrics, TensorBoard events and orbax checkpoints go to ``--work`` (default
 ``runs/mtdrive_<preset>_s<seed>``), so the results directory only holds what is committed.
@@ -20,6 +21,7 @@ curves; timings) and three plots:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -32,7 +34,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jax_drive.mtdrive import PRESETS, public, results_table, run_mtdrive, with_seed, write_results  # noqa: E402
+from jax_drive.mtdrive import PRESETS, STAGES, public, results_table, run_mtdrive, with_seed, write_results  # noqa: E402
 
 
 def plot_pdms_per_turn(results: dict, path: str) -> None:
@@ -136,16 +138,21 @@ def main(argv=None) -> int:
     parser.add_argument("--sft-from", default=None, help="reuse the SFT checkpoint of an earlier --work directory")
     parser.add_argument("--work", default=None,
                         help="metrics / checkpoints directory (default runs/mtdrive_<preset>_s<seed>)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="override the preset's SFT step budget")
+    parser.add_argument("--evaluate", nargs="+", choices=list(STAGES), default=list(STAGES),
+                        help="stages evaluated on held-out scenes (default: all)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.sft_steps is not None:
+        preset = dataclasses.replace(preset, sft=dataclasses.replace(preset.sft, max_steps=args.sft_steps))
     if args.seed is not None:
         preset = with_seed(preset, args.seed)
     out = args.out or os.path.join("experiments", "results", f"mtdrive_{args.preset.replace('-', '_')}")
     os.makedirs(out, exist_ok=True)
     work = args.work or os.path.join("runs", f"mtdrive_{args.preset.replace('-', '_')}_s{preset.seed}")
     results = run_mtdrive(preset, work, advantage=args.advantage, skip_rl=args.skip_rl, sft_from=args.sft_from,
-                          progress=not args.no_progress)
+                          evaluate=args.evaluate, progress=not args.no_progress)
     write_results(results, os.path.join(out, "results.json"))
     plot_pdms_per_turn(public(results), os.path.join(out, "pdms_per_turn.png"))
     plot_training(public(results), os.path.join(out, "training_curve.png"))

@@ -188,6 +188,36 @@ def test_token_logprobs_matches_log_softmax_and_grad(tiny):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def test_remat_layers_same_values_and_gradients():
+    """remat_layers only changes what the backward pass keeps, never the numbers."""
+    import dataclasses
+
+    from jax_drive.models.transformer import forward_token_logprobs
+
+    config = ModelConfig.tiny("qwen2")
+    model = CausalLM(config, rngs=nnx.Rngs(3))
+    params = model.arrays()
+    ids, mask = _batch(config, [7, 5], 7, seed=5)
+    pos = positions_from_mask(mask)
+    targets = jnp.roll(ids, -1, axis=1)
+
+    def loss(p, cfg):
+        lp = forward_token_logprobs(p, cfg, ids, pos, mask, targets, 4)
+        return jnp.sum(jnp.where(mask, lp, 0.0))
+
+    remat = dataclasses.replace(config, remat_layers=True)
+    v_plain, g_plain = jax.value_and_grad(loss)(params, config)
+    v_remat, g_remat = jax.value_and_grad(loss)(params, remat)
+    np.testing.assert_allclose(v_remat, v_plain, rtol=1e-6)
+    # Recomputation may fuse differently: equal up to float32 rounding.
+    for a, b in zip(jax.tree.leaves(g_remat), jax.tree.leaves(g_plain)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # The option is really on: the layer scan adds a remat to the program (the chunked
+    # log-prob head has one either way).
+    count = lambda cfg: str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(params, cfg)).count("remat")
+    assert count(remat) > count(config)
+
+
 def test_token_logprobs_never_materialises_full_logits():
     """No float32 array with B*L*V elements appears in the jaxpr (forward or backward)."""
     config = ModelConfig.tiny("llama", vocab_size=512)

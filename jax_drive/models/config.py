@@ -40,6 +40,11 @@ class ModelConfig:
       rope_type: 'default' or 'llama3' (Llama 3.1+ frequency scaling).
       rope_factor, rope_low_freq_factor, rope_high_freq_factor,
       rope_original_max_position_embeddings: llama3 scaling parameters (unused otherwise).
+      remat_layers: recompute each decoder block in the backward pass instead of keeping its
+        activations (the (B, Nq, L, L) attention weights above all): training memory then holds
+        one block's activations plus the (B, L, H) block inputs, for about one more forward
+        pass of compute. A memory setting for training, not part of the checkpoint; results
+        are the same up to float32 rounding (tested).
     """
 
     architecture: str = "llama"
@@ -61,6 +66,7 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position_embeddings: int = 8192
+    remat_layers: bool = False
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:

@@ -265,6 +265,8 @@ def decoder_blocks(config: ModelConfig, params: dict[str, Any], x: jax.Array, co
         return h, (ck, cv)
 
     if cache is None:
+        if c.remat_layers:
+            block = jax.checkpoint(block, prevent_cse=False)  # inside scan CSE cannot cross steps
         x, _ = jax.lax.scan(block, x, (params, None, None))
         return x, None
     x, (k_all, v_all) = jax.lax.scan(block, x, (params, cache.k, cache.v))
