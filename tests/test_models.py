@@ -188,6 +188,32 @@ def test_token_logprobs_matches_log_softmax_and_grad(tiny):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("block", [5, 64])
+def test_blocked_causal_attention_equals_full(block):
+    """Query-blocked causal self-attention = full attention on every real row, values and
+    gradients, including a last block shorter than the others and left-padded rows."""
+    from jax_drive.models.transformer import attention, causal_self_attention
+
+    b, l, nq, nk, d = 3, 23, 6, 2, 8
+    rng = np.random.default_rng(block)
+    q, k, v = (jnp.asarray(rng.standard_normal((b, l, n, d)), jnp.float32) for n in (nq, nk, nk))
+    lengths = np.array([23, 17, 5])
+    keys_ok = np.arange(l)[None, :] >= (l - lengths)[:, None]  # left padding
+    mask = jnp.asarray(np.tril(np.ones((l, l), bool))[None] & keys_ok[:, None, :])
+    real = jnp.asarray(keys_ok)[:, :, None]
+    full = attention(q, k, v, mask)
+    blocked = causal_self_attention(q, k, v, mask, block=block)
+    np.testing.assert_allclose(np.where(real, blocked, 0), np.where(real, full, 0), atol=1e-6)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(jnp.where(real, fn(q, k, v), 0.0) ** 2)
+
+    g_full = jax.grad(loss(lambda *a: attention(*a, mask)), argnums=(0, 1, 2))(q, k, v)
+    g_block = jax.grad(loss(lambda *a: causal_self_attention(*a, mask, block=block)), argnums=(0, 1, 2))(q, k, v)
+    for x, y in zip(g_block, g_full):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+
+
 def test_remat_layers_same_values_and_gradients():
     """remat_layers only changes what the backward pass keeps, never the numbers."""
     import dataclasses

@@ -141,6 +141,32 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return out.reshape(b, l, nq * d)
 
 
+ATTENTION_BLOCK = 128  # query rows per block of causal self-attention without a cache
+
+
+def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                          block: int = ATTENTION_BLOCK) -> jax.Array:
+    """:func:`attention` for a causal sequence attending to itself (no cache), in query blocks.
+
+    Query rows [s, e) can only attend to keys [0, e), so each block's scores are (e, not L)
+    wide: about half the score work of the full (L, L) product, and the (B, Nq, block, e)
+    intermediates stay small (fwd + bwd of one SmolLM2 layer at B=2, L=1024 on one core:
+    415 ms instead of 872 ms). Blocks are a static Python loop (shapes differ per block).
+
+    Args: q (B, L, Nq, D); k, v (B, L, Nk, D); mask (B, L, L) bool, causal.
+    Returns: (B, L, Nq * D). Equal to :func:`attention` on every row with an allowed key;
+      a row with none (left padding) gets a uniform mix over its block's key range instead.
+    """
+    l = q.shape[1]
+    if l <= block:
+        return attention(q, k, v, mask)
+    outs = []
+    for start in range(0, l, block):
+        end = min(start + block, l)
+        outs.append(attention(q[:, start:end], k[:, :end], v[:, :end], mask[:, start:end, :end]))
+    return jnp.concatenate(outs, axis=1)
+
+
 def linear(x: jax.Array, p: dict[str, Any]) -> jax.Array:
     """x (..., in) @ kernel (in, out) [+ bias] [+ LoRA (x @ A) @ B * scale]."""
     y = x @ p["kernel"]
@@ -257,7 +283,7 @@ def decoder_blocks(config: ModelConfig, params: dict[str, Any], x: jax.Array, co
             cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
             att = attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask)
         else:
-            att = attention(q, k, v, mask)
+            att = causal_self_attention(q, k, v, mask)
         h = h + linear(att, lp["o_proj"])
         y = rms_norm(h, lp["post_attention_norm"], c.rms_norm_eps)
         y = jax.nn.silu(linear(y, lp["gate_proj"])) * linear(y, lp["up_proj"])
