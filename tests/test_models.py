@@ -201,15 +201,16 @@ def test_blocked_causal_attention_equals_full(block):
     keys_ok = np.arange(l)[None, :] >= (l - lengths)[:, None]  # left padding
     mask = jnp.asarray(np.tril(np.ones((l, l), bool))[None] & keys_ok[:, None, :])
     real = jnp.asarray(keys_ok)[:, :, None]
-    full = attention(q, k, v, mask)
-    blocked = causal_self_attention(q, k, v, mask, block=block)
+    full = jax.jit(attention)(q, k, v, mask)
+    blocked = jax.jit(causal_self_attention, static_argnames="block")(q, k, v, mask, block=block)
     np.testing.assert_allclose(np.where(real, blocked, 0), np.where(real, full, 0), atol=1e-6)
 
     def loss(fn):
         return lambda q, k, v: jnp.sum(jnp.where(real, fn(q, k, v), 0.0) ** 2)
 
-    g_full = jax.grad(loss(lambda *a: attention(*a, mask)), argnums=(0, 1, 2))(q, k, v)
-    g_block = jax.grad(loss(lambda *a: causal_self_attention(*a, mask, block=block)), argnums=(0, 1, 2))(q, k, v)
+    g_full = jax.jit(jax.grad(loss(lambda *a: attention(*a, mask)), argnums=(0, 1, 2)))(q, k, v)
+    g_block = jax.jit(jax.grad(loss(lambda *a: causal_self_attention(*a, mask, block=block)),
+                               argnums=(0, 1, 2)))(q, k, v)
     for x, y in zip(g_block, g_full):
         np.testing.assert_allclose(x, y, atol=1e-5)
 
