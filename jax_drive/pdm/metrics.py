@@ -35,7 +35,7 @@ import numpy as np
 
 from jax_drive.geometry import project_on_polyline
 from jax_drive.pdm.config import PDMConfig
-from jax_drive.pdm.polygons import MapBudget, BandTable, build_band_table, inside_bits, inside_bits_brute, pack_bits
+from jax_drive.pdm.polygons import BandTable, MapBudget, build_band_table, inside_bits, inside_bits_brute, pack_bits
 from jax_drive.types import MOVING_AGENT_TYPES, PolygonType
 
 

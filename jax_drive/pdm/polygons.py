@@ -115,13 +115,23 @@ class BandTable:
     rows: chex.Array
 
 
-def _band_extent(lo, hi, real):
-    """(y0, band height) from edge y-ranges; a table with no real edge gets a unit extent."""
-    y0 = jnp.min(jnp.where(real, lo, jnp.inf))
-    y1 = jnp.max(jnp.where(real, hi, -jnp.inf))
-    y0 = jnp.where(jnp.isfinite(y0), y0, 0.0)
-    y1 = jnp.where(jnp.isfinite(y1), y1, y0 + 1.0)
-    return y0, jnp.maximum(y1 - y0, 1e-3) / NUM_BANDS
+def band_membership(lo, hi, real, margin_fraction: float, xp=jnp):
+    """Which edges each band lists: lo, hi, real (E,) -> y0 (), height (), member (G, E) bool.
+
+    Bands cut the y-extent of the real edges into NUM_BANDS; a band lists the real edges
+    whose [lo, hi] meets it widened by ``margin_fraction`` of its height. A set with no real
+    edge gets a unit extent (and lists nothing). ``xp`` is jax.numpy on the device and numpy
+    on the host (which counts capacities in float64 with a wider margin).
+    """
+    y0 = xp.min(xp.where(real, lo, xp.inf))
+    y1 = xp.max(xp.where(real, hi, -xp.inf))
+    y0 = xp.where(xp.isfinite(y0), y0, 0.0)
+    y1 = xp.where(xp.isfinite(y1), y1, y0 + 1.0)
+    height = xp.maximum(y1 - y0, 1e-3) / NUM_BANDS
+    band_lo = y0 + xp.arange(NUM_BANDS, dtype=lo.dtype)[:, None] * height  # (G, 1)
+    margin = margin_fraction * height
+    member = real & (lo <= band_lo + height + margin) & (hi >= band_lo - margin)
+    return y0, height, member
 
 
 def build_band_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBudget) -> BandTable:
@@ -135,10 +145,7 @@ def build_band_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBud
     keep = jnp.argsort(~e["real"], stable=True)[: budget.edges]
     e = {k: val[keep] for k, val in e.items()}
     real = e["real"]
-    y0, height = _band_extent(e["lo"], e["hi"], real)
-    band_lo = y0 + jnp.arange(NUM_BANDS, dtype=jnp.float32)[:, None] * height  # (G, 1)
-    margin = BAND_MARGIN * height
-    member = real & (e["lo"] <= band_lo + height + margin) & (e["hi"] >= band_lo - margin)  # (G, E)
+    y0, height, member = band_membership(e["lo"], e["hi"], real, BAND_MARGIN)  # member (G, E)
     order = jnp.argsort(~member, axis=-1, stable=True)[:, : budget.band]  # (G, K)
     listed = jnp.take_along_axis(member, order, axis=-1)[..., None]  # (G, K, 1)
     word = e["poly"] // WORD
@@ -188,15 +195,9 @@ def _max_band_count(lo: np.ndarray, hi: np.ndarray, real: np.ndarray) -> int:
     device uses (so the count is never below the device's); lo, hi, real (B, E)."""
     best = 0
     for lo_s, hi_s, real_s in zip(lo, hi, real):
-        if not real_s.any():
-            continue
-        lo_r, hi_r = lo_s[real_s].astype(np.float64), hi_s[real_s].astype(np.float64)
-        y0, y1 = lo_r.min(), hi_r.max()
-        height = max(y1 - y0, 1e-3) / NUM_BANDS
-        band_lo = y0 + np.arange(NUM_BANDS)[:, None] * height
-        margin = _HOST_MARGIN * height
-        count = ((lo_r <= band_lo + height + margin) & (hi_r >= band_lo - margin)).sum(-1)
-        best = max(best, int(count.max()))
+        _, _, member = band_membership(lo_s.astype(np.float64), hi_s.astype(np.float64), real_s,
+                                       _HOST_MARGIN, xp=np)
+        best = max(best, int(member.sum(-1).max()))
     return best
 
 
