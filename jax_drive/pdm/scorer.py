@@ -113,9 +113,11 @@ def _history_states(scene, config: PDMConfig) -> dict:
             "yaw_rate": yaw_rate[:n], "yaw_accel": yaw_accel[:n]}
 
 
-def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig, budget: MapBudget | None) -> dict:
-    """All per-trajectory metrics for one scene and Q trajectories (fields (Q, 41))."""
-    sa = scene_arrays(scene, config, budget)
+def _metrics_single(scene, sa, hist: dict, traj: EgoTrajectory, config: PDMConfig) -> dict:
+    """All per-trajectory metrics for one scene and Q trajectories (fields (Q, 41)).
+
+    ``sa`` (:class:`SceneArrays`) and ``hist`` (:func:`_history_states`) are built once per
+    scene by the caller, outside any chunk loop."""
     t = {"x": traj.x, "y": traj.y, "heading": traj.heading, "speed": traj.speed}
     steps = run_steps(t, sa, config)  # (T, Q) fields
     nc = jnp.min(steps["nc"], axis=0)
@@ -131,7 +133,6 @@ def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig, budget: MapBu
     progress = route_progress(centre[0], centre[-1], sa)
     lk = lane_keeping(route_distance(centre, sa), steps["centre_in_intersection"], config)
     comfort = is_comfortable_v1(traj.ax, traj.ay, traj.heading, config)
-    hist = _history_states(scene, config)
     q = traj.x.shape[0]
     cat = lambda name, sim: jnp.concatenate(
         [jnp.broadcast_to(hist[name], (q,) + hist[name].shape), sim], axis=-1)
@@ -170,18 +171,27 @@ def _metrics_single(scene, traj: EgoTrajectory, config: PDMConfig, budget: MapBu
             "progress": progress, "violations": viol}
 
 
-def _metrics(scene, traj: EgoTrajectory, config: PDMConfig, budget: MapBudget | None) -> dict:
-    """:func:`_metrics_single`, optionally over chunks of ``config.chunk_size`` trajectories
-    (``lax.map``) to bound the memory of the per-step (Q, ...) intermediates."""
-    q = traj.x.shape[0]
+def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: MapBudget | None) -> dict:
+    """Tracking simulation + :func:`_metrics_single` for states (Q, 41, 3) of one scene.
+
+    With ``config.chunk_size > 0`` and Q above it, the trajectories go through both stages
+    ``chunk_size`` at a time (``lax.map``): the per-step (Q, ...) intermediates then stay
+    small. On the 2-core CPU, unchunked batches of 2,048+ needed temp buffers above glibc's
+    32 MB mmap ceiling, which were mapped and page-faulted afresh on every call.
+    """
+    sa = scene_arrays(scene, config, budget)
+    hist = _history_states(scene, config)
+
+    def run(chunk_states):
+        return _metrics_single(scene, sa, hist, simulate_states(scene, chunk_states, config), config)
+
+    q = states.shape[0]
     chunk = config.chunk_size
     if chunk <= 0 or q <= chunk:
-        return _metrics_single(scene, traj, config, budget)
+        return run(states)
     n = -(-q // chunk)
-    pad = n * chunk - q
-    padded = jax.tree_util.tree_map(
-        lambda a: jnp.pad(a, ((0, pad), (0, 0)), mode="edge").reshape(n, chunk, -1), traj)
-    out = jax.lax.map(lambda t: _metrics_single(scene, t, config, budget), padded)
+    padded = jnp.pad(states, ((0, n * chunk - q), (0, 0), (0, 0)), mode="edge")
+    out = jax.lax.map(run, padded.reshape((n, chunk) + states.shape[1:]))
     return jax.tree_util.tree_map(lambda a: a.reshape((n * chunk,) + a.shape[2:])[:q], out)
 
 
@@ -234,8 +244,7 @@ def _pairs_single(scene, proposals, reference, config: PDMConfig, budget: MapBud
     states = jnp.concatenate([
         interpolate_poses(scene, reference[None], 0.1),
         interpolate_poses(scene, proposals, OUTPUT_DT)], axis=0)  # (1 + P, 41, 3)
-    traj = simulate_states(scene, states, config)
-    m = _metrics(scene, traj, config, budget)
+    m = _simulated_metrics(scene, states, config, budget)
     mult = m["nc"] * m["dac"]
     masked = m["progress"] * mult * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
     mult2 = mult * m["ddc_v2"] * m["tlc"]
@@ -251,8 +260,7 @@ def _candidates_single(scene, candidates, config: PDMConfig, budget: MapBudget |
     """One scene: candidates (P, 40, 3) at 0.1 s, EP normalised over the set."""
     candidates, finite = _sanitize(jnp.asarray(candidates, jnp.float32))
     states = interpolate_poses(scene, candidates, 0.1)
-    traj = simulate_states(scene, states, config)
-    m = _metrics(scene, traj, config, budget)
+    m = _simulated_metrics(scene, states, config, budget)
     f = finite.astype(jnp.float32)
     norm = jnp.max(m["progress"] * m["nc"] * m["dac"] * f)
     norm2 = jnp.max(m["progress"] * m["nc"] * m["dac"] * m["ddc_v2"] * m["tlc"] * f)
