@@ -114,6 +114,27 @@ def test_cache_prefill_and_decode_equal_full_forward(tiny):
     assert not bool(cache.mask[:, total + extra:].any())
 
 
+def test_blocked_prefill_writes_the_same_cache(tiny):
+    """CausalLM.prefill (blocked causal attention over the prompt: 3 query blocks at L = 300)
+    fills the cache as the generic cached call does, and decoding from it gives the same logits."""
+    config, model = tiny
+    total = 300
+    ids, mask = _batch(config, [300, 40, 170], total, seed=6)
+    pos = positions_from_mask(mask)
+    generic = nnx.jit(lambda m, c: m(ids, pos, mask, c, 0)[1])(model, init_cache(config, 3, total + 4))
+    blocked = nnx.jit(lambda m, c: m.prefill(ids, pos, mask, c))(model, init_cache(config, 3, total + 4))
+    real = np.asarray(mask)
+    for a, b in ((generic.k, blocked.k), (generic.v, blocked.v)):
+        np.testing.assert_allclose(np.asarray(b)[:, :, :total][:, real], np.asarray(a)[:, :, :total][:, real],
+                                   atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(blocked.mask), np.asarray(generic.mask))
+    nxt = jnp.asarray([[5], [6], [7]], jnp.int32)
+    one = jnp.ones((3, 1), bool)
+    la, _ = model(nxt, pos[:, -1:] + 1, one, generic, total)
+    lb, _ = model(nxt, pos[:, -1:] + 1, one, blocked, total)
+    np.testing.assert_allclose(lb, la, atol=1e-5)
+
+
 def test_cache_chunked_prefill(tiny):
     """Writing the prompt in two chunks gives the same logits as one pass."""
     config, model = tiny

@@ -248,22 +248,27 @@ class DecoderStack(nnx.Module):
 
 def decoder_blocks(config: ModelConfig, params: dict[str, Any], x: jax.Array, cos: jax.Array,
                    sin: jax.Array, attention_mask: jax.Array, cache: KVCache | None,
-                   cache_index: jax.Array):
+                   cache_index: jax.Array, empty_cache: bool = False):
     """Runs the scanned decoder blocks.
 
     Args:
       params: `DecoderStack.arrays()` (every leaf has the leading NL axis).
       x: (B, L, H) embeddings; cos, sin: (B, L, D); attention_mask: (B, L) bool.
       cache: KVCache or None; cache_index: int32 scalar.
+      empty_cache (static): the cache holds no real slot before ``cache_index`` (a prefill).
+        The new tokens then only see each other, so attention runs causally over the L new
+        keys in query blocks (:func:`causal_self_attention`) instead of over all S slots;
+        the keys / values are still written to the cache.
     Returns:
       (B, L, H) residual stream after the last block, updated cache or None.
     """
     b, l, _ = x.shape
     c = config
-    if cache is None:
+    if cache is None or empty_cache:
         causal = jnp.tril(jnp.ones((l, l), bool))
         mask = causal[None] & attention_mask[:, None, :]
-        new_mask = None
+        new_mask = None if cache is None else jax.lax.dynamic_update_slice(
+            cache.mask, attention_mask, (0, cache_index))
     else:
         new_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache_index))
         slots = jnp.arange(cache.max_len)
@@ -281,7 +286,11 @@ def decoder_blocks(config: ModelConfig, params: dict[str, Any], x: jax.Array, co
         if ck is not None:
             ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
             cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
-            att = attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask)
+            if empty_cache:
+                att = causal_self_attention(q, k.astype(ck.dtype).astype(q.dtype),
+                                            v.astype(cv.dtype).astype(q.dtype), mask)
+            else:
+                att = attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask)
         else:
             att = causal_self_attention(q, k, v, mask)
         h = h + linear(att, lp["o_proj"])
@@ -299,18 +308,19 @@ def decoder_blocks(config: ModelConfig, params: dict[str, Any], x: jax.Array, co
     return x, KVCache(k=k_all, v=v_all, mask=new_mask)
 
 
-@partial(jax.jit, static_argnames=("config",))
+@partial(jax.jit, static_argnames=("config", "empty_cache"))
 def forward_hidden(params: dict[str, Any], config: ModelConfig, input_ids: jax.Array,
                    positions: jax.Array, attention_mask: jax.Array, cache: KVCache | None,
-                   cache_index: jax.Array):
+                   cache_index: jax.Array, empty_cache: bool = False):
     """Pure forward to the final normed hidden states (B, L, H) and the updated cache.
 
     params: `CausalLM.arrays()`. Jitted (inlined when called under an outer jit).
+    empty_cache: see :func:`decoder_blocks`.
     """
     x = jnp.take(params["embed"], input_ids.astype(jnp.int32), axis=0)
     cos, sin = rope_tables(config, positions)
     x, cache = decoder_blocks(config, params["layers"], x, cos, sin,
-                              attention_mask.astype(bool), cache, cache_index)
+                              attention_mask.astype(bool), cache, cache_index, empty_cache)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), cache
 
 
@@ -432,6 +442,17 @@ class CausalLM(nnx.Module):
         self._check(input_ids, positions, attention_mask, cache, cache_index)
         return forward_logits(self.arrays(), self.config, input_ids, positions, attention_mask,
                               cache, jnp.asarray(cache_index, jnp.int32))
+
+    def prefill(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                cache: KVCache) -> KVCache:
+        """Writes the keys / values of a prompt (B, L) into slots [0, L) of an EMPTY cache
+        (every mask slot False) and returns it. Same cache as ``self(..., cache=cache,
+        cache_index=0)[1]``, but attention runs causally over the L prompt tokens in query
+        blocks rather than over all S cache slots, and no logits are computed."""
+        self._check(input_ids, positions, attention_mask, cache, 0)
+        _, cache = forward_hidden(self.arrays(), self.config, input_ids, positions, attention_mask,
+                                  cache, jnp.int32(0), empty_cache=True)
+        return cache
 
     def hidden_states(self, input_ids, positions, attention_mask, cache=None, cache_index=0):
         """Same inputs as `__call__`; returns the final normed hidden states (B, L, H)."""

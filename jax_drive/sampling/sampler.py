@@ -7,8 +7,10 @@ Layout of one call (``generate_tokens``):
    bucketed to ``N``. Shapes, hence compiled programs, only change when a bucket changes,
    so a rollout loop with varying prompt lengths reuses one program.
 2. ``_prefill`` (jitted): allocates a static KV cache of ``S = P + N`` slots and writes the
-   keys/values of the first ``P - 1`` prompt columns. The logits of the prefill are never
-   used, so XLA drops the (B, P, V) LM head entirely.
+   keys/values of the first ``P - 1`` prompt columns (``CausalLM.prefill``: causal attention
+   over the prompt in query blocks, not over all S slots; SmolLM2 at B = 8, P = 1408 on the
+   2-core CPU: 32 s instead of 62 s). The logits of the prefill are never used, so no
+   (B, P, V) LM head is computed.
 3. ``_decode_*`` (jitted, loop state donated): a ``lax.while_loop``; step ``t`` feeds one
    token per row (the last prompt token at ``t = 0``, then the previous sample) at cache
    slot ``P - 1 + t``, samples the next token and records its log-prob. The loop stops at
@@ -379,9 +381,12 @@ def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_la
     cache = init_cache(config, batch, plen + gen_bucket, config.jnp_dtype)
     positions = prompt_positions(mask)
     if plen > 1:
-        _, cache = model(
-            ids[:, :-1], positions[:, :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0)
-        )
+        if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
+            cache = model.prefill(ids[:, :-1], positions[:, :-1], mask[:, :-1], cache)
+        else:
+            _, cache = model(
+                ids[:, :-1], positions[:, :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0)
+            )
     if per_layer:
         n = cache.k.shape[0]
         cache = LayerCache(
