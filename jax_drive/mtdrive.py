@@ -171,7 +171,7 @@ def _presets() -> dict[str, Preset]:
                 cpu_rl, rollout=_rollout(4, 2, 168, 1.0, TEXT_PROMPT, COMPACT_CAPTION), prompts_per_step=1,
                 minibatch_size=2, steps=2, optim=OptimConfig(learning_rate=5e-5), recompute_old_logprobs=False,
                 loss=LossConfig(kl_coef=0.0), bucket_size=128),
-            max_new_tokens=168, eval_turns=2, caption=COMPACT_CAPTION, eval_batch=8, untrained_eval_scenes=2,
+            max_new_tokens=168, eval_turns=2, caption=COMPACT_CAPTION, eval_batch=8, untrained_eval_scenes=1,
             curation_scenes=8, sft_max_tokens=1280, max_context_tokens=1408,
         ),
         "paper": Preset(
