@@ -33,12 +33,12 @@ import numpy as np
 from jax_drive.data.builders import BuildConfig, ConstantVelocityPredictor, build_multi, build_qa, build_rl, build_single
 from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.checkpoint import Checkpointer, RunState
-from jax_drive.rl.grpo import GRPOConfig, evaluate_multiturn, grpo_train
+from jax_drive.rl.grpo import GRPOConfig, evaluate_multiturn, grpo_train, select_scenes
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig, make_optimizer, split_model, write_back
 from jax_drive.rl.batching import as_conversations, tokenize_chat
 from jax_drive.rl.sft import SFTConfig, sft_train
-from jax_drive.rollout import RolloutConfig
+from jax_drive.rollout import RolloutConfig, summarize
 from jax_drive.rollout.multiturn import compute_reference
 from jax_drive.sampling import JaxEngine, SamplingParams
 from jax_drive.sampling.sampler import SamplerConfig
@@ -245,17 +245,28 @@ def rl_config(preset: Preset, advantage: str | None = None) -> GRPOConfig:
 def _eval_all(engine, tokenizer, held_out: list[tuple[Scene, np.ndarray]], preset: Preset, progress: bool,
               num_scenes: int | None = None) -> dict:
     """Greedy multi-turn evaluation on every held-out set (its first ``num_scenes`` scenes when
-    given): per-seed summaries, their mean and standard error."""
+    given): per-seed summaries, their mean and standard error.
+
+    The sets are pooled into one rollout call (``preset.eval_batch`` scenes per batch), so
+    the sampler's power-of-two batch padding is paid once, not per set; decoding is greedy,
+    so the result does not depend on the PRNG key."""
     config = eval_config(preset)
-    per_seed, results = [], []
-    for seed, (scenes, refs) in zip(preset.eval_seeds, held_out):
+    sets = []
+    for scenes, refs in held_out:
         if num_scenes is not None:
             idx = np.arange(min(num_scenes, len(refs)))
             scenes, refs = _index(scenes, idx), refs[idx]
-        summary, result = evaluate_multiturn(engine, tokenizer, scenes, config, jax.random.key(seed),
-                                             references=refs, batch_size=preset.eval_batch, progress=progress)
-        per_seed.append({"seed": seed, "scenes": int(len(refs)), **summary})
-        results.append(result)
+        sets.append((scenes, np.asarray(refs)))
+    pooled = jax.tree_util.tree_map(lambda *a: np.concatenate([np.asarray(x) for x in a]), *[s for s, _ in sets])
+    _, result = evaluate_multiturn(engine, tokenizer, pooled, config, jax.random.key(0),
+                                   references=np.concatenate([r for _, r in sets]),
+                                   batch_size=preset.eval_batch, progress=progress)
+    per_seed, results, start = [], [], 0
+    for seed, (_, refs) in zip(preset.eval_seeds, sets):
+        part = select_scenes(result, np.arange(start, start + len(refs)))
+        start += len(refs)
+        per_seed.append({"seed": seed, "scenes": int(len(refs)), **summarize(part)})
+        results.append(part)
     keys = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
             "final_ep", "final_comfort")
     mean = {k: float(np.mean([s[k] for s in per_seed])) for k in keys}

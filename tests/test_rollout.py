@@ -175,7 +175,7 @@ def test_real_engine_tiny_random_model():
 
 
 def test_evaluate_multiturn_and_concat(rollout):
-    from jax_drive.rl.grpo import concat_results, evaluate_multiturn
+    from jax_drive.rl.grpo import concat_results, evaluate_multiturn, select_scenes
 
     tok, _, r = rollout
     both = concat_results([r, r])
@@ -186,5 +186,11 @@ def test_evaluate_multiturn_and_concat(rollout):
     summary, res = evaluate_multiturn(ScriptedEngine(tok, SCRIPT), tok, scenes, cfg, references=_reference(2),
                                       prompts=["plan scene 0", "plan scene 1"], progress=False)
     np.testing.assert_array_equal(res.num_turns, r.num_turns)
+    # select_scenes inverts concat_results: the second copy's scene 1 is r's scene 1.
+    part = select_scenes(both, [3])
+    np.testing.assert_array_equal(part.pdms, r.pdms[1:2])
+    np.testing.assert_array_equal(part.stop_reason, r.stop_reason[1:2])
+    assert [t.tolist() for t in part.tokens] == [t.tolist() for t in r.tokens[3:6]]
+    assert part.turns == r.turns[3:6]
     assert summary["pdms_by_budget"][-1] == pytest.approx(summary["pdms_final"])
     assert summary["pdms_by_budget"][0] == pytest.approx(summary["pdms_first"])

@@ -350,6 +350,22 @@ def concat_results(results: Sequence[RolloutResult]) -> RolloutResult:
     )
 
 
+def select_scenes(result: RolloutResult, scene_idx: Sequence[int]) -> RolloutResult:
+    """The rollouts of the given scenes (indices along the scene axis), all G of each."""
+    idx = np.asarray(scene_idx, np.int64)
+    g = result.group_size
+    rows = (idx[:, None] * g + np.arange(g)[None, :]).reshape(-1)
+    pick = lambda a: a[idx]  # noqa: E731
+    return RolloutResult(
+        pdms=pick(result.pdms), format=pick(result.format), reward=pick(result.reward),
+        turn_mask=pick(result.turn_mask), usable=pick(result.usable),
+        scores={k: pick(v) for k, v in result.scores.items()}, num_turns=pick(result.num_turns),
+        final_pdms=pick(result.final_pdms), stop_reason=pick(result.stop_reason),
+        tokens=[result.tokens[r] for r in rows], turn_ids=[result.turn_ids[r] for r in rows],
+        sample_logprobs=[result.sample_logprobs[r] for r in rows], turns=[result.turns[r] for r in rows],
+    )
+
+
 def evaluate_multiturn(
     engine,
     tokenizer,
