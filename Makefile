@@ -21,7 +21,7 @@ install: $(STAMP)
 
 # MTDrive end to end on the embedded SmolLM2 (cpu-demo preset: SFT -> RL curation -> mtGRPO ->
 # held-out multi-turn evaluation, PDMS per turn for the untrained, SFT and RL policies):
-# 22.5 min on this 2-core CPU after installation (measured with `time make demo`).
+# 20.4 min on this 2-core CPU after installation (measured with `time make demo`).
 demo: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) experiments/mtdrive.py --preset cpu-demo --out runs/demo_mtdrive --work runs/demo_mtdrive_work
 
