@@ -236,6 +236,18 @@ def test_blocked_causal_attention_equals_full(block):
         np.testing.assert_allclose(x, y, atol=1e-5)
 
 
+def test_attention_head_major_equals_attention():
+    from jax_drive.models.transformer import attention, attention_head_major
+
+    ks = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(ks[0], (2, 3, 6, 8))
+    k = jax.random.normal(ks[1], (2, 5, 2, 8))
+    v = jax.random.normal(ks[2], (2, 5, 2, 8))
+    mask = jnp.asarray(np.random.default_rng(0).random((2, 3, 5)) > 0.3).at[:, :, 0].set(True)
+    np.testing.assert_allclose(attention_head_major(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask),
+                               attention(q, k, v, mask), atol=1e-5)
+
+
 def test_remat_layers_same_values_and_gradients():
     """remat_layers only changes what the backward pass keeps, never the numbers."""
     import dataclasses

@@ -141,6 +141,26 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return out.reshape(b, l, nq * d)
 
 
+def attention_head_major(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """:func:`attention` with keys / values stored head-major, the decode cache's layout.
+
+    Args: q (B, L, Nq, D); k, v (B, Nk, S, D); mask (B, L, S) bool.
+    Returns: (B, L, Nq * D) in v's dtype. Reading k / v in this layout needs no transpose
+    of the whole cache (XLA:CPU copied every layer's (B, S, Nk, D) cache on every step).
+    """
+    b, l, nq, d = q.shape
+    nk = k.shape[1]
+    g = nq // nk
+    # Rows (l, g) of one kv head side by side: plain (L G, D) x (S, D)^T products per (b, k);
+    # free reshapes when L = 1 (decode).
+    q = jnp.swapaxes(q.reshape(b, l, nk, g, d), 1, 2).reshape(b, nk, l * g, d)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * (d**-0.5)
+    rows_mask = jnp.broadcast_to(mask[:, None, :, None, :], (b, 1, l, g, mask.shape[-1])).reshape(b, 1, l * g, -1)
+    probs = jax.nn.softmax(jnp.where(rows_mask, scores, _NEG), axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(b, nk, l, g, d)
+    return jnp.swapaxes(out, 1, 2).reshape(b, l, nq * d)
+
+
 ATTENTION_BLOCK = 128  # query rows per block of causal self-attention without a cache
 
 

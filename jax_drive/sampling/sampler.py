@@ -333,7 +333,7 @@ def _unrolled_step(config, dp: DecodeParams, cache: LayerCache, token, position,
     """One decode step over per-layer weights: token/position (B,) -> logits (B, V) float32.
 
     Same math as ``CausalLM.__call__`` with L = 1 (tests check the two agree)."""
-    from jax_drive.models.transformer import apply_rope, rms_norm, rope_tables
+    from jax_drive.models.transformer import apply_rope, attention_head_major, rms_norm, rope_tables
 
     c = config
     b = token.shape[0]
@@ -342,8 +342,7 @@ def _unrolled_step(config, dp: DecodeParams, cache: LayerCache, token, position,
     cos, sin = rope_tables(c, position[:, None])
     new_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((b, 1), bool), (0, cache_index))
     slots = jnp.arange(cache.mask.shape[1])
-    mask = ((slots <= cache_index)[None, :] & new_mask)[:, None, None, :]  # (B, 1, 1, S)
-    groups = c.num_heads // c.num_kv_heads
+    mask = (slots <= cache_index)[None, None, :] & new_mask[:, None, :]  # (B, 1, S)
     ks, vs = [], []
     for lp, ck, cv in zip(dp.layers, cache.k, cache.v):
         y = rms_norm(x, lp["input_norm"], c.rms_norm_eps)
@@ -356,12 +355,7 @@ def _unrolled_step(config, dp: DecodeParams, cache: LayerCache, token, position,
         # (B, 1, Nk, D) -> head-major (B, Nk, 1, D) slot writes.
         ck = jax.lax.dynamic_update_slice(ck, jnp.swapaxes(k, 1, 2).astype(ck.dtype), (0, 0, cache_index, 0))
         cv = jax.lax.dynamic_update_slice(cv, jnp.swapaxes(v, 1, 2).astype(cv.dtype), (0, 0, cache_index, 0))
-        qg = q.reshape(b, c.num_kv_heads, groups, c.head_dim)  # query head h = kv head h // groups
-        scores = jnp.einsum("bkgd,bksd->bkgs", qg, ck.astype(q.dtype),
-                            preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
-        probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(cv.dtype)
-        att = jnp.einsum("bkgs,bksd->bkgd", probs, cv).astype(x.dtype).reshape(b, 1, c.num_heads * c.head_dim)
-        x = x + att @ lp["o"]
+        x = x + attention_head_major(q, ck.astype(q.dtype), cv.astype(q.dtype), mask) @ lp["o"]
         y = rms_norm(x, lp["post_norm"], c.rms_norm_eps)
         gu = y @ lp["gate_up"]
         x = x + (jax.nn.silu(gu[..., :f]) * gu[..., f:]) @ lp["down"]
