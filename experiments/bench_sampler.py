@@ -8,9 +8,15 @@ so both should produce the same tokens (`rows_with_identical_greedy_tokens`).
 Reported throughput = batch * new_tokens / wall time of one full `generate` call (prompt
 prefill included for both, ~40-token prompts). A warm-up call runs first for each engine and
 batch size and is NOT timed (it contains XLA compilation for JAX). We also report the
-decode-only rate from the difference between a full run and a 1-new-token run.
+decode-only rate from the difference between a full run and a 1-new-token run, and the
+1-new-token time itself (prefill-dominated).
+
+``--prompt-tokens N`` prefixes every question with driving-scene filler text so that each
+prompt has about N tokens (MTDrive's cpu-demo prompts are ~550 tokens in turn 1 and up to
+~1,400 in turn 2), which measures the long-context prefill and decode the demo pays for.
 
   python experiments/bench_sampler.py --json experiments/results/bench_sampler.json [--quick]
+  python experiments/bench_sampler.py --json OUT --prompt-tokens 1280 --batches 8 --new-tokens 168
 """
 
 from __future__ import annotations
@@ -44,6 +50,24 @@ QUESTIONS = [
 ]
 
 
+FILLER = ("The ego vehicle drives at 9.8 m/s in the right lane of a two-lane road; a car 24 m "
+          "ahead brakes gently, a cyclist rides on the shoulder 12 m ahead and a parked van "
+          "blocks part of the left lane 40 m ahead. ")
+
+
+def long_prompt(tokenizer, question: str, target: int) -> list[int]:
+    """Chat-templated ids of ``question`` after as many filler sentences as keep the prompt at
+    or under ``target`` tokens (at least one)."""
+    def ids(repeats: int) -> list[int]:
+        content = FILLER * repeats + question
+        return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": content}]))
+
+    repeats = 1
+    while len(ids(repeats + 1)) <= target:
+        repeats += 1
+    return ids(repeats)
+
+
 def load_avg() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -72,18 +96,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="JAX parameter/compute dtype (torch always float32)")
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers peer")
     parser.add_argument("--plot", action="store_true", help="also write a PNG next to the JSON")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="pad each prompt with driving filler text to about this many tokens")
     args = parser.parse_args(argv)
     new_tokens = args.new_tokens or (32 if args.quick else 128)
     repeats = args.repeats or (1 if args.quick else 3)
 
     from jax_drive.models import load_pretrained
     from jax_drive.models.loading import smollm2_gguf_path
-    from jax_drive.sampling import generate_tokens
+    from jax_drive.sampling import SamplerConfig, generate_tokens
 
     load_before = load_avg()
     model, config, tokenizer = load_pretrained("smollm2-135m-instruct", dtype=args.dtype)
     chats = [tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
     prompt_ids = [tokenizer.encode(c) for c in chats]
+    if args.prompt_tokens:
+        prompt_ids = [long_prompt(tokenizer, q, args.prompt_tokens) for q in QUESTIONS]
     if max(args.batches) > len(prompt_ids):
         raise SystemExit(f"at most {len(prompt_ids)} prompts available")
 
@@ -96,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_dtype": "float32",
         "greedy": True,
         "prompt_lengths": [len(p) for p in prompt_ids],
+        "prompt_tokens_target": args.prompt_tokens,
         "timing": "median wall time of full generate calls after one untimed warm-up call "
                   "(JAX compilation excluded); throughput = batch*new_tokens/time, prompt "
                   "prefill included; *_decode_only = batch*(new_tokens-1)/(t_full - t_1token)",
@@ -104,12 +133,16 @@ def main(argv: list[str] | None = None) -> int:
                  "jax_devices": [str(d) for d in jax.devices()]},
     }
 
+    # Long prompts pad to multiples of 128 (as the MTDrive engine does), not to a power of two.
+    sampler_config = (SamplerConfig(prompt_buckets=tuple(range(128, 16_385, 128))) if args.prompt_tokens
+                      else SamplerConfig())
+
     def jax_run(batch: int, n: int):
         # same rule as transformers' min_new_tokens: EOS is masked until n tokens exist
         out = generate_tokens(model, prompt_ids[:batch], jax.random.key(0), max_new_tokens=n,
                               min_new_tokens=n, temperature=0.0,
                               stop_token_ids=tokenizer.eos_token_ids,
-                              pad_id=tokenizer.pad_token_id)
+                              pad_id=tokenizer.pad_token_id, config=sampler_config)
         assert out.lengths.min() == n
         return out
 
@@ -155,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             t_one = time_call(lambda: run(batch, 1), repeats)
             bar.update(repeats)
             results[f"{name}_seconds_b{batch}"] = round(t_full, 4)
+            results[f"{name}_seconds_1token_b{batch}"] = round(t_one, 4)
             results[f"{name}_tokens_per_s_b{batch}"] = round(batch * new_tokens / t_full, 2)
             decode = t_full - t_one
             results[f"{name}_decode_only_tokens_per_s_b{batch}"] = (

@@ -117,3 +117,40 @@ def test_mtgrpo_learns_and_resumes(tmp_path):
         np.testing.assert_allclose([r[key] for r in b], [r[key] for r in h], rtol=1e-4, atol=1e-6)
     for x, y in zip(_lora(model_a), _lora(model_c)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_sampler_logprobs_at_temperature_must_match_the_trainer():
+    """recompute_old_logprobs=False below T = 1 needs 'processed' sampler log-probs without
+    filters, else pi_old would be a different distribution from the trainer's."""
+    def config(**sampling):
+        rollout = RolloutConfig(sampling=SamplingParams(max_new_tokens=8, **sampling))
+        return GRPOConfig(rollout=rollout, recompute_old_logprobs=False)
+
+    with pytest.raises(ValueError, match="processed"):
+        config(temperature=0.7)
+    with pytest.raises(ValueError, match="processed"):
+        config(temperature=0.7, logprobs_mode="processed", top_k=20)
+    assert config(temperature=0.7, logprobs_mode="processed").logprob_temperature == 0.7
+    assert config(temperature=1.0).logprob_temperature == 1.0
+    assert config(temperature=0.0).logprob_temperature == 1.0  # greedy rollouts: plain log pi
+
+
+def test_degenerate_groups_are_dropped_and_an_empty_step_skips_the_update():
+    """A random policy never writes a parseable answer: every group has equal rewards, so with
+    drop_degenerate_groups the step skips the update and leaves the adapters untouched; with
+    forced good answers both groups carry signal and are kept."""
+    model, tok, scenes, ref = _setup()
+    lora0 = _lora(model)
+    out = grpo_train(model, tok, scenes, _config(1, drop_degenerate_groups=True), references=ref,
+                     prompts=PROMPTS, progress=False)
+    rec = out.history[0]
+    assert rec["skipped_update"] == 1.0 and rec["groups_kept"] == 0 and rec["optimizer_steps"] == 0
+    assert rec["format_rate"] == 0.0
+    assert all(np.array_equal(a, b) for a, b in zip(lora0, _lora(model)))
+    assert out.state.step == 1  # the step still counts (data position and PRNG advance)
+
+    forced = grpo_train(model, tok, scenes, _config(1, drop_degenerate_groups=True), references=ref,
+                        engine=ForcingEngine(JaxEngine(model, tok), tok), prompts=PROMPTS, progress=False)
+    rec = forced.history[0]
+    assert rec["skipped_update"] == 0.0 and rec["groups_kept"] == 2 and rec["optimizer_steps"] == 4
+    assert max(np.abs(a - b).max() for a, b in zip(lora0, _lora(model))) > 1e-4

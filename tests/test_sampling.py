@@ -136,6 +136,25 @@ def test_logprobs_equal_model_log_softmax_at_sampled_tokens(model, ref_logprobs,
     assert len(set(out.tokens.ravel().tolist())) > 5  # really sampled, not degenerate
 
 
+def test_trainer_logprobs_at_temperature_equal_processed_sampler_logprobs(model):
+    """RL at T < 1 (recompute_old_logprobs=False): the trainer's token_logprobs(temperature=T)
+    must score the sampled tokens exactly as the sampler's 'processed' log-probs."""
+    temperature, steps = 0.7, 10
+    out = generate_tokens(model, PROMPTS, jax.random.key(5), max_new_tokens=steps, temperature=temperature,
+                          logprobs_mode="processed")
+    for i, prompt in enumerate(PROMPTS):
+        seq = np.asarray(prompt + out.tokens[i].tolist(), np.int32)[None]
+        ids, targets = jnp.asarray(seq[:, :-1]), jnp.asarray(seq[:, 1:])
+        pos = jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
+        trained = model.token_logprobs(ids, pos, jnp.ones_like(ids), targets, temperature=temperature)
+        at_one = model.token_logprobs(ids, pos, jnp.ones_like(ids), targets)
+        gen = np.asarray(trained)[0, len(prompt) - 1:]
+        np.testing.assert_allclose(gen, out.logprobs[i], atol=2e-4, rtol=1e-4)
+        assert np.abs(np.asarray(at_one)[0, len(prompt) - 1:] - gen).max() > 1e-3  # T really applied
+    with pytest.raises(ValueError, match="temperature"):
+        model.token_logprobs(ids, pos, jnp.ones_like(ids), targets, temperature=0.0)
+
+
 # ------------------------------------------------------------------------- stopping
 def test_stop_token_ends_row_and_pads_after(model):
     steps = 12

@@ -361,14 +361,14 @@ def forward_logits(params: dict[str, Any], config: ModelConfig, input_ids: jax.A
     return logits, cache
 
 
-@partial(jax.jit, static_argnames=("config", "chunk_size"))
+@partial(jax.jit, static_argnames=("config", "chunk_size", "temperature"))
 def forward_token_logprobs(params: dict[str, Any], config: ModelConfig, input_ids: jax.Array,
                            positions: jax.Array, attention_mask: jax.Array, targets: jax.Array,
-                           chunk_size: int) -> jax.Array:
+                           chunk_size: int, temperature: float = 1.0) -> jax.Array:
     """Pure (B, L) log p(targets) via `chunked_token_logprobs` (see CausalLM.token_logprobs)."""
     hidden, _ = forward_hidden(params, config, input_ids, positions, attention_mask, None,
                                jnp.int32(0))
-    return chunked_token_logprobs(hidden, targets, _head(params), chunk_size)
+    return chunked_token_logprobs(hidden, targets, _head(params), chunk_size, temperature)
 
 
 class CausalLM(nnx.Module):
@@ -480,8 +480,11 @@ class CausalLM(nnx.Module):
 
     def token_logprobs(self, input_ids: jax.Array, positions: jax.Array,
                        attention_mask: jax.Array, targets: jax.Array,
-                       chunk_size: int = 256) -> jax.Array:
+                       chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
         """log p(targets[b, t] | input_ids[b, :t+1]) as (B, L) float32.
+
+        ``temperature`` (a static float > 0) scores under softmax(logits / temperature), the
+        distribution a sampler at that temperature draws from (no top-k/top-p filtering).
 
         The B*L hidden states are processed `chunk_size` tokens at a time (rematerialised in
         the backward pass), so at most a (chunk_size, V) float32 logits block exists at once.
@@ -491,17 +494,19 @@ class CausalLM(nnx.Module):
             raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
         self._check(input_ids, positions, attention_mask, None, 0)
         return forward_token_logprobs(self.arrays(), self.config, input_ids, positions,
-                                      attention_mask, targets, int(chunk_size))
+                                      attention_mask, targets, int(chunk_size), float(temperature))
 
 
 def chunked_token_logprobs(hidden: jax.Array, targets: jax.Array, head: jax.Array,
-                           chunk_size: int = 256) -> jax.Array:
-    """log_softmax(hidden @ head)[targets] without a full (B, L, V) float32 tensor.
+                           chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
+    """log_softmax(hidden @ head / temperature)[targets] without a full (B, L, V) float32 tensor.
 
     Args:
-      hidden: (B, L, H); targets: (B, L) int; head: (H, V).
+      hidden: (B, L, H); targets: (B, L) int; head: (H, V); temperature: static float > 0.
     Returns:
       (B, L) float32.
     """
@@ -517,6 +522,8 @@ def chunked_token_logprobs(hidden: jax.Array, targets: jax.Array, head: jax.Arra
         hc, tc = args  # (c, H), (c,)
         logits = jnp.einsum("ch,hv->cv", hc.astype(head.dtype), head,
                             preferred_element_type=jnp.float32)
+        if temperature != 1.0:
+            logits = logits / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0]
         return picked - lse

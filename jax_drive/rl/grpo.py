@@ -64,9 +64,18 @@ class GRPOConfig:
       ppo_epochs: mu, passes over the step's rollouts.
       steps: trainer steps (300).
       recompute_old_logprobs: pi_old log-probs from the trainer (True, veRL) or the sampler.
+        The trainer scores tokens under softmax(logits / T) at the rollout's sampling
+        temperature T (as veRL's actor does), so sampling below 1 keeps the ratio on the
+        distribution the tokens came from; sampler log-probs then need
+        ``logprobs_mode="processed"`` without top-k/top-p (checked here).
       bucket_size: padded sequence lengths are multiples of this.
       chunk_size: token chunk of ``token_logprobs``.
       seed: data order, rollouts and mini-batch shuffling.
+      drop_degenerate_groups: leave out of the update the groups whose advantages are all 0
+        (every rollout of the prompt earned the same turn rewards), as DAPO's dynamic
+        sampling filter does (without resampling); a step with no group left skips the
+        update (``skipped_update`` = 1 in its record). Such groups carry no policy
+        gradient, only the KL term when beta > 0, so this saves their forward/backward.
       checkpoint_every: steps between checkpoints (None: only at the end; needs out_dir).
       log_every: steps between metric records.
     """
@@ -83,6 +92,7 @@ class GRPOConfig:
     bucket_size: int = 128
     chunk_size: int = 256
     seed: int = 0
+    drop_degenerate_groups: bool = False
     checkpoint_every: int | None = 50
     log_every: int = 1
 
@@ -91,6 +101,19 @@ class GRPOConfig:
             raise ValueError("prompts_per_step, minibatch_size, ppo_epochs, bucket_size must be >= 1")
         if self.steps < 0:
             raise ValueError("steps must be >= 0")
+        sampling = self.rollout.sampling
+        if not self.recompute_old_logprobs and self.logprob_temperature != 1.0:
+            if sampling.logprobs_mode != "processed" or sampling.top_k or sampling.top_p < 1.0:
+                raise ValueError(
+                    f"with recompute_old_logprobs=False and sampling temperature {sampling.temperature}, "
+                    "the sampler's log-probs must be the trainer's softmax(logits / T): set "
+                    "SamplingParams(logprobs_mode='processed') with top_k=0 and top_p=1.0")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """T of the trainer's log-probs: the rollout's sampling temperature (1 when greedy)."""
+        t = self.rollout.sampling.temperature
+        return float(t) if t > 0 else 1.0
 
 
 # ----------------------------------------------------------------------------- batches
@@ -124,29 +147,29 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
     return batch
 
 
-def _loss_fn(loss_config: LossConfig, chunk_size: int):
+def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
     def loss_fn(model, batch):
         logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size)
+                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
                            ref_logp=batch.get("ref_logp"), config=loss_config)
 
     return loss_fn
 
 
-def _logp_fn(chunk_size: int):
+def _logp_fn(chunk_size: int, temperature: float):
     def fn(model, batch):
         return model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size)
+                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
 
     return fn
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimConfig):
+def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimConfig, temperature: float):
     """(train step, log-prob fn) per model structure and settings (reused across runs)."""
-    step = make_train_step(graphdef, _loss_fn(loss_config, chunk_size), make_optimizer(optim))
-    logp = make_eval_fn(graphdef, _logp_fn(chunk_size))
+    step = make_train_step(graphdef, _loss_fn(loss_config, chunk_size, temperature), make_optimizer(optim))
+    logp = make_eval_fn(graphdef, _logp_fn(chunk_size, temperature))
     return step, logp
 
 
@@ -180,7 +203,8 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
       (params, opt_state, metrics) with metrics averaged over the mini-batch steps, plus
       ``logp_mismatch`` (mean |sampler - trainer| log-prob on generated tokens).
     """
-    step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim)
+    step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim,
+                                 config.logprob_temperature)
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     rows = batch["input_ids"].shape[0]
     mbs = min(config.minibatch_size, rows)
@@ -299,16 +323,28 @@ def grpo_train(
                                   reference=references[idx], pdm_config=pdm_config, prompts=[prompts[i] for i in idx])
             t1 = time.perf_counter()
             adv = compute_advantages_jit(result.reward, result.turn_mask, config.advantage)
-            batch = build_train_batch(result, adv, pad_id, config.bucket_size, multiple_of=rows_multiple)
-            params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
-                                                    batch, config, k_mb)
-            jax.block_until_ready(params)
+            train_result, train_adv = result, np.asarray(adv)
+            if config.drop_degenerate_groups:
+                keep = np.flatnonzero(np.any(train_adv != 0.0, axis=(1, 2)))
+                train_result, train_adv = select_scenes(result, keep), train_adv[keep]
+            kept = train_adv.shape[0]
+            if kept:
+                multiple = min(rows_multiple, kept * config.rollout.group_size)
+                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple)
+                params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
+                                                        batch, config, k_mb)
+                jax.block_until_ready(params)
+            else:
+                batch, params, opt_state = None, state.params, state.opt_state
+                update = {"optimizer_steps": 0}
+            update = {**update, "skipped_update": float(not kept), "groups_kept": kept}
             t2 = time.perf_counter()
             state = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
                              data_position=state.data_position + config.prompts_per_step)
             if state.step % config.log_every == 0 or state.step == config.steps:
                 summary = summarize(result)
-                train_tokens = float(np.asarray(batch["attention_mask"]).sum()) * config.ppo_epochs
+                train_tokens = (float(np.asarray(batch["attention_mask"]).sum()) * config.ppo_epochs
+                                if batch is not None else 0.0)
                 logger.log(state.step, {
                     **summary,
                     **update,
@@ -317,11 +353,11 @@ def grpo_train(
                     "update_seconds": t2 - t1,
                     "rollout_tokens_per_s": summary["generated_tokens"] / max(t1 - t0, 1e-9),
                     "train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
-                    "padded_length": int(batch["input_ids"].shape[1]),
+                    "padded_length": int(batch["input_ids"].shape[1]) if batch is not None else 0,
                     "peak_rss_gb": peak_rss_gb(),
                 })
                 bar.set_postfix(pdms=f"{summary['pdms_final']:.3f}", turns=f"{summary['turns_mean']:.2f}",
-                                kl=f"{update['kl']:.4f}")
+                                kl=f"{update.get('kl', float('nan')):.4f}")
             bar.update(1)
             if ckpt is not None and config.checkpoint_every and state.step % config.checkpoint_every == 0:
                 ckpt.save(state)
