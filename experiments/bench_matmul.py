@@ -10,7 +10,10 @@ Usage:
   python experiments/bench_matmul.py [--threads N] [--repeats R] --json OUT
 
 ``--threads`` sets torch's intra-op threads; pin the whole process (``taskset -c 0``) to
-give XLA the same number of cores.
+give XLA the same number of cores. XLA:CPU's library back ends are compared by running it
+again under ``XLA_FLAGS`` (recorded in the JSON), e.g.
+``XLA_FLAGS=--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY``,
+``--xla_cpu_experimental_onednn_fusion_type=dot`` or ``--xla_cpu_experimental_ynn_fusion_type=dot``.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ def main(argv=None) -> int:
         "platform": platform.platform(),
         "jax_version": jax.__version__,
         "torch_version": torch.__version__,
+        # XLA:CPU's library back ends (oneDNN, XNNPACK, YNNPACK) are opt-in flags; record them.
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "timing": f"median of {args.repeats} calls after one warm-up (JAX compilation excluded)",
         "summary_note": "geometric mean over shapes of jax_time / torch_time (> 1: torch faster)",
         **summary,

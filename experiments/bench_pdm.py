@@ -33,6 +33,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from cpu_steal import cpu_times, steal_share  # noqa: E402  (sibling script)
 from tqdm import tqdm  # noqa: E402
 
 from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy  # noqa: E402
@@ -96,19 +97,21 @@ def expert_reference(expert: np.ndarray) -> np.ndarray:
     )
 
 
-def time_jax(fn, scene, proposals, reference, repeats: int) -> tuple[float, float, np.ndarray]:
-    """(compile+first-call seconds, median seconds per call, pdms)."""
+def time_jax(fn, scene, proposals, reference, repeats: int) -> tuple[float, list[float], float | None, np.ndarray]:
+    """(compile+first-call seconds, seconds of each timed call, CPU steal share over the
+    timed calls, pdms)."""
     t0 = time.perf_counter()
     out = fn(scene, proposals, reference)
     jax.block_until_ready(out)
     first = time.perf_counter() - t0
     times = []
+    before = cpu_times()
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = fn(scene, proposals, reference)
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t0)
-    return first, statistics.median(times), np.asarray(out.pdms, np.float64)
+    return first, times, steal_share(before, cpu_times()), np.asarray(out.pdms, np.float64)
 
 
 def main(argv=None) -> int:
@@ -142,16 +145,19 @@ def main(argv=None) -> int:
     scorer.score(proposals_all[0], reference)  # builds the reference trajectory once
     setup_s = time.perf_counter() - t0
     round_s_per_proposal = []  # one entry per reference round
+    round_steal = []
     ref_pdms = []
 
     def reference_round(desc: str) -> None:
         times, pdms_round = [], []
+        before = cpu_times()
         for i in tqdm(range(subset), desc=desc, unit="proposal", leave=False):
             t0 = time.perf_counter()
             r = scorer.score(proposals_all[i], reference)
             times.append(time.perf_counter() - t0)
             pdms_round.append(r["pdms"])
         round_s_per_proposal.append(float(np.mean(times)))
+        round_steal.append(steal_share(before, cpu_times()))
         ref_pdms[:] = pdms_round
 
     reference_round("reference round 1")
@@ -161,8 +167,10 @@ def main(argv=None) -> int:
     for b in bar:
         props = jnp.asarray(proposals_all[:b], jnp.float32)
         ref = jnp.asarray(reference, jnp.float32)
-        first, median, pdms = time_jax(score, scene, props, ref, repeats)
-        rows.append({"batch": b, "jax_first_call_s": first, "jax_s": median, "jax_proposals_per_s": b / median})
+        first, times, steal, pdms = time_jax(score, scene, props, ref, repeats)
+        median = statistics.median(times)
+        rows.append({"batch": b, "jax_first_call_s": first, "jax_s": median, "jax_proposals_per_s": b / median,
+                     "jax_min_s": min(times), "jax_max_s": max(times), "cpu_steal_share": steal})
         bar.set_postfix(batch=b, per_s=f"{b / median:.0f}")
         if b == max(batches):
             largest_pdms = pdms
@@ -214,13 +222,15 @@ def main(argv=None) -> int:
         "reference_s_per_proposal": per_proposal,
         "reference_setup_s": setup_s,
         "reference_rounds_s_per_proposal": round_s_per_proposal,
+        "reference_rounds_cpu_steal_share": round_steal,
         "reference_timed_on_proposals": subset,
         "reference_note": (
             f"reference timed on the first {subset} proposals of the largest batch, one at a time "
             "with the scene geometry and reference trajectory shared, in rounds before the JAX "
             "batches and after each batch >= 1024 (median round used); larger batches are "
             "extrapolated as setup + batch * per-proposal time; jax_s is the median of "
-            f"{repeats} calls"
+            f"{repeats} calls (jax_min_s / jax_max_s their range); cpu_steal_share is the share "
+            "of CPU time the hypervisor gave to other guests during a timed block (vmstat's st)"
         ),
         "speedup": last["speedup"],
         "time_4096_s": next((r["jax_s"] for r in rows if r["batch"] == 4096), None),
