@@ -8,6 +8,7 @@ told apart from a slow program. Linux only (``/proc/stat``); elsewhere the share
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 _PROC_STAT = Path("/proc/stat")
@@ -39,3 +40,15 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     if total <= 0:
         return None
     return (after[0] - before[0]) / total
+
+
+def screened(time_block: Callable[[], dict], max_steal: float, retries: int) -> tuple[dict, list[dict]]:
+    """Run ``time_block() -> dict with a "cpu_steal_share" key`` until its steal share is at
+    most ``max_steal`` or ``retries`` extra attempts are spent; returns (the attempt with the
+    least steal, the earliest among equals; every attempt in order). An unknown share (None,
+    no /proc/stat) is accepted as is."""
+    attempts = [time_block()]
+    while len(attempts) <= retries and (attempts[-1]["cpu_steal_share"] or 0.0) > max_steal:
+        attempts.append(time_block())
+    kept = min(attempts, key=lambda a: a["cpu_steal_share"] or 0.0)
+    return kept, attempts

@@ -274,16 +274,21 @@ def test_scores_stay_in_range_on_random_proposals():
         np.testing.assert_allclose(np.asarray(r.pdms), pdms, atol=1e-6)
 
 
-def test_chunked_scoring_matches_unchunked():
+# Proposals score as 1 + P trajectories (the reference first), candidates as P: chunk 2 of 5
+# rows leaves a remainder of 1, chunk 3 a remainder of 2, and chunk 2 of 4 candidates none.
+@pytest.mark.parametrize("chunk_size", [2, 3])
+def test_chunked_scoring_matches_unchunked(chunk_size):
     import dataclasses
 
     scene = straight_scene([make_agent(15.0, 0.0, vx=3.0), make_agent(-7.0, 0.0, vx=12.0)], speed=10.0)
     props = np.stack([straight_poses(10.0), braking_poses_np(10.0, 8.0), straight_poses(10.0, lateral=3.0),
                       straight_poses(10.0, lateral=-1.5)])
     ref = straight_poses(10.0, num=40, dt=0.1)
-    full = score_proposals(scene, props, ref, CFG)
-    chunked = score_proposals(scene, props, ref, dataclasses.replace(CFG, chunk_size=2))
-    for name in ("nc", "dac", "ttc", "ep", "comfort", "pdms", "epdms", "progress"):
-        np.testing.assert_allclose(np.asarray(getattr(chunked, name)), np.asarray(getattr(full, name)),
-                                   atol=1e-6, err_msg=name)
-    np.testing.assert_array_equal(np.asarray(chunked.violations.nc_point), np.asarray(full.violations.nc_point))
+    unchunked, chunked = (dataclasses.replace(CFG, chunk_size=c) for c in (0, chunk_size))
+    cands = np.stack([straight_poses(10.0, num=40, dt=0.1, lateral=y) for y in (0.0, 1.0, -1.0, 3.0)])
+    for full, part in ((score_proposals(scene, props, ref, unchunked), score_proposals(scene, props, ref, chunked)),
+                       (score_candidates(scene, cands, unchunked), score_candidates(scene, cands, chunked))):
+        for name in ("nc", "dac", "ttc", "ep", "comfort", "pdms", "epdms", "progress"):
+            np.testing.assert_allclose(np.asarray(getattr(part, name)), np.asarray(getattr(full, name)),
+                                       atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(np.asarray(part.violations.nc_point), np.asarray(full.violations.nc_point))

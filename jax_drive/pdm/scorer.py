@@ -189,10 +189,14 @@ def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: Map
     chunk = config.chunk_size
     if chunk <= 0 or q <= chunk:
         return run(states)
-    n = -(-q // chunk)
-    padded = jnp.pad(states, ((0, n * chunk - q), (0, 0), (0, 0)), mode="edge")
-    out = jax.lax.map(run, padded.reshape((n, chunk) + states.shape[1:]))
-    return jax.tree_util.tree_map(lambda a: a.reshape((n * chunk,) + a.shape[2:])[:q], out)
+    # Whole chunks through lax.map and the remainder (e.g. the one reference row that
+    # _pairs_single puts before P = 2^k proposals) in its own small pass, not padded.
+    n, rest = divmod(q, chunk)
+    out = jax.lax.map(run, states[: n * chunk].reshape((n, chunk) + states.shape[1:]))
+    out = jax.tree_util.tree_map(lambda a: a.reshape((n * chunk,) + a.shape[2:]), out)
+    if rest == 0:
+        return out
+    return jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), out, run(states[n * chunk:]))
 
 
 def _ep_rules(m: dict, norm_v1: chex.Array, norm_v2: chex.Array, config: PDMConfig):
