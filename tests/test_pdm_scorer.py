@@ -274,8 +274,8 @@ def test_scores_stay_in_range_on_random_proposals():
         np.testing.assert_allclose(np.asarray(r.pdms), pdms, atol=1e-6)
 
 
-# Proposals score as 1 + P trajectories (the reference first), candidates as P: chunk 2 of 5
-# rows leaves a remainder of 1, chunk 3 a remainder of 2, and chunk 2 of 4 candidates none.
+# Proposals score as 1 + P trajectories (the reference first), candidates as P: 5 rows in
+# chunks of at most 2 or 3 are padded by one row (3 x 2, 2 x 3); 4 candidates split evenly.
 @pytest.mark.parametrize("chunk_size", [2, 3])
 def test_chunked_scoring_matches_unchunked(chunk_size):
     import dataclasses

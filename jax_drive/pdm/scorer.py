@@ -175,8 +175,8 @@ def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: Map
     """Tracking simulation + :func:`_metrics_single` for states (Q, 41, 3) of one scene.
 
     With ``config.chunk_size > 0`` and Q above it, the trajectories go through both stages
-    ``chunk_size`` at a time (``lax.map``): the per-step (Q, ...) intermediates then stay
-    small. On the 2-core CPU, unchunked batches of 2,048+ needed temp buffers above glibc's
+    in equal chunks of at most ``chunk_size`` (``lax.map``): the per-step (Q, ...)
+    intermediates then stay small. On the 2-core CPU, unchunked batches of 2,048+ needed temp buffers above glibc's
     32 MB mmap ceiling, which were mapped and page-faulted afresh on every call.
     """
     sa = scene_arrays(scene, config, budget)
@@ -189,14 +189,14 @@ def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: Map
     chunk = config.chunk_size
     if chunk <= 0 or q <= chunk:
         return run(states)
-    # Whole chunks through lax.map and the remainder (e.g. the one reference row that
-    # _pairs_single puts before P = 2^k proposals) in its own small pass, not padded.
-    n, rest = divmod(q, chunk)
-    out = jax.lax.map(run, states[: n * chunk].reshape((n, chunk) + states.shape[1:]))
-    out = jax.tree_util.tree_map(lambda a: a.reshape((n * chunk,) + a.shape[2:]), out)
-    if rest == 0:
-        return out
-    return jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), out, run(states[n * chunk:]))
+    # n equal chunks of at most chunk_size, padded by fewer than n rows: 1 + P = 2^k + 1 rows
+    # (the reference first) would otherwise pad a whole extra chunk, and a separate pass for
+    # the remainder would compile the metric program twice.
+    n = -(-q // chunk)
+    size = -(-q // n)
+    padded = jnp.pad(states, ((0, n * size - q), (0, 0), (0, 0)), mode="edge")
+    out = jax.lax.map(run, padded.reshape((n, size) + states.shape[1:]))
+    return jax.tree_util.tree_map(lambda a: a.reshape((n * size,) + a.shape[2:])[:q], out)
 
 
 def _ep_rules(m: dict, norm_v1: chex.Array, norm_v2: chex.Array, config: PDMConfig):
