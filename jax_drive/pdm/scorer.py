@@ -176,8 +176,9 @@ def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: Map
 
     With ``config.chunk_size > 0`` and Q above it, the trajectories go through both stages
     in equal chunks of at most ``chunk_size`` (``lax.map``): the per-step (Q, ...)
-    intermediates then stay small. On the 2-core CPU, unchunked batches of 2,048+ needed temp buffers above glibc's
-    32 MB mmap ceiling, which were mapped and page-faulted afresh on every call.
+    intermediates then stay small. On the 2-core CPU, unchunked batches of 2,048+ needed
+    temp buffers above glibc's 32 MB mmap ceiling, which were mapped and page-faulted
+    afresh on every call.
     """
     sa = scene_arrays(scene, config, budget)
     hist = _history_states(scene, config)
