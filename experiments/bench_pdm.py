@@ -106,10 +106,8 @@ def expert_reference(expert: np.ndarray) -> np.ndarray:
 
 
 def time_jax(fn, scene, proposals, reference, repeats: int) -> dict:
-    """One timed block of ``repeats`` calls after a warm-up call: median/min/max seconds, the
-    CPU steal share over the block, and the last call's PDMS."""
-    out = fn(scene, proposals, reference)
-    jax.block_until_ready(out)
+    """One timed block of ``repeats`` (>= 1) calls of an already compiled ``fn``: median/min/max
+    seconds, the CPU steal share over the block, and the last call's PDMS."""
     times = []
     before = cpu_times()
     for _ in range(repeats):
