@@ -43,16 +43,17 @@ class LogprobConfig:
 
     Attributes:
       token_chunk: tokens per outer step (1024).
-      vocab_chunk: vocabulary columns per inner step (8192); with token_chunk, the live
-        float32 logits block is token_chunk x vocab_chunk (32 MiB at the defaults).
-      token_block, vocab_block: the Pallas kernel's logits tile (64 x 128); the chunks must
-        be multiples of them. Powers of two, as Triton needs.
+      vocab_chunk: vocabulary columns per inner step (4096); with token_chunk, the live
+        float32 logits block is token_chunk x vocab_chunk (16 MiB at the defaults).
+        Both shrink to the problem and are rounded up to multiples of the tile.
+      token_block, vocab_block: the Pallas kernel's logits tile (64 x 128); powers of two,
+        as Triton needs.
       hidden_block: slice of D per step of the kernel's dot-product loop (64); D itself when
         it does not divide D.
     """
 
     token_chunk: int = 1024
-    vocab_chunk: int = 8192
+    vocab_chunk: int = 4096
     token_block: int = 64
     vocab_block: int = 128
     hidden_block: int = 64
@@ -61,9 +62,8 @@ class LogprobConfig:
         sizes = dataclasses.asdict(self)
         if any(not isinstance(v, int) or v < 1 for v in sizes.values()):
             raise ValueError(f"LogprobConfig sizes must be positive ints, got {sizes}")
-        if self.token_chunk % self.token_block or self.vocab_chunk % self.vocab_block:
-            raise ValueError("token_chunk must be a multiple of token_block and vocab_chunk a "
-                             f"multiple of vocab_block, got {sizes}")
+        if self.token_block & (self.token_block - 1) or self.vocab_block & (self.vocab_block - 1):
+            raise ValueError(f"token_block and vocab_block must be powers of two, got {sizes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,8 +376,8 @@ def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     lead = targets.shape
     n = targets.size
     mask = jnp.ones(lead, bool) if mask is None else mask.astype(bool)
-    token_chunk = min(config.token_chunk, _round_up(max(n, 1), config.token_block))
-    vocab_chunk = min(config.vocab_chunk, _round_up(vocab, config.vocab_block))
+    token_chunk = _round_up(min(config.token_chunk, max(n, 1)), config.token_block)
+    vocab_chunk = _round_up(min(config.vocab_chunk, vocab), config.vocab_block)
     if vocab_chunk > vocab:  # a vocabulary smaller than one chunk: pad the (small) head
         pad = [(0, vocab_chunk - vocab), (0, 0)]
         head = jnp.pad(head, pad if head_layout == "vd" else pad[::-1])

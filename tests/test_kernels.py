@@ -142,6 +142,19 @@ def test_logprob_kernel_with_default_tiles_and_odd_hidden_size():
         _close(got, want)
 
 
+def test_logprob_chunks_off_the_tile_grid_are_rounded_up():
+    """token_chunk 10 and vocab_chunk 20 with 8-wide tiles run as 16 and 24."""
+    hidden, head, targets, mask = _problem(9, (3, 7), 16, 45)
+    config = LogprobConfig(token_chunk=10, vocab_chunk=20, token_block=8, vocab_block=8, hidden_block=8)
+    run = lambda impl: (lambda h, w: token_logprobs(h, w, targets, mask, config=config, impl=impl))
+    out, grads = _values_and_grads(run("interpret"), hidden, head)
+    ref, ref_grads = _float64_reference(hidden, head, targets, mask, 1.0)
+    twin, twin_grads = _values_and_grads(run("jax"), hidden, head)
+    for got, want, tw in zip((out,) + grads, (ref,) + ref_grads, (twin,) + twin_grads):
+        _close(got, want)
+        np.testing.assert_allclose(got, tw, atol=1e-5, rtol=1e-5)
+
+
 def test_logprob_bfloat16_head_close_to_float32():
     hidden, head, targets, mask = _problem(5, (2, 16), 32, 100)
     ref = token_logprobs(hidden, head, targets, mask, config=SMALL, impl="jax")
@@ -219,8 +232,10 @@ def test_logprob_bad_input_raises():
         token_logprobs(hidden, head, targets, temperature=0.0)
     with pytest.raises(ValueError, match="head_layout"):
         token_logprobs(hidden, head, targets, head_layout="hv")
-    with pytest.raises(ValueError, match="multiple"):
-        LogprobConfig(token_chunk=10, token_block=8)
+    with pytest.raises(ValueError, match="powers of two"):
+        LogprobConfig(token_block=48)
+    with pytest.raises(ValueError, match="positive"):
+        LogprobConfig(vocab_chunk=0)
 
 
 # ----------------------------------------------------------------------------- boxes
