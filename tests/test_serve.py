@@ -15,16 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
-import tokenizers
 import uvicorn
 from flax import nnx
 from pydantic import ValidationError
 
-from jax_drive.models import CausalLM, ModelConfig, Tokenizer
+from jax_drive.models import CausalLM, ModelConfig
 from jax_drive.models.export import export_peft, save_safetensors
 from jax_drive.models.lora import apply_lora, lora_projections
 from jax_drive.sampling import Completion, JaxEngine, OpenAIEngine, SamplingParams
 from jax_drive.sampling.openai_engine import OpenAIEngineError
+from jax_drive.rl.tiny import byte_tokenizer
 from jax_drive.serve import (
     BatcherConfig,
     GenerationJob,
@@ -41,21 +41,9 @@ from jax_drive.serve.protocol import (
     InvalidRequest,
     truncate_at_stop,
 )
-from servers import free_port, server_process
+from jax_drive.serve.launch import free_port, server_process
 
 MODEL = "tiny-policy"
-
-
-def byte_tokenizer() -> Tokenizer:
-    """259-token byte-level BPE (no merges) with ChatML specials; EOS = <|im_end|>."""
-    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = tokenizers.decoders.ByteLevel()
-    backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    return Tokenizer(backend, eos_token_ids=(backend.token_to_id("<|im_end|>"),),
-                     pad_token_id=backend.token_to_id("<|endoftext|>"))
 
 
 def tiny_model(seed: int = 0, scale: float = 6.0) -> CausalLM:

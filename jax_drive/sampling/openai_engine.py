@@ -702,8 +702,10 @@ class OpenAIEngine:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
-    def request(self, method: str, path: str, payload: dict | None = None) -> Any:
-        """Sends one JSON request with retries; returns the decoded JSON answer.
+    def request(self, method: str, path: str, payload: dict | None = None,
+                expect_json: bool = True) -> Any:
+        """Sends one JSON request with retries; returns the decoded JSON answer (the text
+        of a 2xx answer when ``expect_json`` is False: vLLM's LoRA endpoints answer text).
 
         Raises:
           OpenAIEngineError: a non-retryable status (with the server's message), a read
@@ -727,6 +729,8 @@ class OpenAIEngine:
                     "retried, the server may still be working on it: raise timeout_s"
                 ) from None
             if 200 <= status < 300:
+                if not expect_json:
+                    return raw.decode("utf-8", "replace")
                 try:
                     return json.loads(raw) if raw else {}
                 except ValueError:
@@ -810,7 +814,7 @@ class OpenAIEngine:
         if replace:
             body["load_inplace"] = True
         try:
-            self.request("POST", "load_lora_adapter", body)
+            self.request("POST", "load_lora_adapter", body, expect_json=False)
         except OpenAIEngineError as error:
             if error.status == 404:
                 raise UnsupportedParameterError(
@@ -820,12 +824,13 @@ class OpenAIEngine:
             if not (replace and error.status == 400 and "already" in str(error).lower()):
                 raise
             self.unload_lora_adapter(name)  # a server without load_inplace
-            self.request("POST", "load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+            self.request("POST", "load_lora_adapter", {"lora_name": name, "lora_path": str(path)},
+                         expect_json=False)
         self._models = None
 
     def unload_lora_adapter(self, name: str) -> None:
         self._require_feature(self.dialect.lora_endpoints, "runtime LoRA loading")
-        self.request("POST", "unload_lora_adapter", {"lora_name": name})
+        self.request("POST", "unload_lora_adapter", {"lora_name": name}, expect_json=False)
         self._models = None
 
     def with_model(self, model: str) -> "OpenAIEngine":

@@ -8,7 +8,7 @@ Endpoints (vLLM's paths and bodies):
   POST /v1/chat/completions        chat template of the served tokenizer, same settings
   POST /v1/load_lora_adapter       {lora_name, lora_path, load_inplace} (PEFT directory)
   POST /v1/unload_lora_adapter     {lora_name}
-  GET  /health                     200 when up
+  GET  /health                     200 when up, with the batcher's counts (engine calls, rows)
 
 Every answer choice carries ``token_ids`` (and completions ``prompt_token_ids``), as vLLM's
 ``return_token_ids`` does. Concurrent requests are batched into one sampler call
@@ -215,7 +215,8 @@ def create_app(server: PolicyServer):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        sizes = list(server.batcher.batch_sizes)
+        return {"status": "ok", "engine_calls": len(sizes), "rows": int(sum(sizes))}
 
     @app.get("/v1/models")
     async def models():
