@@ -48,9 +48,12 @@ from jax_drive.sampling.openai_engine import (
 )
 
 VLLM, LLAMA, JAXD, OPENAI = (DIALECTS[k] for k in ("vllm", "llama.cpp", "jax-drive", "openai"))
-# llama.cpp's Q4_1 matmuls quantise activations to 8 bits; our model dequantises the same
-# weights to float32. Measured max |difference| of sampled-token log-probs: see the test.
-LLAMA_CPP_LOGPROB_ATOL = 0.25
+# llama.cpp's Q4_1 matmuls quantise activations to 8 bits (and keep an f16 KV cache); our
+# model dequantises the same weights to float32. Sampled-token log-probs of 6 chat answers
+# x 32 tokens differed by 0.060 on average, 0.30 at most (p99 0.26). A wrong id differs by
+# nats (checked below with the ids shifted by one).
+LLAMA_CPP_LOGPROB_MEAN_ATOL = 0.15
+LLAMA_CPP_LOGPROB_MAX_ATOL = 0.6
 
 
 # An answer of vLLM's /v1/completions (return_tokens_as_token_ids) for one row.
@@ -206,7 +209,9 @@ def test_parse_llama_cpp_ambiguous_pieces_fall_back_to_retokenizing(tok):
     """'é' is two byte tokens; each prints as '' (invalid UTF-8 dropped), so the pieces
     cannot name the ids: they are re-tokenized from the text and flagged inexact."""
     pieces = TokenPieces(tok)
-    assert len(pieces.ids_for("")) > 2 and len(pieces.ids_for("a")) == 1
+    assert pieces.id_for("a") == tok.encode("a")[0] and pieces.id_for("") is None
+    assert pieces.ids_for_pieces(["a", "b"], "ab") == tok.encode("ab")
+    assert pieces.ids_for_pieces(["a", ""], "aé") is None
     answer = llama_answer(["", ""], [-1.0, -2.0], text="é")
     c = parse_completion_choice(answer, chat=False, dialect=LLAMA, logprobs_mode="raw",
                                 prompt_ids=None, sent_token_ids=False, tokenizer=tok, pieces=pieces)
@@ -565,7 +570,7 @@ def test_live_ids_and_logprobs_match_our_model(llama, smollm2_tokenizer):
     engine = OpenAIEngine(llama.base_url, llama.model, tokenizer=smollm2_tokenizer,
                           require_token_logprobs=True)
     messages = [{"role": "user", "content": "Name three colours."}]
-    c = engine.generate_chat([messages], SamplingParams(max_new_tokens=16, temperature=1.0),
+    c = engine.generate_chat([messages], SamplingParams(max_new_tokens=24, temperature=1.0),
                              jax.random.key(1))[0]
     assert c.metadata.exact and c.metadata.token_ids_source == "pieces" and len(c.token_ids) > 4
     model, _, _ = load_pretrained("smollm2-135m-instruct")
@@ -573,10 +578,13 @@ def test_live_ids_and_logprobs_match_our_model(llama, smollm2_tokenizer):
     ids = jnp.asarray([seq[:-1]], jnp.int32)
     logits, _ = model(ids, jnp.arange(ids.shape[1], dtype=jnp.int32)[None], jnp.ones(ids.shape, bool))
     logp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
-    ours = np.asarray(logp[jnp.arange(len(c.prompt_token_ids) - 1, len(seq) - 1),
-                           jnp.asarray(c.token_ids)])
+    rows = jnp.arange(len(c.prompt_token_ids) - 1, len(seq) - 1)
+    ours = np.asarray(logp[rows, jnp.asarray(c.token_ids)])
     diff = np.abs(ours - np.asarray(c.logprobs))
-    assert diff.max() < LLAMA_CPP_LOGPROB_ATOL, (ours, c.logprobs)
+    assert diff.mean() < LLAMA_CPP_LOGPROB_MEAN_ATOL and diff.max() < LLAMA_CPP_LOGPROB_MAX_ATOL, (
+        ours, c.logprobs)
+    shifted = np.asarray(logp[rows, jnp.roll(jnp.asarray(c.token_ids), 1)])
+    assert np.abs(shifted - np.asarray(c.logprobs)).mean() > 1.0  # the check can fail
 
 
 def test_live_validation_errors_are_not_retried(llama_cpp_server):
@@ -619,6 +627,25 @@ def test_live_chat_endpoint_without_tokenizer(llama_cpp_server):
                                SamplingParams(max_new_tokens=6, n=2), jax.random.key(0))
     assert len(out) == 2 and all(c.text for c in out)
     assert all(c.metadata.token_ids_source == "none" and c.token_ids == () for c in out)
+
+
+def test_live_multiturn_rollout_runs_unchanged_on_the_server(llama, smollm2_tokenizer):
+    """jax_drive.rollout's loop (token-id prompts, n = 1 rows, feedback turns) on llama.cpp."""
+    from jax_drive.rollout import RolloutConfig, run_rollouts
+    from jax_drive.scenes import stack_scenes, straight_road_scene
+
+    scenes = stack_scenes([straight_road_scene(scene_id=0, ego_speed=8.0)])
+    t = 0.1 * np.arange(1, 41)
+    reference = np.stack([8.0 * t, np.zeros(40), np.zeros(40)], -1)[None].astype(np.float32)
+    config = RolloutConfig(group_size=2, max_turns=2, sampling=SamplingParams(max_new_tokens=24))
+    result = run_rollouts(llama, smollm2_tokenizer, scenes, jax.random.key(0), config,
+                          reference=reference)
+    assert result.turn_mask[0, :, 0].all() and result.num_generated_tokens > 0
+    for r in range(2):
+        generated = result.turn_ids[r] >= 0
+        assert generated.any() and len(result.tokens[r]) == len(result.sample_logprobs[r])
+        first_turn = result.tokens[r][result.turn_ids[r] == 0]
+        assert smollm2_tokenizer.decode(list(first_turn)).strip()[:5] in result.turns[r][0].text
 
 
 # ----------------------------------------------------------------- live: vLLM only

@@ -23,10 +23,11 @@ as a plain OpenAI server) and then:
   server is accepted only where the two coincide (temperature 1, no top-k/top-p, no
   minimum length). ``skip_special_tokens`` is honoured by vLLM and jax-drive; llama.cpp's
   text never has special tokens.
-- recovers generated token ids when the server reports only text pieces (llama.cpp keys
-  log-probs by token text): each piece is mapped to the unique vocabulary id whose bytes
-  decode to it ("pieces"); when a piece is ambiguous the completion text is re-tokenized
-  with the local tokenizer ("retokenized": not guaranteed to be the sampled ids). Where ids
+- recovers generated token ids when the server reports only token texts (llama.cpp keys
+  log-probs by token text): each text is mapped to the vocabulary id that prints it
+  (``TokenPieces``: exact when no token ends inside a UTF-8 character, "pieces");
+  otherwise the completion text is re-tokenized with the local tokenizer ("retokenized":
+  not guaranteed to be the sampled ids, log-probs unavailable). Where ids
   came from and whether the log-probs belong to them is in ``RemoteCompletion.metadata``.
   With ``require_token_logprobs=True`` (RL training) any completion whose ids or log-probs
   are not exact raises instead.
@@ -368,39 +369,57 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class TokenPieces:
-    """Maps the per-token text a server reports (llama.cpp: each token's bytes decoded as
-    UTF-8 with invalid bytes dropped, special tokens as '') back to vocabulary ids.
+    """Maps the per-token texts a server reports back to vocabulary ids.
 
-    Built once from the local tokenizer (byte-level BPE: exact bytes of every token;
-    otherwise the tokenizer's own one-token decode). ``ids_for(piece)`` lists every id
-    that prints as ``piece``; a piece with one id is unambiguous.
+    llama.cpp prints each generated token as its bytes decoded as UTF-8 with invalid bytes
+    dropped (special tokens as ''). A token whose bytes are valid UTF-8 by themselves prints
+    exactly its text, and byte-level BPE gives every byte string one id, so such a "whole"
+    piece names one id. When the pieces put together equal the completion text, no token
+    ended inside a UTF-8 character (that would drop bytes from the pieces which the text
+    keeps), so every piece is a whole token. The one case this cannot see: bytes that never
+    form valid UTF-8, which the text drops as well.
+
+    Built once from the local tokenizer (byte-level BPE: each token's exact bytes; other
+    tokenizers: their own one-token decode).
     """
 
     def __init__(self, tokenizer):
-        specials = set()
+        specials: set[int] = set()
         added = getattr(getattr(tokenizer, "backend", None), "get_added_tokens_decoder", None)
         if added is not None:
             specials = {int(i) for i, tok in added().items() if getattr(tok, "special", False)}
         decoder = _byte_decoder()
-        table: dict[str, list[int]] = {}
+        whole: dict[str, int | None] = {}
         for idx in range(int(tokenizer.vocab_size)):
-            for piece in self._pieces(tokenizer, idx, idx in specials, decoder):
-                table.setdefault(piece, []).append(idx)
-        self._table = table
+            text = None if idx in specials else self._whole_text(tokenizer, idx, decoder)
+            if text:
+                whole[text] = None if text in whole else idx  # None: two ids print alike
+        self._whole = whole
 
     @staticmethod
-    def _pieces(tokenizer, idx: int, special: bool, decoder: dict[str, int]) -> set[str]:
+    def _whole_text(tokenizer, idx: int, decoder: dict[str, int]) -> str | None:
+        """The token's text when its bytes are valid UTF-8 by themselves, else None."""
         token = tokenizer.id_to_token(idx)
         if token is None:
-            return set()
-        if special:
-            return {"", token}  # hidden by llama.cpp's detokenizer, or printed verbatim
+            return None
         if all(c in decoder for c in token):
-            return {bytes(decoder[c] for c in token).decode("utf-8", errors="ignore")}
-        return {tokenizer.decode([idx], skip_special_tokens=False).replace("\ufffd", "")}
+            try:
+                return bytes(decoder[c] for c in token).decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        text = tokenizer.decode([idx], skip_special_tokens=False)
+        return None if "\ufffd" in text else text
 
-    def ids_for(self, piece: str) -> list[int]:
-        return self._table.get(piece, [])
+    def id_for(self, piece: str) -> int | None:
+        """The id of a whole token printed as ``piece`` (None: none or ambiguous)."""
+        return self._whole.get(piece)
+
+    def ids_for_pieces(self, pieces: Sequence[str], text: str) -> list[int] | None:
+        """Ids of a completion's token texts, or None when they cannot be named exactly."""
+        if "".join(pieces) != text:
+            return None
+        ids = [self.id_for(piece) for piece in pieces]
+        return None if any(i is None for i in ids) else ids  # type: ignore[return-value]
 
 
 def _finish_reason(value: Any, where: str) -> str:
@@ -438,19 +457,6 @@ def _token_id(token: Any) -> int | None:
     return None
 
 
-def _ids_from_pieces(pieces: Sequence[str], table: TokenPieces | None) -> list[int] | None:
-    """The unique id of every piece, or None when one is unknown or ambiguous."""
-    if table is None:
-        return None
-    ids = []
-    for piece in pieces:
-        candidates = table.ids_for(piece)
-        if len(candidates) != 1:
-            return None
-        ids.append(candidates[0])
-    return ids
-
-
 def _recover_ids(
     choice: dict,
     tokens: Sequence[Any],
@@ -480,9 +486,9 @@ def _recover_ids(
     if tokens and len(tokens) != len(logprobs):
         raise OpenAIEngineError(f"{where}: {len(tokens)} tokens but {len(logprobs)} log-probs")
     complete = completion_tokens is None or completion_tokens == len(tokens)
-    if tokens and complete and all(isinstance(t, str) for t in tokens):
-        ids = _ids_from_pieces(tokens, pieces)
-        if ids is not None and "".join(tokens) == text:
+    if tokens and complete and pieces is not None and all(isinstance(t, str) for t in tokens):
+        ids = pieces.ids_for_pieces(tokens, text)
+        if ids is not None:
             return tuple(ids), tuple(logprobs), "pieces", "server"
     if tokenizer is None:
         return (), (), "none", "none"
