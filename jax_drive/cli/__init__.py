@@ -20,6 +20,7 @@ COMMAND_MODULES = {
     "convert": "convert",  # GGUF / safetensors -> safetensors
     "train": "train",  # SFT + mtGRPO (training stack)
     "sim": "sim",  # multi-agent cooperative simulator
+    "serve": "serve",  # OpenAI-compatible HTTP server over a Flax policy
 }
 
 
