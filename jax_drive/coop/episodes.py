@@ -77,10 +77,6 @@ class EpisodeBatch:
         self.decision = 0
 
     @property
-    def num_episodes(self) -> int:
-        return len(self.names)
-
-    @property
     def time(self) -> float:
         """Seconds since the start of every episode."""
         return self.decision * self.cfg.decision_dt
