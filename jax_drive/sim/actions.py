@@ -12,8 +12,10 @@ the path itself), lane changes the neighbouring path.
 from __future__ import annotations
 
 import enum
+import functools
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from jax_drive.geometry import point_at_arc, polyline_table, project_on_table
@@ -92,3 +94,11 @@ def command_action(cfg: SimConfig, command, target_speed=None) -> Action:
     ts = jnp.zeros(command.shape, jnp.float32) if target_speed is None else jnp.asarray(target_speed, jnp.float32)
     return Action(command=command, target_speed=ts,
                   waypoints=jnp.zeros(command.shape + (cfg.num_waypoints, 2), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def batched_intention_waypoints(cfg: SimConfig, lanes: LaneGraph, lane: chex.Array, x: chex.Array, y: chex.Array,
+                                speed: chex.Array, nav: chex.Array, intent: chex.Array) -> chex.Array:
+    """:func:`intention_waypoints` over episodes: lanes with (B, ...) fields, the rest (B, A);
+    returns (B, A, W, 2)."""
+    return jax.vmap(lambda *args: intention_waypoints(cfg, *args))(lanes, lane, x, y, speed, nav, intent)
