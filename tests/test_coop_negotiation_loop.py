@@ -26,7 +26,7 @@ from test_coop_negotiation import CountingEngine, tiny_policy
 KEY = jax.random.fold_in(jax.random.key(0), 0)
 
 
-def _run(policy, name="ic_straight_left", n=1, max_time=None):
+def _run(policy, name="ic_straight_straight", n=1, max_time=None):
     return run_episodes([name] * n, [KEY] * n, accident_prone=[True] * n, policy=policy, cfg=CONTROL_5HZ,
                         max_time=max_time, record=False)[0]
 
@@ -39,8 +39,8 @@ def test_teacher_negotiation_avoids_the_crash_the_planner_alone_has():
     assert [o.outcome for o in talked.outcomes] == ["success", "success"] and talked.metrics["DS"] == 100.0
     first = policy.log[0]
     assert first["vids"] and len(first["rounds"]) >= 1 and first["edges"]
-    # the left-turning vehicle (202, from the north) yields to the straight one (201)
-    assert first["intents"]["202"] in ("STOP", "SLOWER") and first["intents"]["201"] == "FASTER"
+    # one of the two yields, the other goes faster
+    assert sorted(first["intents"].values()) in (["FASTER", "SLOWER"], ["FASTER", "STOP"])
     assert talked.messages_sent == len(first["conversation"]) + sum(len(r["conversation"]) for r in policy.log[1:])
     assert any("202" in text or "201" in text for _, _, text in talked.message_log)
 
@@ -87,7 +87,7 @@ def test_held_outcome_overrides_the_planner_and_commands_waypoints():
     from jax_drive.coop.episodes import EpisodeBatch
 
     policy = NegotiatingPolicy(RuleTeacher(), NegotiationConfig())
-    batch = EpisodeBatch(["ic_straight_left"], [KEY], [True], cfg=CONTROL_5HZ)
+    batch = EpisodeBatch(["ic_straight_straight"], [KEY], [True], cfg=CONTROL_5HZ)
     for _ in range(60):
         obs = batch.observe()
         step = batch.decision_batch(obs, np.array([0]))
