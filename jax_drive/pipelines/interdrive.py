@@ -293,13 +293,13 @@ def load_model(preset: Preset, adapter_dir: str | None = None, lora: bool = Fals
 
     from jax_drive.models import load_pretrained
     from jax_drive.models.export import load_peft
-    from jax_drive.models.lora import apply_lora
+    from jax_drive.models.lora import apply_lora, remove_lora
 
     model, _, tokenizer = load_pretrained(preset.model)
     if lora:  # training: recompute decoder blocks in the backward pass (much less memory)
         model.config = dataclasses.replace(model.config, remat_layers=True)
     if adapter_dir is not None:
-        load_peft(model, adapter_dir)
+        remove_lora(load_peft(model, adapter_dir), merge=True)  # inference: fold the adapter in
     elif lora:
         apply_lora(model, rank=preset.lora_rank, alpha=preset.lora_alpha, rngs=nnx.Rngs(1))
     return model, tokenizer
