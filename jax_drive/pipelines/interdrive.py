@@ -76,7 +76,7 @@ class Preset:
     Negotiation: prompt ``style``; ``max_rounds`` with a critic, ``rounds_without_critic``
       without; ``radius`` of arm (2); ``negotiate_every`` decisions (5 Hz control);
       ``turns`` 'parallel' (one actor call per round) or 'sequential'.
-    Model: ``model`` (load_pretrained source); ``actor_tokens`` / ``consensus_tokens``
+    Model: ``model`` (load_pretrained source, or 'tiny': a random tiny model); ``actor_tokens`` / ``consensus_tokens``
       generation budgets; greedy decoding at ``temperature`` 0; ``prompt_bucket`` pads
       prompts to a multiple of it; ``engine_batch`` rows per sampler call (None: all).
     Small-model path: teacher episodes on ``train_seeds`` (both backgrounds, alternating
@@ -145,6 +145,16 @@ PRESETS = {
                     sft=SFTConfig(optim=OptimConfig(learning_rate=1e-4), batch_size=32, epochs=3, max_length=2048,
                                   bucket_size=64, checkpoint_every=200),
                     convergence_groups=200),
+    # Smoke check of every stage in minutes: a random tiny model over the byte tokenizer
+    # (it cannot negotiate; its output exercises the parsers' failure paths), two types,
+    # one seed, no background traffic, a handful of SFT examples and steps.
+    "tiny": Preset(name="tiny", types=("ic_straight_straight", "ic_straight_left"), backgrounds=(False,),
+                   eval_seeds=(0,), max_rounds=2, model="tiny", actor_tokens=8, consensus_tokens=8,
+                   train_seeds=(100,), train_episodes_per_seed=1, sft_counts=(("actor", 6), ("sum", 3), ("consensus", 3)),
+                   lora_rank=4, lora_alpha=8.0,
+                   sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=2, max_steps=2, max_length=1536,
+                                 bucket_size=64, checkpoint_every=None),
+                   convergence_groups=2),
 }
 
 
@@ -295,7 +305,12 @@ def load_model(preset: Preset, adapter_dir: str | None = None, lora: bool = Fals
     from jax_drive.models.export import load_peft
     from jax_drive.models.lora import apply_lora, remove_lora
 
-    model, _, tokenizer = load_pretrained(preset.model)
+    if preset.model == "tiny":
+        from jax_drive.rl.tiny import tiny_policy
+
+        model, _, tokenizer = tiny_policy(seed=0, lora_rank=None)
+    else:
+        model, _, tokenizer = load_pretrained(preset.model)
     if lora:  # training: recompute decoder blocks in the backward pass (much less memory)
         model.config = dataclasses.replace(model.config, remat_layers=True)
     if adapter_dir is not None:

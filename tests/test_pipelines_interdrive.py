@@ -1,0 +1,110 @@
+"""The InterDrive pipeline's pieces: Table 2 arms, presets, episode plans, SFT example
+selection, negotiation statistics and the fine-tuned model's loading (adapter folded in)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_drive.models.export import export_peft
+from jax_drive.models.lora import apply_lora, lora_projections
+from jax_drive.pipelines import interdrive as I
+from jax_drive.rl.tiny import tiny_policy
+
+TINY = I.PRESETS["tiny"]
+
+
+def test_arms_are_the_rows_of_table_2():
+    p = I.PRESETS["cpu-demo"]
+    one = I.arm_config("1_no_negotiation", p)
+    assert not one.negotiate
+    two, three, four, five = (I.arm_config(a, p) for a in I.ARMS[1:])
+    assert two.grouping.radius == p.radius == 50.0
+    assert all(c.negotiate and c.grouping.radius is None for c in (three, four, five))
+    assert [(c.rounds.critic, c.rounds.consensus) for c in (two, three, four, five)] == [
+        (False, False), (False, False), (True, False), (True, True)]
+    # without a critic nothing stops a negotiation early: the preset's fixed number of rounds
+    assert two.rounds.rounds == three.rounds.rounds == p.rounds_without_critic
+    assert four.rounds.rounds == five.rounds.rounds == p.max_rounds == 3
+    with pytest.raises(ValueError, match="unknown arm"):
+        I.arm_config("6_everything", p)
+
+
+def test_preset_rejects_overlapping_seeds_and_unknown_types():
+    with pytest.raises(ValueError, match="overlap"):
+        I.Preset(name="x", eval_seeds=(0, 1), train_seeds=(1, 2))
+    with pytest.raises(ValueError, match="unknown InterDrive"):
+        I.Preset(name="x", types=("ic_straight_straight", "tv_overtake"))
+    for p in I.PRESETS.values():  # every shipped preset keeps evaluation and training apart
+        assert not set(p.eval_seeds) & set(p.train_seeds)
+
+
+def test_episode_plan_keys_and_flags():
+    names, keys, flags, tags = I.episode_plan(("ic_chaos", "lm_highway_merge"), (0, 2), 3, "alternate")
+    assert len(names) == len(keys) == len(flags) == len(tags) == 12
+    assert names[:6] == ["ic_chaos"] * 6 and tags[4] == ("ic_chaos", 2, 1)
+    assert flags[:3] == [True, False, True]
+    assert jnp.array_equal(jax.random.key_data(keys[4]),
+                           jax.random.key_data(jax.random.fold_in(jax.random.key(2), 1)))
+    assert all(I.episode_plan(("ic_chaos",), (0,), 4, "accident")[2])
+
+
+def _example(kind, prompt, answer="x", rnd=0):
+    return {"kind": kind, "round": rnd, "messages": [{"role": "user", "content": prompt},
+                                                     {"role": "assistant", "content": answer}]}
+
+
+def test_select_examples_counts_distinct_prompts_length_and_late_rounds():
+    ex = [_example("actor", f"a{k}", rnd=int(k >= 10)) for k in range(20)]  # 10 first-round, 10 later
+    ex += [_example("actor", "a0")]  # a duplicate prompt
+    ex += [_example("sum", f"s{k}") for k in range(5)] + [_example("sum", "s" * 50)]
+    ex += [_example("consensus", f"c{k}") for k in range(2)]
+    chosen = I.select_examples(ex, (("actor", 8), ("sum", 10), ("consensus", 1)), seed=3, max_chars=20)
+    kinds = [e["kind"] for e in chosen]
+    assert kinds.count("actor") == 8 and kinds.count("sum") == 5 and kinds.count("consensus") == 1
+    prompts = [e["messages"][0]["content"] for e in chosen]
+    assert len(set(prompts)) == len(prompts) and "s" * 50 not in prompts
+    assert sum(e["round"] > 0 for e in chosen if e["kind"] == "actor") >= 4  # half from later rounds
+
+
+def test_negotiation_stats_by_hand():
+    def rnd(r, q, s, fb, src="json", missing=(), cons=None, err=None):
+        return {"round": r, "quality": q, "safety": s, "efficiency": 0.5, "consensus": cons, "feedback": fb,
+                "sum_source": src, "sum_missing": list(missing), "consensus_error": err}
+
+    log = [{"vids": [1, 2], "rounds": [rnd(0, 4.0, 0.2, ["Safety issue: 1 2"], cons=0.5),
+                                       rnd(1, 8.0, 0.9, [], cons=0.9)]},
+           {"vids": [1, 2, 3], "rounds": [rnd(0, 6.0, 0.6, ["Efficiency issue: x"], "none", (3,), err="no score")]}]
+    st = I.negotiation_stats(log)
+    assert st["negotiations"] == 2 and st["rounds_hist"] == {2: 1, 1: 1} and st["group_size_hist"] == {2: 1, 3: 1}
+    assert st["sum_parse"] == {"json": 2, "none": 1} and st["sum_missing_rate"] == pytest.approx(1 / 3)
+    assert st["consensus_unreadable"] == 1
+    assert st["feedback_lines"] == {"Safety issue": 1, "Efficiency issue": 1}
+    assert st["per_round"][0]["quality"] == pytest.approx(5.0) and st["per_round"][0]["n"] == 2
+    assert st["per_round"][0]["consensus"] == pytest.approx(0.5)  # the None is left out of the mean
+    assert st["per_round"][1] == {"quality": 8.0, "safety": 0.9, "efficiency": 0.5, "consensus": 0.9, "n": 1}
+
+
+def test_loaded_adapter_is_folded_in_with_the_trained_logits(tmp_path):
+    """load_model(adapter) = the base model with the trained LoRA, merged (no adapter left)."""
+    trained, config, _ = tiny_policy(seed=0, lora_rank=None)
+    apply_lora(trained, rank=TINY.lora_rank, alpha=TINY.lora_alpha, rngs=nnx.Rngs(1))
+    for i, proj in enumerate(lora_projections(trained).values()):  # as if trained: B != 0
+        proj.lora_b.set_value(jax.random.normal(jax.random.key(i), proj.lora_b.shape) * 0.3)
+    export_peft(trained, tmp_path / "adapter", base_model_name="tiny")
+    loaded, _ = I.load_model(TINY, str(tmp_path / "adapter"))
+    assert not lora_projections(loaded)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, 9)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+    mask = jnp.ones((2, 9), bool)
+    want, _ = trained(ids, pos, mask)
+    got, _ = loaded(ids, pos, mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4)
+    base, _ = I.load_model(TINY)
+    assert not np.allclose(np.asarray(base(ids, pos, mask)[0]), np.asarray(want), atol=1e-3)
+    fresh, _ = I.load_model(TINY, lora=True)  # training: fresh adapters, remat on
+    assert lora_projections(fresh) and fresh.config.remat_layers
+    assert dataclasses.replace(fresh.config, remat_layers=False) == config
