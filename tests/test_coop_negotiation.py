@@ -38,6 +38,18 @@ def test_sum_actions_key_and_value_variants():
     assert got.missing == (203,) and not got.ok
 
 
+def test_sum_actions_in_the_seeds_literal_formats():
+    """The seed's listing asks for ``{'id': car_id, 'speed': category}`` (Python quotes, one
+    object per car) next to a JSON example keyed by id; both are read."""
+    vids = [201, 202]
+    want = {201: SpeedIntent.STOP, 202: SpeedIntent.FASTER}
+    for text in ("{'id': 201, 'speed': 'STOP'}, {'id': 202, 'speed': 'FASTER'}",
+                 '[{"id": 201, "speed": "STOP"}, {"id": 202, "speed": "FASTER"}]',
+                 "{'201': {'speed': 'STOP'}, '202': {'speed': 'FASTER'}}"):
+        got = C.parse_sum_actions(text, vids)
+        assert got.intents == want and got.ok, text
+
+
 def test_sum_actions_falls_back_to_prose_and_reports_failure():
     got = C.parse_sum_actions("201 will STOP and vehicle 202: faster please", [201, 202])
     assert got.intents == {201: SpeedIntent.STOP, 202: SpeedIntent.FASTER} and got.source == "text"
@@ -76,8 +88,11 @@ def test_keep_rule_and_consensus_parser():
     got = C.keep_rule({1: SpeedIntent.KEEP, 2: SpeedIntent.KEEP, 3: SpeedIntent.STOP}, {1: 3.9, 2: 4.0, 3: 0.0})
     assert got == {1: SpeedIntent.FASTER, 2: SpeedIntent.KEEP, 3: SpeedIntent.STOP}
     assert C.parse_consensus("Short analysis: agreed.\nConsensus score: 85") == (0.85, None)
-    assert C.parse_consensus("**Consensus Score**: 250")[0] is None  # markdown around the colon is not accepted
+    for marked in ("**Consensus Score**: 70", "Consensus score:** 70", "consensus score = 70", "CONSENSUS SCORE 70"):
+        assert C.parse_consensus(marked) == (0.7, None), marked
     assert C.parse_consensus("Consensus score: 250") == (1.0, None)
+    assert C.parse_consensus("Consensus score: 2500")[1] == "no consensus score"  # not read as 250
+    assert C.parse_consensus("Consensus score: -40")[1] == "no consensus score"
     assert C.parse_consensus("they agree, 90")[1] == "no consensus score"
 
 

@@ -35,7 +35,8 @@ CONSENSUS_FEEDBACK = "Consensus issue: The vehicles have not agreed yet. Settle 
 _CLASSES = {name: SpeedIntent(k) for k, name in SPEED_NAMES.items()}
 _CLASS_RE = re.compile(r"\b(STOP|SLOWER|KEEP|FASTER)\b", re.IGNORECASE)
 _PAIR_RE = re.compile(r"(\d+)\D{0,24}?\b(STOP|SLOWER|KEEP|FASTER)\b", re.IGNORECASE)
-_SCORE_RE = re.compile(r"consensus\s*score\s*[:=]?\s*\**\s*(\d{1,3})", re.IGNORECASE)
+# "Consensus score: 85", "**Consensus Score**: 85", "Consensus score:** 85", "consensus score = 85"
+_SCORE_RE = re.compile(r"consensus\s*score[\s*:=]*(\d{1,3})\b", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
