@@ -2,6 +2,10 @@
 the Fig. 5 convergence study and one rendered episode with its dialogue.
 
     python experiments/interdrive.py --preset cpu-demo --engine jax --json OUT.json
+    python experiments/interdrive.py --preset tiny --work-dir /tmp/id-tiny --json /tmp/id-tiny.json  # smoke check
+
+The ``tiny`` preset (a random tiny model that cannot negotiate, two types, one seed) runs
+every stage in a few minutes on a CPU; its numbers mean nothing.
 
 Stages (``--stage``, default ``all``; every stage reuses what an earlier run left in
 ``--work-dir`` (default ``runs/interdrive-<preset>``), so a run can be stopped and started
