@@ -24,10 +24,6 @@ import argparse
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from jax_drive.runinfo import InputError, add_output_args, run_main, run_metadata, write_json
 
 
@@ -52,6 +48,8 @@ def synthetic_groups(n: int):
 
 def close_waypoints(groups, intents):
     """Members stand 1 m apart: the critic always gives feedback, so every round runs."""
+    import numpy as np
+
     return [np.stack([np.tile([float(k), 0.0], (20, 1)) for k in range(len(g.vids))]) for g in groups]
 
 
@@ -105,6 +103,10 @@ def bench_rounds(args) -> dict:
 
 
 def bench_grouping(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
     from jax_drive.sim.grouping import GroupingConfig, GroupState, batched_group_step, group_step_reference
 
     rng = np.random.default_rng(0)
@@ -150,17 +152,18 @@ def main(argv=None) -> int:
     parser.add_argument("--episodes", type=int, default=1024)
     parser.add_argument("--vehicles", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--skip-engine", action="store_true", help="only the grouping benchmark")
+    parser.add_argument("--no-engine", action="store_true", help="only the grouping benchmark")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
-    if min(args.groups, args.rounds, args.episodes, args.vehicles, args.repeats, args.actor_tokens) < 1:
-        raise InputError("--groups, --rounds, --episodes, --vehicles, --repeats and --actor-tokens must be >= 1")
+    for name in ("groups", "rounds", "actor_tokens", "episodes", "vehicles", "repeats"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     report = {"meta": run_metadata(command="python experiments/bench_negotiation.py "
                                            + " ".join(sys.argv[1:] if argv is None else argv))}
     report["grouping"] = bench_grouping(args)
     print(f"grouping {args.episodes} x {args.vehicles}: jax {report['grouping']['jax_seconds'] * 1e3:.2f} ms, numpy "
           f"{report['grouping']['numpy_seconds'] * 1e3:.1f} ms, {report['grouping']['speedup']:.0f}x")
-    if not args.skip_engine:
+    if not args.no_engine:
         report["rounds"] = bench_rounds(args)
         r = report["rounds"]
         print(f"rounds: batched {r['batched']['group_rounds_per_s']:.2f}/s, per speaker "

@@ -2,9 +2,9 @@
 the Fig. 5 convergence study and one rendered episode with its dialogue.
 
     python experiments/interdrive.py --preset cpu-demo --engine jax --json OUT.json
-    python experiments/interdrive.py --preset tiny --work-dir /tmp/id-tiny --json /tmp/id-tiny.json  # smoke check
+    python experiments/interdrive.py --preset smoke --work-dir /tmp/id-smoke --json /tmp/id-smoke.json  # check
 
-The ``tiny`` preset (a random tiny model that cannot negotiate, two types, one seed) runs
+The ``smoke`` preset (a random tiny model that cannot negotiate, two types, one seed) runs
 every stage in a few minutes on a CPU; its numbers mean nothing.
 
 Stages (``--stage``, default ``all``; every stage reuses what an earlier run left in
@@ -304,31 +304,36 @@ def plot_table(table: dict, path: str):
 
 
 def main(argv=None) -> int:
-    from jax_drive.pipelines.interdrive import ARMS, BASELINES, PRESETS
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-demo")
+    parser.add_argument("--preset", default="cpu-demo", help="cpu-demo (default), paper or smoke "
+                        "(jax_drive.pipelines.interdrive.PRESETS)")
     parser.add_argument("--engine", choices=("jax", "openai"), default="jax")
     parser.add_argument("--url", default=None, help="OpenAI-compatible server (with --engine openai)")
     parser.add_argument("--served-model", default=None, help="model name on the server (default: the preset's)")
     parser.add_argument("--adapter", default=None, help="use this PEFT adapter instead of training one")
     parser.add_argument("--stage", choices=STAGES + ("all",), default="all")
-    parser.add_argument("--arms", default=",".join(ARMS + BASELINES),
-                        help="comma-separated arms / baselines to evaluate (default: all)")
+    parser.add_argument("--arms", default=None, help="comma-separated Table 2 arms / baselines to evaluate "
+                        "(default: all of 1_no_negotiation .. 5_consensus, rule_based, silent)")
     parser.add_argument("--background", choices=("off", "on", "both"), default="both")
     parser.add_argument("--work-dir", default=None, help="run directory (default runs/interdrive-<preset>)")
     parser.add_argument("--render-type", default="ic_straight_left", help="InterDrive type of the rendered episode")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS + BASELINES]
-    if unknown:
-        raise InputError(f"unknown arms {unknown}; choose from {', '.join(ARMS + BASELINES)}")
-    if args.engine == "openai" and not args.url:
+    if args.engine == "openai" and not args.url:  # checks that need no heavy import come first
         raise InputError("--engine openai needs --url")
+    if args.adapter is not None and not os.path.isdir(args.adapter):
+        raise InputError(f"--adapter {args.adapter} is not a directory")
+
+    from jax_drive.pipelines.interdrive import ARMS, BASELINES, PRESETS
     from jax_drive.sim import scenarios as S
 
+    if args.preset not in PRESETS:
+        raise InputError(f"unknown preset {args.preset!r}; choose from {', '.join(sorted(PRESETS))}")
+    arms = [a.strip() for a in (args.arms or ",".join(ARMS + BASELINES)).split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS + BASELINES]
+    if unknown or not arms:
+        raise InputError(f"unknown arms {unknown}; choose from {', '.join(ARMS + BASELINES)}")
     if args.render_type not in S.INTERDRIVE:
         raise InputError(f"--render-type must be an InterDrive type, got {args.render_type!r}")
     run = Run(args)

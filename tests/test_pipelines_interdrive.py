@@ -14,7 +14,7 @@ from jax_drive.models.lora import apply_lora, lora_projections
 from jax_drive.pipelines import interdrive as I
 from jax_drive.rl.tiny import tiny_policy
 
-TINY = I.PRESETS["tiny"]
+SMOKE = I.PRESETS["smoke"]
 
 
 def test_arms_are_the_rows_of_table_2():
@@ -91,11 +91,11 @@ def test_negotiation_stats_by_hand():
 def test_loaded_adapter_is_folded_in_with_the_trained_logits(tmp_path):
     """load_model(adapter) = the base model with the trained LoRA, merged (no adapter left)."""
     trained, config, _ = tiny_policy(seed=0, lora_rank=None)
-    apply_lora(trained, rank=TINY.lora_rank, alpha=TINY.lora_alpha, rngs=nnx.Rngs(1))
+    apply_lora(trained, rank=SMOKE.lora_rank, alpha=SMOKE.lora_alpha, rngs=nnx.Rngs(1))
     for i, proj in enumerate(lora_projections(trained).values()):  # as if trained: B != 0
         proj.lora_b.set_value(jax.random.normal(jax.random.key(i), proj.lora_b.shape) * 0.3)
     export_peft(trained, tmp_path / "adapter", base_model_name="tiny")
-    loaded, _ = I.load_model(TINY, str(tmp_path / "adapter"))
+    loaded, _ = I.load_model(SMOKE, str(tmp_path / "adapter"))
     assert not lora_projections(loaded)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, 9)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
@@ -103,8 +103,8 @@ def test_loaded_adapter_is_folded_in_with_the_trained_logits(tmp_path):
     want, _ = trained(ids, pos, mask)
     got, _ = loaded(ids, pos, mask)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4)
-    base, _ = I.load_model(TINY)
+    base, _ = I.load_model(SMOKE)
     assert not np.allclose(np.asarray(base(ids, pos, mask)[0]), np.asarray(want), atol=1e-3)
-    fresh, _ = I.load_model(TINY, lora=True)  # training: fresh adapters, remat on
+    fresh, _ = I.load_model(SMOKE, lora=True)  # training: fresh adapters, remat on
     assert lora_projections(fresh) and fresh.config.remat_layers
     assert dataclasses.replace(fresh.config, remat_layers=False) == config

@@ -145,10 +145,10 @@ PRESETS = {
                     sft=SFTConfig(optim=OptimConfig(learning_rate=1e-4), batch_size=32, epochs=3, max_length=2048,
                                   bucket_size=64, checkpoint_every=200),
                     convergence_groups=200),
-    # Smoke check of every stage in minutes: a random tiny model over the byte tokenizer
+    # A check of every stage in minutes: a random tiny model over the byte tokenizer
     # (it cannot negotiate; its output exercises the parsers' failure paths), two types,
     # one seed, no background traffic, a handful of SFT examples and steps.
-    "tiny": Preset(name="tiny", types=("ic_straight_straight", "ic_straight_left"), backgrounds=(False,),
+    "smoke": Preset(name="smoke", types=("ic_straight_straight", "ic_straight_left"), backgrounds=(False,),
                    eval_seeds=(0,), max_rounds=2, model="tiny", actor_tokens=8, consensus_tokens=8,
                    train_seeds=(100,), train_episodes_per_seed=1, sft_counts=(("actor", 6), ("sum", 3), ("consensus", 3)),
                    lora_rank=4, lora_alpha=8.0,
