@@ -173,13 +173,22 @@ def assign_hf_weights(config: ModelConfig, get: Callable[[str], np.ndarray],
 
 def load_safetensors_dir(path: str | Path, dtype: str | None = None):
     """(model, config) from an HF directory: config.json + (sharded) *.safetensors."""
-    from safetensors import safe_open
-
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise WeightLoadError(f"{path} has no config.json")
     config = ModelConfig.from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
+    get, names = safetensors_tensors(path)
+    model = assign_hf_weights(config, get, names)
+    return model, config
+
+
+def safetensors_tensors(path: str | Path) -> tuple[Callable[[str], np.ndarray], list[str]]:
+    """(get, names) over the weights of an HF directory: model.safetensors.index.json's
+    shards or every *.safetensors file (adapters excluded); get(name) -> float32 numpy."""
+    from safetensors import safe_open
+
+    path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
@@ -200,8 +209,7 @@ def load_safetensors_dir(path: str | Path, dtype: str | None = None):
     def get(name):
         return np.asarray(where[name].get_tensor(name).astype(jnp.float32))
 
-    model = assign_hf_weights(config, get, where.keys())
-    return model, config
+    return get, list(where)
 
 
 # ----------------------------------------------------------------------------- GGUF

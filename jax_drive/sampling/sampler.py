@@ -372,10 +372,13 @@ def _unrolled_step(config, dp: DecodeParams, cache: LayerCache, token, position,
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6, 7))
-def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_layer: bool) -> DecodeState:
+def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_layer: bool,
+             positions=None, vision=None) -> DecodeState:
     """ids/mask (B, P) left-padded, row_valid (B,) bool (False = dummy row, done from the
     start) -> decode state with the first P - 1 prompt columns cached (stacked KVCache, or
-    a LayerCache when ``per_layer``)."""
+    a LayerCache when ``per_layer``). A multimodal prompt brings its own positions
+    ((3, B, P) M-RoPE; decoding continues from the last column's) and ``vision`` inputs,
+    both from ``model.multimodal_inputs``."""
     from jax_drive.models import init_cache  # models sit below sampling
 
     TRACE_COUNTS["prefill"] += 1
@@ -383,10 +386,12 @@ def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_la
     config = model.config
     batch, plen = ids.shape
     cache = init_cache(config, batch, plen + gen_bucket, config.jnp_dtype)
-    positions = prompt_positions(mask)
+    if positions is None:
+        positions = prompt_positions(mask)
+    extra = {} if vision is None else {"vision": vision}
     if plen > 1:
         if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
-            cache = model.prefill(ids[:, :-1], positions[:, :-1], mask[:, :-1], cache)
+            cache = model.prefill(ids[:, :-1], positions[..., :-1], mask[:, :-1], cache, **extra)
         else:
             _, cache = model(
                 ids[:, :-1], positions[:, :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0)
@@ -401,7 +406,7 @@ def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_la
     return DecodeState(
         cache=cache,
         token=ids[:, -1],
-        position=positions[:, -1],
+        position=(positions if positions.ndim == 2 else positions[0])[:, -1],
         step=jnp.zeros((), jnp.int32),
         done=~row_valid,
         tokens=jnp.zeros((batch, gen_bucket), jnp.int32),
@@ -523,6 +528,7 @@ def generate_tokens(
     logprobs_mode: str = "raw",
     config: SamplerConfig = SamplerConfig(),
     graph_and_state: tuple[Any, Any] | None = None,
+    images: Sequence[Sequence[Any] | None] | None = None,
 ) -> SamplerOutput:
     """Samples continuations of token-id prompts with the jitted KV-cache sampler.
 
@@ -535,6 +541,9 @@ def generate_tokens(
       pad_id: token id used for padding (inputs and outputs).
       config: shape bucketing.
       graph_and_state: ``nnx.split(model)`` when the caller already has it.
+      images: for a vision-language model, per prompt the processed images whose
+        `<|image_pad|>` tokens the prompt holds (None / empty for text-only prompts); the
+        model lays them out with ``model.multimodal_inputs``.
 
     Returns:
       SamplerOutput with (R, max_new_tokens) arrays.
@@ -572,12 +581,23 @@ def generate_tokens(
     stop_arr = np.full((kpad,), -1, np.int32)
     stop_arr[: len(stop_ids)] = stop_ids
 
+    positions = vision = None
+    if images is not None:
+        if len(images) != rows:
+            raise ValueError(f"{len(images)} image lists for {rows} prompts")
+        if not hasattr(model, "multimodal_inputs"):
+            raise TypeError(f"{type(model).__name__} does not take images")
+        if any(p[-1] == getattr(mcfg, "image_token_id", None) for p in prompts):
+            raise ValueError("a prompt with images must end with text, not an image token")
+        positions, vision, _ = model.multimodal_inputs(
+            ids, mask, list(images) + [None] * (batch - rows))
+
     graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
     dp = decode_params(model) if config.unroll_layers else None
     greedy = float(temperature) == 0.0
     loop = _prefill(
         graphdef, state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(row_valid), key,
-        nbucket, dp is not None,
+        nbucket, dp is not None, positions, vision,
     )
     scalars = (
         jnp.int32(plen - 1),
