@@ -28,6 +28,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jax_drive.models import LoRAParam, init_cache, positions_from_mask  # noqa: E402
+from jax_drive.models.loading import load_model  # noqa: E402
 from jax_drive.models.lora import apply_lora  # noqa: E402
 from jax_drive.models.qwen2_5_vl import (  # noqa: E402
     Qwen2_5_VL, VisionBatch, VLMConfig, mrope_positions, mrope_tables)
@@ -133,6 +134,7 @@ def test_config_from_both_hf_layouts_and_back(tiny):
     assert VLMConfig.from_hf(flat) == config
     again = transformers.Qwen2_5_VLConfig(**config.to_hf())
     assert VLMConfig.from_hf(again.to_dict()) == config
+    assert isinstance(load_model(path)[0], Qwen2_5_VL)  # the generic loader dispatches
     with pytest.raises(ValueError, match="mrope_section"):
         VLMConfig.tiny(mrope_section=(2, 2, 2))
     with pytest.raises(ValueError, match="not a Qwen2.5-VL"):

@@ -340,6 +340,15 @@ def load_model(source: str | Path, dtype: str | None = None):
             raise WeightLoadError(f"{path}: a file source must be a .gguf file")
         model, config, _ = load_gguf(path, dtype or "float32")
         return model, config
+    return _load_dir(path, dtype)
+
+
+def _load_dir(path: Path, dtype: str | None):
+    """A safetensors directory: Qwen2.5-VL (vision-language) or a text model."""
+    from jax_drive.models.qwen2_5_vl.loading import is_qwen2_5_vl_dir, load_vlm
+
+    if is_qwen2_5_vl_dir(path):
+        return load_vlm(path, dtype)
     return load_safetensors_dir(path, dtype)
 
 
@@ -347,8 +356,9 @@ def load_pretrained(source: str | Path, dtype: str | None = "float32"):
     """Loads (model, config, tokenizer).
 
     Args:
-      source: an HF-style directory (config.json + (sharded) safetensors + tokenizer.json),
-        a .gguf file, or the name 'smollm2-135m-instruct'.
+      source: an HF-style directory (config.json + (sharded) safetensors + tokenizer.json; a
+        Qwen2.5-VL directory gives a `Qwen2_5_VL`), a .gguf file, or the name
+        'smollm2-135m-instruct'.
       dtype: 'float32' or 'bfloat16' parameter/compute dtype (None: the checkpoint's).
     Raises:
       FileNotFoundError for a missing source; WeightLoadError / ValueError for unreadable,
@@ -363,6 +373,6 @@ def load_pretrained(source: str | Path, dtype: str | None = "float32"):
         model, config, reader = load_gguf(path, dtype or "float32")
         tokenizer = Tokenizer.from_gguf(reader)
     else:
-        model, config = load_safetensors_dir(path, dtype)
+        model, config = _load_dir(path, dtype)
         tokenizer = Tokenizer.from_dir(path)
     return model, config, tokenizer
