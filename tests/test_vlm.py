@@ -31,7 +31,7 @@ from jax_drive.models import LoRAParam, init_cache, positions_from_mask  # noqa:
 from jax_drive.models.loading import load_model  # noqa: E402
 from jax_drive.models.lora import apply_lora  # noqa: E402
 from jax_drive.models.qwen2_5_vl import (  # noqa: E402
-    Qwen2_5_VL, VisionBatch, VLMConfig, mrope_positions, mrope_tables)
+    Qwen2_5_VL, VisionBatch, VisionSizes, VLMConfig, mrope_positions, mrope_tables)
 from jax_drive.models.qwen2_5_vl.loading import (  # noqa: E402
     export_vlm_peft, load_vlm, load_vlm_peft, save_vlm)
 from jax_drive.models.qwen2_5_vl.model import embed_inputs  # noqa: E402
@@ -150,14 +150,15 @@ def test_vision_tower_matches_transformers(tiny):
         ref = hf.model.visual(torch.tensor(pixels), grid_thw=torch.tensor(grids)).pooler_output
     ref = ref.numpy()
     batch = VisionBatch.build(pixels, grids, config.vision)
-    assert batch.slot_valid.shape == (4, 8, 16)  # 4 frames, up to 6 windows, 16 patch slots
+    # 184 patches in 6 + 2 + 1 + 6 windows of 16 slots, 4 frames of up to 96 patches
+    assert batch.sizes == (192, 16, 4, 96) and batch.window_index.shape == (16, 16)
     ours = np.asarray(model.image_features(batch))
     n = ref.shape[0]
     assert int(batch.token_valid.sum()) == n == 24 + 6 + 1 + 15
     assert np.abs(ref).max() > 0.3
     np.testing.assert_allclose(ours[:n], ref, atol=ATOL, rtol=0)
-    # a larger bucket (more rows and windows) computes the same tokens
-    bigger = VisionBatch.build(pixels, grids, config.vision, rows=8, windows=16)
+    # larger sizes (more padding everywhere) compute the same tokens
+    bigger = VisionBatch.build(pixels, grids, config.vision, VisionSizes(256, 24, 6, 112))
     np.testing.assert_allclose(np.asarray(model.image_features(bigger))[:n], ref, atol=ATOL,
                                rtol=0)
 
@@ -168,8 +169,8 @@ def test_vision_batch_bad_inputs(tiny):
         VisionBatch.build(_pixels([[1, 3, 4]]), [[1, 3, 4]], config)
     with pytest.raises(ValueError, match="pixel_values must be"):
         VisionBatch.build(_pixels([[1, 4, 4]]), [[1, 4, 6]], config)
-    with pytest.raises(ValueError, match="too small"):
-        VisionBatch.build(_pixels(GRIDS), GRIDS, config, rows=2)
+    with pytest.raises(ValueError, match="too small.*frames"):
+        VisionBatch.build(_pixels(GRIDS), GRIDS, config, VisionSizes(256, 32, 2, 128))
 
 
 def test_merged_image_embeddings_match_transformers(tiny):

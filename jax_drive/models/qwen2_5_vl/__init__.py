@@ -3,13 +3,15 @@
 from jax_drive.models.qwen2_5_vl.config import VisionConfig, VLMConfig
 from jax_drive.models.qwen2_5_vl.model import Qwen2_5_VL, scatter_image_tokens
 from jax_drive.models.qwen2_5_vl.mrope import mrope_positions, mrope_tables
-from jax_drive.models.qwen2_5_vl.vision import VisionBatch, VisionTower, num_image_tokens
+from jax_drive.models.qwen2_5_vl.vision import (VisionBatch, VisionSizes, VisionTower,
+                                                num_image_tokens)
 
 __all__ = [
     "Qwen2_5_VL",
     "VLMConfig",
     "VisionBatch",
     "VisionConfig",
+    "VisionSizes",
     "VisionTower",
     "mrope_positions",
     "mrope_tables",

@@ -25,8 +25,8 @@ from flax import nnx
 
 from jax_drive.models.qwen2_5_vl.config import VLMConfig
 from jax_drive.models.qwen2_5_vl.mrope import mrope_positions, mrope_tables
-from jax_drive.models.qwen2_5_vl.vision import (VisionBatch, VisionTower, concat_images,
-                                                num_image_tokens, vision_forward)
+from jax_drive.models.qwen2_5_vl.vision import (VisionBatch, VisionSizes, VisionTower,
+                                                concat_images, num_image_tokens, vision_forward)
 from jax_drive.models.transformer import (CausalLM, KVCache, _head, chunked_token_logprobs,
                                           decoder_blocks, rms_norm)
 
@@ -133,7 +133,7 @@ class Qwen2_5_VL(CausalLM):
 
     def multimodal_inputs(self, input_ids, attention_mask,
                           images: Sequence[Sequence[Any]] | None = None,
-                          rows: int | None = None, windows: int | None = None):
+                          sizes: VisionSizes | None = None):
         """Host-side inputs of a padded prompt batch with images.
 
         Args:
@@ -141,7 +141,7 @@ class Qwen2_5_VL(CausalLM):
           images: per row, a sequence of processed images (objects with ``pixel_values``
             (n, P) and ``grid_thw`` (3,), or (pixel_values, grid_thw) pairs), in reading
             order; None or empty rows for text-only rows.
-          rows, windows: vision bucket sizes (see `VisionBatch.build`).
+          sizes: static vision sizes (default: bucketed, see `VisionBatch.build`).
         Returns:
           positions (3, B, L) int32, vision (a VisionBatch, or None without images) and
           next_position (B,) int32 (the position of the token after each row).
@@ -154,7 +154,7 @@ class Qwen2_5_VL(CausalLM):
         pixels, grid = concat_images(pairs) if pairs else (None, None)
         positions, next_position = mrope_positions(input_ids, attention_mask, grid, self.config)
         vision = (None if grid is None
-                  else VisionBatch.build(pixels, grid, self.config.vision, rows, windows))
+                  else VisionBatch.build(pixels, grid, self.config.vision, sizes))
         return jnp.asarray(positions), vision, jnp.asarray(next_position)
 
     def num_image_tokens(self, image_grid_thw) -> np.ndarray:

@@ -1,27 +1,28 @@
 """The Qwen2.5-VL vision tower in flax.nnx: patch embedding, 2-D rotary, window attention with
 full-attention blocks, SwiGLU blocks with biases, and the 2 x 2 patch merger.
 
-Layout. Images of different sizes are batched in a padded *window layout* built on the host
-from `grid_thw` (:meth:`VisionBatch.build`): every image frame is one row of ``Wr`` windows,
-every window holds ``Wt`` patch slots (window_units**2 merged tokens of m*m patches each),
-slots of partial windows and of padding rows are empty. So window attention is attention
-over (R * Wr, Wt) blocks and full attention over (R, Wr * Wt) rows, both plain reshapes, with
-empty slots masked as keys. This is the same computation as transformers' reordering of
-tokens by window index (attention within a window does not depend on the order of its tokens)
-and it gives static shapes: ``R`` and ``Wr`` are bucketed, so one compiled program serves
-every batch of images that fits. The merger output is gathered back into the processor's
-token order (image by image, row-major over the merged grid).
+Layout. Patches stay in the image processor's order (image by image, frame by frame, in
+m x m merge blocks), padded to a bucketed count, for every matmul. Attention gathers them
+into groups built on the host from `grid_thw` (:meth:`VisionBatch.build`): windows of
+window_units x window_units merged tokens (``Wt`` patch slots, empty slots at partial
+windows masked) for the window blocks, whole frames for the full-attention blocks; the
+result is gathered back to processor order. That is transformers' computation (it reorders
+tokens by window index and attends within each window / frame; attention within a group
+does not depend on the order of its tokens), with static shapes: the patch, window, frame
+and frame-length counts are bucketed (:func:`bucket`, at most 25 % padding), so one compiled
+program serves every batch of images that fits. The merged tokens come out in processor
+order, which is the order of the `<|image_pad|>` tokens in the prompts.
 
-Shapes: R rows (frames), Wr windows per row, Wt patch slots per window, S = R Wr Wt slots,
-P patch values (1176), C vision width, Dv vision head dim, U = S / m**2 merged-token slots,
-H the language model's width.
+Shapes: N patches (bucketed), P patch values (1176), G windows of Wt slots, R frames of F
+slots, C vision width, Dv vision head dim, U = N / m**2 merged tokens, H the language
+model's width.
 """
 
 from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import flax.struct
 import jax
@@ -35,8 +36,22 @@ from jax_drive.models.transformer import StackedLinear, apply_rope, attention, l
 VISION_PROJECTIONS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+def bucket(n: int, multiple: int = 1) -> int:
+    """n rounded up to a multiple of a quarter of the largest power of two <= n (and of
+    ``multiple``): 576 -> 640, 1152 -> 1280; at most 25 % padding, few distinct sizes."""
+    n = max(int(n), 1)
+    step = max(multiple, (1 << (n.bit_length() - 1)) // 4)
+    step = -(-step // multiple) * multiple
+    return -(-n // step) * step
+
+
+class VisionSizes(NamedTuple):
+    """Static sizes of a VisionBatch: patches (N), windows (G), frames (R), frame_length (F)."""
+
+    patches: int
+    windows: int
+    frames: int
+    frame_length: int
 
 
 # --------------------------------------------------------------------------- host layout
@@ -45,40 +60,49 @@ class VisionBatch:
     """Device inputs of the vision tower for a batch of images (a pytree of arrays).
 
     Attributes:
-      patches: (S, P) pixel patches in slot order (zeros in empty slots).
-      patch_hw: (S, 2) int32 (row, column) of each slot's patch on its image's patch grid.
-      slot_valid: (R, Wr, Wt) bool, True where a slot holds a real patch.
-      token_index: (U,) int32: the k-th merged token in processor order comes from merged
-        slot ``token_index[k]`` (entries past the real tokens point at slot 0).
+      patches: (N, P) pixel patches in processor order, zero rows after the real ones.
+      patch_hw: (N, 2) int32 (row, column) of each patch on its image's patch grid.
+      window_index: (G, Wt) int32 patch of each window slot; N marks an empty slot.
+      window_slot: (N,) int32 flat (G * Wt) slot of each patch.
+      frame_index: (R, F) int32 patch of each frame slot; N marks an empty slot.
+      frame_slot: (N,) int32 flat (R * F) slot of each patch.
       token_valid: (U,) bool, True for the real merged tokens (a prefix).
     """
 
     patches: jax.Array
     patch_hw: jax.Array
-    slot_valid: jax.Array
-    token_index: jax.Array
+    window_index: jax.Array
+    window_slot: jax.Array
+    frame_index: jax.Array
+    frame_slot: jax.Array
     token_valid: jax.Array
 
     @property
-    def rows(self) -> int:
-        return self.slot_valid.shape[0]
-
-    @property
-    def windows(self) -> int:
-        return self.slot_valid.shape[1]
+    def sizes(self) -> VisionSizes:
+        return VisionSizes(self.patches.shape[0], self.window_index.shape[0],
+                           self.frame_index.shape[0], self.frame_index.shape[1])
 
     @staticmethod
-    def build(pixel_values, image_grid_thw, config: VisionConfig, rows: int | None = None,
-              windows: int | None = None) -> "VisionBatch":
+    def sizes_for(image_grid_thw, config: VisionConfig) -> VisionSizes:
+        """The default (bucketed) sizes for images of these grids."""
+        grid = np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
+        m, wu = config.spatial_merge_size, config.window_units
+        windows = sum(int(t) * math.ceil(h / m / wu) * math.ceil(w / m / wu) for t, h, w in grid)
+        return VisionSizes(patches=bucket(int(np.sum(np.prod(grid, axis=1))), config.merge_unit),
+                           windows=bucket(windows), frames=bucket(int(np.sum(grid[:, 0]))),
+                           frame_length=bucket(int(np.max(grid[:, 1] * grid[:, 2])), 16))
+
+    @staticmethod
+    def build(pixel_values, image_grid_thw, config: VisionConfig,
+              sizes: VisionSizes | None = None) -> "VisionBatch":
         """Lays out preprocessed images (host side, numpy).
 
         Args:
-          pixel_values: (N, P) patches as produced by the image processor (images
+          pixel_values: (n, P) patches as produced by the image processor (images
             concatenated, each in merge-block order), any float dtype.
           image_grid_thw: (I, 3) ints (frames, patch rows, patch columns) per image.
           config: the vision tower config.
-          rows, windows: bucket sizes (frames, windows per frame); default: the next
-            powers of two of what the images need. Raise ValueError when too small.
+          sizes: static sizes (default: :meth:`sizes_for`); ValueError when too small.
         Returns:
           A VisionBatch (numpy leaves; float32 patches).
         """
@@ -94,46 +118,47 @@ class VisionBatch:
         if pixels.ndim != 2 or pixels.shape != (n, config.patch_dim):
             raise ValueError(f"pixel_values must be ({n}, {config.patch_dim}) for grids "
                              f"{grid.tolist()}, got {pixels.shape}")
-        frames = int(np.sum(grid[:, 0]))
-        need_w = max(math.ceil(h / m / wu) * math.ceil(w / m / wu) for _, h, w in grid)
-        rows = _next_power_of_two(frames) if rows is None else int(rows)
-        windows = _next_power_of_two(need_w) if windows is None else int(windows)
-        if rows < frames or windows < need_w:
-            raise ValueError(f"bucket ({rows} rows, {windows} windows) too small for "
-                             f"{frames} frames needing {need_w} windows")
-        slots = rows * windows * wt
-        source = np.full((slots,), -1, np.int64)  # patch index feeding each slot
-        patch_hw = np.zeros((slots, 2), np.int32)
-        token_index = np.zeros((slots // config.merge_unit,), np.int32)
-        tokens = 0
-        row = 0
-        offset = 0
+        need = VisionBatch.sizes_for(grid, config)
+        sizes = need if sizes is None else VisionSizes(*sizes)
+        if any(s < r for s, r in zip(sizes, need)) or sizes.patches % config.merge_unit:
+            too_small = [f for f, s, r in zip(VisionSizes._fields, sizes, need) if s < r]
+            raise ValueError(f"sizes {tuple(sizes)} too small for these images "
+                             f"({', '.join(too_small) or 'patches not a multiple of m*m'})")
+        big_n, big_g, big_r, big_f = sizes
+        patch_hw = np.zeros((big_n, 2), np.int32)
+        window_index = np.full((big_g, wt), big_n, np.int32)
+        window_slot = np.zeros((big_n,), np.int32)
+        frame_index = np.full((big_r, big_f), big_n, np.int32)
+        frame_slot = np.zeros((big_n,), np.int32)
+        mi, mj = (a.reshape(-1) for a in np.meshgrid(np.arange(m), np.arange(m), indexing="ij"))
+        offset = window = frame = 0
         for t, h, w in grid:
             hm, wm = h // m, w // m
-            nww = math.ceil(wm / wu)  # windows per window-row of this image
-            uh, uw = np.meshgrid(np.arange(hm), np.arange(wm), indexing="ij")  # merged token
-            uh, uw = uh.reshape(-1), uw.reshape(-1)  # processor order (row-major)
-            window = (uh // wu) * nww + uw // wu
-            unit_slot = window * wu * wu + (uh % wu) * wu + (uw % wu)  # merged slot in the row
-            mi, mj = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
-            mi, mj = mi.reshape(-1), mj.reshape(-1)
+            uh, uw = (a.reshape(-1) for a in np.meshgrid(np.arange(hm), np.arange(wm),
+                                                          indexing="ij"))  # processor order
+            nww = math.ceil(wm / wu)
+            unit_window = (uh // wu) * nww + uw // wu
+            unit_slot = (uh % wu) * wu + (uw % wu)
+            rows = (uh[:, None] * m + mi[None]).reshape(-1)
+            cols = (uw[:, None] * m + mj[None]).reshape(-1)
+            win = np.repeat(unit_window, m * m)
+            slot = (unit_slot[:, None] * m * m + (mi * m + mj)[None]).reshape(-1)
             for _ in range(t):
-                base = row * windows * wu * wu  # first merged slot of this row
-                slot = ((base + unit_slot)[:, None] * m * m + (mi * m + mj)[None, :]).reshape(-1)
-                source[slot] = offset + np.arange(hm * wm * m * m)
-                patch_hw[slot, 0] = (uh[:, None] * m + mi[None, :]).reshape(-1)
-                patch_hw[slot, 1] = (uw[:, None] * m + mj[None, :]).reshape(-1)
-                token_index[tokens:tokens + hm * wm] = base + unit_slot
-                tokens += hm * wm
-                offset += hm * wm * m * m
-                row += 1
-        valid = source >= 0
-        patches = np.zeros((slots, config.patch_dim), np.float32)
-        patches[valid] = pixels[source[valid]]
-        token_valid = np.arange(token_index.shape[0]) < tokens
-        return VisionBatch(patches=patches, patch_hw=patch_hw,
-                           slot_valid=valid.reshape(rows, windows, wt),
-                           token_index=token_index, token_valid=token_valid)
+                idx = offset + np.arange(h * w)
+                patch_hw[idx, 0], patch_hw[idx, 1] = rows, cols
+                window_index[window + win, slot] = idx
+                window_slot[idx] = (window + win) * wt + slot
+                frame_index[frame, :h * w] = idx
+                frame_slot[idx] = frame * big_f + np.arange(h * w)
+                offset += h * w
+                window += math.ceil(hm / wu) * nww
+                frame += 1
+        patches = np.zeros((big_n, config.patch_dim), np.float32)
+        patches[:n] = pixels
+        token_valid = np.arange(big_n // config.merge_unit) < n // config.merge_unit
+        return VisionBatch(patches=patches, patch_hw=patch_hw, window_index=window_index,
+                           window_slot=window_slot, frame_index=frame_index,
+                           frame_slot=frame_slot, token_valid=token_valid)
 
 
 def num_image_tokens(image_grid_thw, config: VisionConfig) -> np.ndarray:
@@ -159,37 +184,44 @@ def _rope_f32(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return apply_rope(x.astype(jnp.float32), cos, sin).astype(x.dtype)
 
 
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, index: jax.Array,
+                      slot: jax.Array) -> jax.Array:
+    """Attention within groups of tokens. q, k, v (N, Nh, Dv); index (G, L) token of each
+    group slot (N: empty, masked as a key); slot (N,) flat group slot of each token.
+    Returns (N, Nh * Dv) in processor order."""
+    n = q.shape[0]
+    pad = lambda x: jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])  # noqa: E731
+    g, l = index.shape
+    mask = jnp.broadcast_to((index < n)[:, None, :], (g, l, l))
+    out = attention(pad(q)[index], pad(k)[index], pad(v)[index], mask)  # (G, L, Nh Dv)
+    return out.reshape(g * l, -1)[slot]
+
+
 def vision_forward(params: dict[str, Any], config: VisionConfig, batch: VisionBatch) -> jax.Array:
     """Merged image tokens (U, H) in processor order (real ones: ``batch.token_valid``).
 
     params: `VisionTower.arrays()`. Pure; jit it (or call it under a jit).
     """
     c = config
-    r, wr, wt = batch.slot_valid.shape
-    s = r * wr * wt
+    n = batch.patches.shape[0]
     nh, dv = c.num_heads, c.head_dim
     kernel = params["patch_embed"]
-    x = batch.patches.astype(kernel.dtype) @ kernel  # (S, C)
+    x = batch.patches.astype(kernel.dtype) @ kernel  # (N, C)
     cos, sin = vision_rope_tables(c, batch.patch_hw)
-    window_mask = jnp.broadcast_to(batch.slot_valid.reshape(r * wr, 1, wt), (r * wr, wt, wt))
-    full_mask = jnp.broadcast_to(batch.slot_valid.reshape(r, 1, wr * wt), (r, wr * wt, wr * wt))
     full = np.zeros((c.depth,), bool)
     full[list(c.fullatt_block_indexes)] = True
-
-    def attend(q, k, v, groups: int, mask):
-        shape = (groups, s // groups, nh, dv)
-        out = attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), mask)
-        return out.reshape(s, nh * dv)
 
     def block(h, xs):
         lp, is_full = xs
         y = rms_norm(h, lp["norm1"], c.rms_norm_eps)
-        qkv = linear(y, lp["qkv"]).reshape(s, 3, nh, dv)
+        qkv = linear(y, lp["qkv"]).reshape(n, 3, nh, dv)
         q = _rope_f32(qkv[None, :, 0], cos[None], sin[None])[0]
         k = _rope_f32(qkv[None, :, 1], cos[None], sin[None])[0]
         v = qkv[:, 2]
-        att = jax.lax.cond(is_full, lambda: attend(q, k, v, r, full_mask),
-                           lambda: attend(q, k, v, r * wr, window_mask))
+        att = jax.lax.cond(is_full,
+                           lambda: grouped_attention(q, k, v, batch.frame_index, batch.frame_slot),
+                           lambda: grouped_attention(q, k, v, batch.window_index,
+                                                     batch.window_slot))
         h = h + linear(att, lp["proj"])
         y = rms_norm(h, lp["norm2"], c.rms_norm_eps)
         y = jax.nn.silu(linear(y, lp["gate_proj"])) * linear(y, lp["up_proj"])
@@ -197,10 +229,9 @@ def vision_forward(params: dict[str, Any], config: VisionConfig, batch: VisionBa
 
     x, _ = jax.lax.scan(block, x, (params["blocks"], jnp.asarray(full)))
     mp = params["merger"]
-    y = rms_norm(x, mp["norm"], c.rms_norm_eps).reshape(s // c.merge_unit, -1)
+    y = rms_norm(x, mp["norm"], c.rms_norm_eps).reshape(n // c.merge_unit, -1)
     y = jax.nn.gelu(linear(y, mp["fc1"]), approximate=False)
-    y = linear(y, mp["fc2"])  # (U, H)
-    return jnp.take(y, batch.token_index, axis=0)
+    return linear(y, mp["fc2"])  # (U, H)
 
 
 vision_forward_jit = partial(jax.jit, static_argnames=("config",))(vision_forward)
