@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -29,12 +30,16 @@ class RunDirError(Exception):
 
 
 class RunJournal:
-    """Finished stages of one run directory (see the module docstring)."""
+    """Finished stages of one run directory (see the module docstring), and the seconds each
+    stage took (``timings``; a loaded stage keeps the seconds of the run that did it)."""
 
     def __init__(self, out_dir: str | os.PathLike, identity: dict[str, Any], resume: bool):
         self.out_dir = os.fspath(out_dir)
         self.resume = resume
         self.stage_dir = os.path.join(self.out_dir, "stages")
+        self.timings: dict[str, float] = {}
+        self.resumed: list[str] = []  # the stages loaded instead of run
+        self._clock = time.perf_counter()
         path = os.path.join(self.out_dir, "run.json")
         identity = json.loads(json.dumps(jsonable(identity), default=str))
         if os.path.exists(path):
@@ -72,6 +77,36 @@ class RunJournal:
         pause_point(f"{name}_marker", 0)
         atomic_write_json(os.path.join(self.stage_dir, f"{name}.json"), record)
         return record
+
+
+    def lap(self, name: str) -> float:
+        """Records the seconds since the last lap (or stage) as ``timings[name]``."""
+        now = time.perf_counter()
+        self.timings[name] = round(now - self._clock, 2)
+        self._clock = now
+        return self.timings[name]
+
+    def stage(self, name: str, run: Callable[[], tuple[Any, dict, dict | None]],
+              restore: Callable[[dict, dict], Any] | None = None) -> tuple[Any, dict]:
+        """Loads a finished stage, or runs it and marks it finished.
+
+        Args:
+          run: () -> (value, JSON record, arrays or None).
+          restore: (record, arrays) -> the value of a loaded stage; None: the value is the
+            record (as written, so a loaded and a computed stage give equal values).
+        Returns:
+          (value, record).
+        """
+        loaded = self.load(name)
+        if loaded is None:
+            value, record, arrays = run()
+            record = self.save(name, {**record, "seconds": self.lap(name)}, arrays)
+            return (record if restore is None else value), record
+        record, arrays = loaded
+        self.resumed.append(name)
+        self.timings[name] = record["seconds"]
+        self._clock = time.perf_counter()
+        return (record if restore is None else restore(record, arrays)), record
 
 
 # ----------------------------------------------------------------------------- pytrees <-> arrays

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +45,7 @@ from jax_drive.pipelines.journal import (
     tree_to_arrays,
 )
 from jax_drive.pipelines.presets import Preset, eval_config, rl_config
-from jax_drive.pipelines.report import examples, stage_line
+from jax_drive.pipelines.report import budget_card, eval_card, examples, stage_line
 from jax_drive.rl.batching import TokenRow, as_conversations, tokenize_chat
 from jax_drive.rl.checkpoint import restore_trainable
 from jax_drive.rl.grpo import grpo_train
@@ -259,32 +258,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
     journal = RunJournal(out_dir, run_identity(preset, advantage, sft_from), resume)
     rl_cfg = rl_config(preset, advantage)
     sft_dir, rl_dir = os.path.join(out_dir, "sft"), os.path.join(out_dir, "rl")
-    timings: dict[str, float] = {}
-    resumed: list[str] = []
-    clock = time.perf_counter()
-
-    def lap(name: str) -> float:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[name] = round(now - clock, 2)
-        clock = now
-        return timings[name]
-
-    def stage(name: str, run, restore=None):
-        """A finished stage from the journal, or run and recorded. ``run() -> (value, record,
-        arrays)``; ``restore(record, arrays) -> value`` of a loaded stage (None: the value is
-        the record). Returns (value, the record as written / read)."""
-        nonlocal clock
-        loaded = journal.load(name)
-        if loaded is None:
-            value, record, arrays = run()
-            record = journal.save(name, {**record, "seconds": lap(name)}, arrays)
-            return (record if restore is None else value), record
-        record, arrays = loaded
-        resumed.append(name)
-        timings[name] = record["seconds"]
-        clock = time.perf_counter()
-        return (record if restore is None else restore(record, arrays)), record
+    stage = journal.stage
 
     def run_scenes():
         train, held_out = make_scenes(preset)
@@ -296,7 +270,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
     model, tokenizer = load_policy(preset)
     buckets = tuple(range(preset.prompt_bucket, 32_768 + 1, preset.prompt_bucket))
     engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=buckets), max_batch_size=preset.eval_batch)
-    lap("load")
+    journal.lap("load")
     holding = "untrained"  # the weights the model holds; others are loaded only for stages that run
 
     def hold(weights: str) -> None:
@@ -353,7 +327,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         sft_history = read_jsonl(history) if os.path.exists(history) else []
         data_card = {"sft_from": os.fspath(sft_from), "sft_steps": int(meta["step"])}
         log(f"[{preset.name}] loaded the SFT checkpoint of {sft_from} (step {meta['step']})")
-        lap("sft_load")
+        journal.lap("sft_load")
     if "sft" in evaluate:
         stages["sft"] = evaluation("sft", "after SFT")
 
@@ -391,25 +365,15 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         "model": preset.model,
         "seed": preset.seed,
         "advantage": rl_cfg.advantage.mode if not skip_rl else None,
-        "eval": {"seeds": list(preset.eval_seeds), "scenes_per_seed": preset.eval_scenes,
-                 "untrained_scenes_per_seed": min(preset.untrained_eval_scenes or preset.eval_scenes,
-                                                  preset.eval_scenes),
-                 "turn_budget": preset.eval_turns, "decoding": "greedy", "max_new_tokens": preset.max_new_tokens},
-        "budget": {"sft_steps": preset.sft.max_steps, "sft_batch": preset.sft.batch_size,
-                   "sft_lr": preset.sft.optim.learning_rate, "lora_rank": preset.lora_rank,
-                   "rl_steps": rl_cfg.steps, "rl_prompts_per_step": rl_cfg.prompts_per_step,
-                   "rl_group": rl_cfg.rollout.group_size, "rl_turns": rl_cfg.rollout.max_turns,
-                   "rl_lr": rl_cfg.optim.learning_rate, "kl_coef": rl_cfg.loss.kl_coef,
-                   "rl_minibatch": rl_cfg.minibatch_size, "max_context_tokens": preset.max_context_tokens,
-                   "sft_max_tokens": preset.sft_max_tokens,
-                   "caption": dataclasses.asdict(preset.caption)},
+        "eval": eval_card(preset),
+        "budget": budget_card(preset, rl_cfg),
         "stages": public_stages,
         "sft_history": sft_history,
         "rl_history": rl_history,
         "data_card": data_card,
         "rl_curation": curation,
-        "timings_s": timings,
-        "resumed_stages": resumed,
+        "timings_s": journal.timings,
+        "resumed_stages": journal.resumed,
         "examples": {name: examples(s["transcripts"]) for name, s in stages.items()},
         "_transcripts": {name: s["transcripts"] for name, s in stages.items()},
         "_held_out": held_out,

@@ -123,8 +123,9 @@ def _presets() -> dict[str, Preset]:
     )
     return {
         "smoke": Preset(
-            name="smoke", model="tiny", lora_rank=4, lora_alpha=8.0, train_scenes=16, eval_scenes=4,
-            eval_seeds=(0,), sft_single=8, sft_multi=8, sft_qa_scenes=2,
+            # every scorer / sampler call sees 4 scenes (or 2 x G 2 in RL), so one process compiles few shapes
+            name="smoke", model="tiny", lora_rank=4, lora_alpha=8.0, train_scenes=8, eval_scenes=4,
+            eval_seeds=(0,), sft_single=4, sft_multi=4, sft_qa_scenes=4, curation_scenes=4,
             sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=4, max_steps=2, bucket_size=64,
                           max_length=2048, checkpoint_every=1),
             rl=dataclasses.replace(cpu_rl, rollout=_rollout(2, 2, 24, 1.0, NO_PERCEPTION), prompts_per_step=2,

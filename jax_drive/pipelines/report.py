@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from jax_drive.rl.atomic import atomic_write_json
 from jax_drive.rl.logging import jsonable
+
+
+def eval_card(preset) -> dict:
+    """How the held-out evaluation was run (a :class:`~jax_drive.pipelines.presets.Preset`'s settings)."""
+    return {"seeds": list(preset.eval_seeds), "scenes_per_seed": preset.eval_scenes,
+            "untrained_scenes_per_seed": min(preset.untrained_eval_scenes or preset.eval_scenes, preset.eval_scenes),
+            "turn_budget": preset.eval_turns, "decoding": "greedy", "max_new_tokens": preset.max_new_tokens}
+
+
+def budget_card(preset, rl) -> dict:
+    """The training budget of a preset and its RL config (``GRPOConfig``)."""
+    return {"sft_steps": preset.sft.max_steps, "sft_batch": preset.sft.batch_size,
+            "sft_lr": preset.sft.optim.learning_rate, "lora_rank": preset.lora_rank,
+            "rl_steps": rl.steps, "rl_prompts_per_step": rl.prompts_per_step,
+            "rl_group": rl.rollout.group_size, "rl_turns": rl.rollout.max_turns,
+            "rl_lr": rl.optim.learning_rate, "kl_coef": rl.loss.kl_coef,
+            "rl_minibatch": rl.minibatch_size, "max_context_tokens": preset.max_context_tokens,
+            "sft_max_tokens": preset.sft_max_tokens, "caption": dataclasses.asdict(preset.caption)}
 
 
 def stage_line(name: str, stage: dict) -> str:
