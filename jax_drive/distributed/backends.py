@@ -1,0 +1,127 @@
+"""What a scenario worker runs: backend configurations (small, frozen, picklable; sent to
+the actor) and the runners they make inside the worker process.
+
+    backend = JaxBackend(policy="rule_based")
+    runner = backend.make()                    # in the worker: imports JAX, builds the policy
+    results = runner.run(specs, progress=cb)   # list of EpisodeResult, one per spec
+
+A runner raises :class:`BackendFailure` when its environment is lost (a CARLA server that
+crashed or stopped answering): the pool then restarts the worker and retries the episodes.
+Any other exception is a failure of those episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from jax_drive.distributed.episodes import EpisodeSpec
+from jax_drive.runinfo import InputError
+from jax_drive.sim.state import SimConfig
+
+
+class BackendFailure(RuntimeError):
+    """The worker's environment is gone (server crash, lost connection): restart and retry."""
+
+
+class Runner(Protocol):
+    def run(self, specs: Sequence[EpisodeSpec], progress: Callable[[int], None] | None = None) -> list: ...
+
+    def close(self) -> None: ...
+
+
+def make_policy(policy):
+    """A policy from a baseline name (``rule_based``, ``silent``) or a zero-argument factory."""
+    from jax_drive.coop.baselines import make_policy as baseline
+
+    if callable(policy):
+        return policy()
+    try:
+        return baseline(policy)
+    except ValueError as error:
+        raise InputError(str(error)) from error
+
+
+def policy_label(policy) -> str:
+    return policy if isinstance(policy, str) else getattr(policy, "__qualname__", repr(policy))
+
+
+def check_group(specs: Sequence[EpisodeSpec]) -> None:
+    if not specs:
+        raise InputError("a chunk needs at least one episode")
+    if len({s.group for s in specs}) != 1:
+        raise InputError("the episodes of one chunk must share background and max_time")
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxBackend:
+    """A batch of episodes on the batched JAX core (:func:`jax_drive.coop.runner.run_episodes`).
+
+    Fields: policy (baseline name or zero-argument factory of a batched policy); cfg;
+    xla_cache_dir (persistent XLA compilation cache shared by the workers, so a restarted
+    worker skips most compilation; None: off); xla_cache_min_compile_s (only programs that
+    took at least this long to compile are cached).
+    """
+
+    policy: str | Callable = "rule_based"
+    cfg: SimConfig = SimConfig()
+    xla_cache_dir: str | None = None
+    xla_cache_min_compile_s: float = 0.5
+    name = "jax"
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "policy": policy_label(self.policy), "cfg": dataclasses.asdict(self.cfg)}
+
+    def make(self) -> JaxRunner:
+        return JaxRunner(self)
+
+
+class JaxRunner:
+    def __init__(self, backend: JaxBackend):
+        import jax
+
+        if backend.xla_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", backend.xla_cache_dir)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", backend.xla_cache_min_compile_s)
+        self.backend = backend
+        self.policy = make_policy(backend.policy)
+
+    def run(self, specs: Sequence[EpisodeSpec], progress: Callable[[int], None] | None = None) -> list:
+        from jax_drive.coop.runner import run_episodes
+
+        check_group(specs)
+        results, _ = run_episodes(
+            [s.scenario for s in specs], [s.key() for s in specs], accident_prone=[s.accident_prone for s in specs],
+            policy=self.policy, background=specs[0].background, cfg=self.backend.cfg, max_time=specs[0].max_time,
+            progress=progress)
+        return results
+
+    def close(self) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class CarlaBackend:
+    """One CARLA world per worker (:mod:`jax_drive.carla`), one episode at a time.
+
+    Fields: host, port (the server's RPC port), tm_port (this world's Traffic Manager
+    port); policy; cfg (20 Hz ticks, ``decision_steps`` per decision); timeout_s (client
+    timeout: a call that waits longer means the server is lost).
+    """
+
+    host: str = "localhost"
+    port: int = 2000
+    tm_port: int = 8000
+    policy: str | Callable = "rule_based"
+    cfg: SimConfig = SimConfig()
+    timeout_s: float = 60.0
+    name = "carla"
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "policy": policy_label(self.policy), "cfg": dataclasses.asdict(self.cfg)}
+
+    def make(self):
+        from jax_drive.carla.env import CarlaRunner
+
+        return CarlaRunner(self)
