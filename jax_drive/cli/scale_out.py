@@ -59,6 +59,8 @@ def register(subparsers) -> None:
     pool.add_argument("--render", default="offscreen", choices=("offscreen", "none"),
                       help="offscreen (-RenderOffScreen, needs a GPU) or none (-nullrhi, no cameras)")
     pool.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for a server to answer")
+    pool.add_argument("--probe", default="carla", choices=("carla", "tcp"),
+                      help="readiness: the CARLA client's get_server_version (needs the carla extra), or a TCP connect")
     pool.add_argument("--max-restarts", type=int, default=20, help="restarts per server before giving up")
     pool.add_argument("--once", action="store_true", help="exit once every server is ready (leaves them running)")
     _output_args(pool)
@@ -190,7 +192,7 @@ def _status(args) -> int:
 
 @_guard
 def _carla_pool(args) -> int:
-    from jax_drive.carla.server import ServerPool, server_specs
+    from jax_drive.carla.server import ServerPool, carla_probe, server_specs, tcp_probe
     from jax_drive.runinfo import InputError, run_metadata, write_json
 
     try:
@@ -199,7 +201,8 @@ def _carla_pool(args) -> int:
         raise InputError(f"--gpus wants comma-separated integers, got {args.gpus!r}") from None
     specs = server_specs(args.carla_root, args.servers, base_port=args.base_port, stride=args.port_stride,
                          tm_base_port=args.tm_base_port, gpus=gpus, render=args.render)
-    pool = ServerPool(specs, ready_timeout_s=args.ready_timeout, max_restarts=args.max_restarts)
+    pool = ServerPool(specs, probe=carla_probe if args.probe == "carla" else tcp_probe,
+                      ready_timeout_s=args.ready_timeout, max_restarts=args.max_restarts)
     try:
         pool.start()
         for row in pool.table():
