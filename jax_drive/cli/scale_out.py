@@ -149,8 +149,7 @@ def _run(args) -> int:
     resources = init_ray(args.address)
     print(f"ray: {resources.get('CPU', 0):g} CPUs; {workers} workers; {len(specs)} episodes -> {args.results}")
     pool = ScenarioPool(backends, config)
-    try:
-        pool.start()
+    try:  # the workers start only if something is left to run
         summary = pool.run(specs, store, show_progress=not args.no_progress)
     finally:
         pool.shutdown()

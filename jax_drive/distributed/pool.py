@@ -192,13 +192,13 @@ class ScenarioPool:
         written to the store, or checked against it when resuming."""
         import ray
 
-        if not self.slots:
-            self.start()
         specs = list(specs)
         ids = [s.id for s in specs]
         store.plan(ids, description if description is not None else self.backends[0].describe())
         done = store.ids()
         todo = [s for s in specs if s.id not in done]
+        if todo and not self.slots:
+            self.start()
         summary = RunSummary(planned=len(specs), already_recorded=len(specs) - len(todo))
         store.log("run_start", planned=len(specs), already_recorded=summary.already_recorded,
                   workers=len(self.slots), pid=os.getpid())
