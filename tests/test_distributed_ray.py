@@ -84,6 +84,18 @@ class FaultyBackend:
         pass
 
 
+def _ping(handle, timeout=120.0) -> dict:
+    """A worker's ping, waiting while Ray restarts it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get(handle.ping.remote(), timeout=timeout)
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _wait_gone(pids, timeout=20.0) -> list[int]:
     deadline = time.monotonic() + timeout
     alive = [p for p in pids if psutil.pid_exists(p)]
@@ -183,7 +195,7 @@ def test_sigkill_worker_mid_episode(cluster, pool, reference, tmp_path):
         meta = store.get(episode_id)["meta"]
         assert meta["attempt"] == 2 and meta["pid"] != killed["pid"]
     # Ray restarted the killed actor (a new process that knows it is a restart)
-    info = ray.get(pool.slots[killed["worker"]].handle.ping.remote(), timeout=120)
+    info = _ping(pool.slots[killed["worker"]].handle)
     cluster["worker_pids"].append(info["pid"])
     assert info["pid"] != killed["pid"] and info["restarted"] is True
     assert not psutil.pid_exists(killed["pid"]) or psutil.Process(killed["pid"]).status() == psutil.STATUS_ZOMBIE
@@ -201,7 +213,7 @@ def test_failure_paths_retry_restart_or_report(cluster, tmp_path):
     with ScenarioPool(FaultyBackend(tmp_path / "markers"), config) as pool:
         cluster["worker_pids"].extend(s.info["pid"] for s in pool.slots)
         summary = pool.run(specs, store, show_progress=False)
-        cluster["worker_pids"].extend(i["pid"] for i in ray.get([s.handle.ping.remote() for s in pool.slots]))
+        cluster["worker_pids"].extend(_ping(s.handle)["pid"] for s in pool.slots)  # restarted ones too
     ok = ["fake-s0-e0-safe", "fake-s0-e1-safe", "fake-s0-e3-safe", "fake-s0-e4-safe", "fake-s0-e6-safe"]
     assert sorted(store.ids()) == ok
     assert sorted(summary.failed) == ["fake-s0-e2-safe", "fake-s0-e5-safe"]
