@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import carla_fake as F
-from jax_drive.carla.env import CarlaEpisodeBatch, CarlaParallelEnv, CarlaRunner, pedals
+from jax_drive.carla.env import CarlaEpisodeBatch, CarlaParallelEnv, pedals
 from jax_drive.carla.frames import Anchor, to_carla, to_local, velocity_to_carla, velocity_to_local, wrap_degrees
 from jax_drive.carla.routes import Route, ego_routes, read_routes, write_interdrive, write_routes
 from jax_drive.carla.sites import LAYOUT, SITES, Site, SiteMismatch, build_on_town, find_anchor, site_of, trace_lane
@@ -23,7 +23,7 @@ from jax_drive.carla.spawn import CAR_BLUEPRINT, TRUCK_BLUEPRINT, spawn_plan
 from jax_drive.carla.world import CARLA_API, CarlaWorld
 from jax_drive.coop.baselines import make_policy
 from jax_drive.coop.runner import run_episodes
-from jax_drive.distributed.backends import BackendFailure, CarlaBackend
+from jax_drive.distributed.backends import BackendFailure, CarlaBackend, CarlaRunner
 from jax_drive.distributed.episodes import EpisodeSpec
 from jax_drive.geometry import polyline_table, project_on_table
 from jax_drive.runinfo import InputError

@@ -14,8 +14,8 @@ Modules:
   * :mod:`spawn`: spawn specifications (blueprint, transform, who drives) from a scenario.
   * :mod:`world`: :class:`~world.CarlaWorld`, one server session: synchronous mode at
     1/dt Hz, a Traffic Manager on its own port, actors, controls, lights, read-back.
-  * :mod:`env`: :class:`~env.CarlaEpisodeBatch`, :class:`~env.CarlaParallelEnv` and the
-    distributed backend's runner.
+  * :mod:`env`: :class:`~env.CarlaEpisodeBatch` and :class:`~env.CarlaParallelEnv` (the
+    Ray worker's runner, :class:`jax_drive.distributed.backends.CarlaRunner`, uses them).
   * :mod:`server`: CARLA server processes: port allocation, command lines, readiness,
     process-group shutdown, a health state machine and a restarting pool.
 

@@ -1,5 +1,5 @@
-"""The environment contract over CARLA: an episode batch, the PettingZoo environment and
-the distributed backend's runner.
+"""The environment contract over CARLA: an episode batch and the PettingZoo environment
+(the Ray worker's runner is :class:`jax_drive.distributed.backends.CarlaRunner`).
 
 :class:`CarlaEpisodeBatch` has the interface of :class:`jax_drive.coop.episodes.EpisodeBatch`
 (one episode), so :func:`jax_drive.coop.runner.run_episodes` (``batch=``) and
@@ -16,8 +16,6 @@ the JAX core.
 """
 
 from __future__ import annotations
-
-import time
 
 import jax
 import jax.numpy as jnp
@@ -180,67 +178,3 @@ class CarlaParallelEnv(CoopDrivingParallelEnv):
 
     def close(self):
         self.world.clear()
-
-
-class CarlaRunner:
-    """The :class:`~jax_drive.distributed.backends.CarlaBackend` runner: connects lazily
-    (waiting up to ``connect_timeout_s`` for a restarting server), runs one episode per spec
-    and turns lost-server errors into ``BackendFailure`` (the pool restarts and retries)."""
-
-    def __init__(self, backend, connect_timeout_s: float = 180.0, carla=None):
-        from jax_drive.distributed.backends import make_policy
-
-        self.backend = backend
-        self.connect_timeout_s = connect_timeout_s
-        self._carla = carla
-        self.policy = make_policy(backend.policy)
-        self.world: CarlaWorld | None = None
-
-    def _connect(self) -> CarlaWorld:
-        from jax_drive.carla import carla_module
-        from jax_drive.distributed.backends import BackendFailure
-
-        if self.world is not None:
-            return self.world
-        carla = self._carla or carla_module()
-        b = self.backend
-        deadline = time.monotonic() + self.connect_timeout_s
-        while True:
-            try:
-                client = carla.Client(b.host, b.port)
-                client.set_timeout(b.timeout_s)
-                client.get_server_version()
-                self.world = CarlaWorld(client, carla, tm_port=b.tm_port, dt=b.cfg.dt)
-                return self.world
-            except RuntimeError as error:
-                if time.monotonic() > deadline:
-                    raise BackendFailure(f"CARLA at {b.host}:{b.port} does not answer: {error}") from error
-                time.sleep(2.0)
-
-    def run(self, specs, progress=None) -> list:
-        from jax_drive.coop.runner import run_episodes
-        from jax_drive.distributed.backends import BackendFailure
-
-        results = []
-        for spec in specs:
-            world = self._connect()
-            try:
-                batch = CarlaEpisodeBatch(world, spec.scenario, spec.key(), spec.accident_prone,
-                                          background=spec.background, cfg=self.backend.cfg, max_time=spec.max_time)
-                res, _ = run_episodes(None, (), accident_prone=None, policy=self.policy, batch=batch, progress=progress)
-                results.extend(res)
-            except RuntimeError as error:
-                if type(error) is not RuntimeError:  # e.g. XLA's errors: not the server's
-                    raise
-                # the CARLA client raises plain RuntimeErrors: time-outs, lost connections
-                self.world = None
-                raise BackendFailure(f"CARLA episode {spec.id} lost the server: {error}") from error
-            finally:
-                if self.world is not None:
-                    self.world.clear()
-        return results
-
-    def close(self) -> None:
-        if self.world is not None:
-            self.world.close()
-            self.world = None

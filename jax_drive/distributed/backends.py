@@ -13,6 +13,7 @@ Any other exception is a failure of those episodes.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -121,7 +122,67 @@ class CarlaBackend:
     def describe(self) -> dict:
         return {"backend": self.name, "policy": policy_label(self.policy), "cfg": dataclasses.asdict(self.cfg)}
 
-    def make(self):
-        from jax_drive.carla.env import CarlaRunner
-
+    def make(self) -> CarlaRunner:
         return CarlaRunner(self)
+
+
+class CarlaRunner:
+    """The :class:`CarlaBackend` runner (:mod:`jax_drive.carla`): connects lazily
+    (waiting up to ``connect_timeout_s`` for a restarting server), runs one episode per spec
+    and turns lost-server errors into ``BackendFailure`` (the pool restarts and retries)."""
+
+    def __init__(self, backend: CarlaBackend, connect_timeout_s: float = 180.0, carla=None):
+        self.backend = backend
+        self.connect_timeout_s = connect_timeout_s
+        self._carla = carla
+        self.policy = make_policy(backend.policy)
+        self.world = None  # a jax_drive.carla.world.CarlaWorld once connected
+
+    def _connect(self):
+        from jax_drive.carla import carla_module
+        from jax_drive.carla.world import CarlaWorld
+
+        if self.world is not None:
+            return self.world
+        carla = self._carla or carla_module()
+        b = self.backend
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                client = carla.Client(b.host, b.port)
+                client.set_timeout(b.timeout_s)
+                client.get_server_version()
+                self.world = CarlaWorld(client, carla, tm_port=b.tm_port, dt=b.cfg.dt)
+                return self.world
+            except RuntimeError as error:
+                if time.monotonic() > deadline:
+                    raise BackendFailure(f"CARLA at {b.host}:{b.port} does not answer: {error}") from error
+                time.sleep(2.0)
+
+    def run(self, specs, progress=None) -> list:
+        from jax_drive.carla.env import CarlaEpisodeBatch
+        from jax_drive.coop.runner import run_episodes
+
+        results = []
+        for spec in specs:
+            world = self._connect()
+            try:
+                batch = CarlaEpisodeBatch(world, spec.scenario, spec.key(), spec.accident_prone,
+                                          background=spec.background, cfg=self.backend.cfg, max_time=spec.max_time)
+                res, _ = run_episodes(None, (), accident_prone=None, policy=self.policy, batch=batch, progress=progress)
+                results.extend(res)
+            except RuntimeError as error:
+                if type(error) is not RuntimeError:  # e.g. XLA's errors: not the server's
+                    raise
+                # the CARLA client raises plain RuntimeErrors: time-outs, lost connections
+                self.world = None
+                raise BackendFailure(f"CARLA episode {spec.id} lost the server: {error}") from error
+            finally:
+                if self.world is not None:
+                    self.world.clear()
+        return results
+
+    def close(self) -> None:
+        if self.world is not None:
+            self.world.close()
+            self.world = None
