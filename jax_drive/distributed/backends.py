@@ -48,6 +48,11 @@ def policy_label(policy) -> str:
     return policy if isinstance(policy, str) else getattr(policy, "__qualname__", repr(policy))
 
 
+def describe(backend) -> dict:
+    """What a results directory's plan records about a backend: name, policy, settings."""
+    return {"backend": backend.name, "policy": policy_label(backend.policy), "cfg": dataclasses.asdict(backend.cfg)}
+
+
 def check_group(specs: Sequence[EpisodeSpec]) -> None:
     if not specs:
         raise InputError("a chunk needs at least one episode")
@@ -72,7 +77,7 @@ class JaxBackend:
     name = "jax"
 
     def describe(self) -> dict:
-        return {"backend": self.name, "policy": policy_label(self.policy), "cfg": dataclasses.asdict(self.cfg)}
+        return describe(self)
 
     def make(self) -> JaxRunner:
         return JaxRunner(self)
@@ -120,7 +125,7 @@ class CarlaBackend:
     name = "carla"
 
     def describe(self) -> dict:
-        return {"backend": self.name, "policy": policy_label(self.policy), "cfg": dataclasses.asdict(self.cfg)}
+        return describe(self)
 
     def make(self) -> CarlaRunner:
         return CarlaRunner(self)
