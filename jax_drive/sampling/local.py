@@ -15,7 +15,7 @@ from jax_drive.sampling.engine import (
     validate_prompts,
 )
 from jax_drive.sampling.params import SamplingParams
-from jax_drive.sampling.sampler import SamplerConfig, generate_tokens
+from jax_drive.sampling.sampler import DecodeWeightCache, SamplerConfig, generate_tokens
 
 
 class JaxEngine:
@@ -45,6 +45,7 @@ class JaxEngine:
         self.tokenizer = tokenizer
         self.sampler_config = sampler_config
         self.max_batch_size = max_batch_size
+        self.decode_weights = DecodeWeightCache()  # rebuilt when the model's arrays change
 
     # ------------------------------------------------------------------ helpers
     def _encode(self, prompts: list[Prompt]) -> list[list[int]]:
@@ -79,6 +80,7 @@ class JaxEngine:
         rows = [ids for ids in encoded for _ in range(params.n)]
         stop_ids = params.resolved_stop_ids(self._default_stop_ids())
         graph_and_state = nnx.split(self.model)
+        weights = self.decode_weights.get(self.model) if self.sampler_config.unroll_layers else None
         chunk = self.max_batch_size or len(rows)
         completions: list[Completion] = []
         for c, start in enumerate(range(0, len(rows), chunk)):
@@ -97,6 +99,7 @@ class JaxEngine:
                 logprobs_mode=params.logprobs_mode,
                 config=self.sampler_config,
                 graph_and_state=graph_and_state,
+                weights=weights,
             )
             for i, prompt_ids in enumerate(part):
                 ids, logprobs = out.row(i)

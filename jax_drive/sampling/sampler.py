@@ -16,11 +16,12 @@ Layout of one call (``generate_tokens``):
    slot ``P - 1 + t``, samples the next token and records its log-prob. The loop stops at
    ``max_new_tokens`` (dynamic, <= N) or when every row has produced a stop token. Rows that
    are done keep running but their outputs are replaced by ``pad_id`` / 0.
-   Two step functions: ``_decode_unrolled`` (default) runs the layers as an unrolled Python
-   loop over per-layer weight buffers (``DecodeParams``: LoRA merged, q/k/v and gate/up
-   fused) and a per-layer cache, which avoids XLA:CPU copying every layer's weights out of
-   the stacked arrays on each step (~2x fewer CPU cycles per token measured here);
-   ``_decode_generic`` calls ``CausalLM.__call__`` (the contract path; any model).
+   Two step functions, both the model's own forward: ``_decode_unrolled`` (default) runs it
+   on the unrolled weight layout (``jax_drive.models.unroll_params``: per-layer buffers, LoRA
+   folded in, q/k/v and gate/up fused) with a per-layer ``LayerCache``, which avoids XLA:CPU
+   copying every layer's weights out of the stacked arrays on each step (~2x fewer CPU
+   cycles per token measured here); ``_decode_generic`` calls ``CausalLM.__call__`` (the
+   contract path; any model).
 
 Sampling-only settings (temperature, top-k/p values, stop ids, min/max new tokens, pad id)
 are traced values, so changing them never recompiles; greedy vs sampled, filtering on/off and
@@ -34,22 +35,25 @@ distribution the token was drawn from (0 under greedy decoding).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
 
 import chex
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-# Number of times each jitted program has been traced (== compiled, since every trace of a
-# new shape/static signature triggers one compilation). Tests use it to check bucketing.
-TRACE_COUNTS: collections.Counter = collections.Counter()
+from jax_drive.models.transformer import (
+    LayerCache,
+    forward_hidden,
+    init_cache,
+    lm_logits,
+    positions_from_mask,
+    unroll_params,
+)
 
 NEG_INF = -1e30  # finite "minus infinity" for masking logits (avoids inf - inf = nan)
 
@@ -70,8 +74,8 @@ class SamplerConfig:
       max_stop_ids: size of the (padded) stop-id array is the next power of two >= the
         number of stop ids, at least this many (default 4).
       unroll_layers: decode with per-layer weight buffers and a Python-unrolled layer loop
-        (``DecodeParams``; ~2x faster per token on the CPU, keeps one extra copy of the
-        weights, longer compile). False: call ``CausalLM.__call__`` (scanned layers) in the
+        (``jax_drive.models.unroll_params``; ~2x faster per token on the CPU, keeps one extra
+        copy of the weights, longer compile). False: call ``CausalLM.__call__`` (scanned layers) in the
         loop. Models without ``arrays()`` always use the latter. Default True.
     """
 
@@ -141,14 +145,6 @@ def left_pad(
     return ids, mask, row_valid
 
 
-def prompt_positions(mask: jax.Array) -> jax.Array:
-    """RoPE positions of left-padded tokens: cumsum(mask) - 1, clipped at 0.
-
-    mask (B, L) bool -> (B, L) int32.
-    """
-    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
-
-
 # -------------------------------------------------------------------- token selection
 def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     """Top-k then top-p (nucleus) filtering; removed entries become ``NEG_INF``.
@@ -203,42 +199,52 @@ def gather_logprob(logits: jax.Array, token: jax.Array) -> jax.Array:
     return jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
+# ----------------------------------------------------------------------- decode weights
+@jax.jit
+def _unroll(arrays: dict) -> dict:
+    return unroll_params(arrays)
+
+
+def unrolled_weights(model) -> dict | None:
+    """``unroll_params(model.arrays())`` (a new copy of the weights), or None when the model
+    does not expose ``arrays()`` in the CausalLM layout (it then decodes through ``__call__``)."""
+    arrays_fn = getattr(model, "arrays", None)
+    arrays = arrays_fn() if arrays_fn is not None else None
+    if not isinstance(arrays, dict) or "layers" not in arrays or "embed" not in arrays:
+        return None
+    return _unroll(arrays)
+
+
+class DecodeWeightCache:
+    """The unrolled decode copy of one model's weights, kept while its arrays are unchanged.
+
+    Keyed by the identity of the model's parameter arrays: the cache holds those arrays, so an
+    id cannot be reused while the entry lives, and an in-place update (a trainer step assigns
+    new arrays) makes the next ``get`` rebuild the copy. Owned by an engine (one entry).
+    """
+
+    def __init__(self) -> None:
+        self._entry: tuple | None = None  # (leaf ids, leaves, weights)
+
+    def get(self, model) -> dict | None:
+        """The cached (or rebuilt) ``unrolled_weights(model)``."""
+        arrays_fn = getattr(model, "arrays", None)
+        if arrays_fn is None:
+            return None
+        leaves = jax.tree.leaves(arrays_fn())
+        ids = tuple(id(x) for x in leaves)
+        if self._entry is not None and self._entry[0] == ids:
+            return self._entry[2]
+        weights = unrolled_weights(model)
+        self._entry = None if weights is None else (ids, leaves, weights)
+        return weights
+
+    def clear(self) -> None:
+        """Drops the copy (frees its memory)."""
+        self._entry = None
+
+
 # --------------------------------------------------------------------- jitted programs
-@flax.struct.dataclass
-class LayerCache:
-    """KV cache kept as one buffer per layer (the unrolled decode path).
-
-    k, v: tuples of NL arrays (B, Nk, S, D), head-major; mask: (B, S) bool (slot holds a
-    real key). Separate buffers let each layer's slot be updated in place inside the decode
-    loop; the head-major layout is the one the per-step attention products read, so XLA does
-    not transpose every layer's whole cache on every step (it did with (B, S, Nk, D): at
-    B = 8, S = 1664 a SmolLM2 step took ~2x longer).
-    """
-
-    k: tuple
-    v: tuple
-    mask: jax.Array
-
-
-@flax.struct.dataclass
-class DecodeParams:
-    """Decode-time copy of a CausalLM's weights, one buffer per layer.
-
-    embed (V, H); final_norm (H,); head (H, V) or None when tied to ``embed``; layers: tuple
-    of NL dicts with input_norm (H,), post_norm (H,), qkv (H, (Nq + 2 Nk) D) [+ qkv_bias],
-    o (Nq D, H), gate_up (H, 2F), down (F, H). LoRA adapters are merged in (W + s A B).
-
-    Why: on the CPU, XLA materialises a copy of every layer's weights when a scanned model
-    slices them out of stacked (NL, ...) arrays, doubling the memory traffic of a decode
-    step; per-layer buffers (and fused q/k/v and gate/up matmuls) avoid it.
-    """
-
-    embed: jax.Array
-    final_norm: jax.Array
-    head: jax.Array | None
-    layers: tuple
-
-
 @chex.dataclass
 class DecodeState:
     """Carry of the decode loop (B rows, N = generation bucket).
@@ -262,128 +268,16 @@ class DecodeState:
     key: jax.Array
 
 
-def _merged_kernel(p: dict, i: int) -> jax.Array:
-    """Layer i's (in, out) kernel of a stacked projection with its LoRA folded in."""
-    kernel = p["kernel"][i]
-    if p.get("lora_a") is None:
-        return kernel
-    delta = (p["lora_a"][i].astype(jnp.float32) @ p["lora_b"][i].astype(jnp.float32)) * p[
-        "lora_scale"
-    ][i]
-    return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("num_layers",))
-def _split_params(arrays: dict, num_layers: int) -> DecodeParams:
-    """``CausalLM.arrays()`` (stacked layers) -> DecodeParams (separate per-layer buffers)."""
-    TRACE_COUNTS["split_params"] += 1
-    st = arrays["layers"]
-    layers = []
-    for i in range(num_layers):
-        layer = {
-            "input_norm": st["input_norm"][i],
-            "post_norm": st["post_attention_norm"][i],
-            "qkv": jnp.concatenate([_merged_kernel(st[n], i) for n in ("q_proj", "k_proj", "v_proj")], axis=1),
-            "o": _merged_kernel(st["o_proj"], i),
-            "gate_up": jnp.concatenate([_merged_kernel(st[n], i) for n in ("gate_proj", "up_proj")], axis=1),
-            "down": _merged_kernel(st["down_proj"], i),
-        }
-        if st["q_proj"].get("bias") is not None:
-            layer["qkv_bias"] = jnp.concatenate(
-                [st[n]["bias"][i] for n in ("q_proj", "k_proj", "v_proj")], axis=0
-            )
-        layers.append(layer)
-    return DecodeParams(
-        embed=arrays["embed"],
-        final_norm=arrays["final_norm"],
-        head=arrays.get("lm_head"),
-        layers=tuple(layers),
-    )
-
-
-_SPLIT_CACHE: dict = {}  # one entry: (leaf ids, leaves, DecodeParams)
-
-
-def decode_params(model) -> DecodeParams | None:
-    """Per-layer decode weights of ``model``, cached while its parameter arrays are unchanged
-    (keyed by the identity of the arrays; the cache keeps them alive, so ids are not reused).
-    None when the model does not expose ``arrays()`` in the CausalLM layout."""
-    arrays_fn = getattr(model, "arrays", None)
-    if arrays_fn is None:
-        return None
-    arrays = arrays_fn()
-    if not isinstance(arrays, dict) or "layers" not in arrays or "embed" not in arrays:
-        return None
-    leaves = jax.tree.leaves(arrays)
-    ids = tuple(id(x) for x in leaves)
-    hit = _SPLIT_CACHE.get("entry")
-    if hit is not None and hit[0] == ids:
-        return hit[2]
-    params = _split_params(arrays, model.config.num_layers)
-    _SPLIT_CACHE["entry"] = (ids, leaves, params)
-    return params
-
-
-def clear_decode_params_cache() -> None:
-    """Drops the cached per-layer weight copy (frees its memory)."""
-    _SPLIT_CACHE.clear()
-
-
-def _unrolled_step(config, dp: DecodeParams, cache: LayerCache, token, position, cache_index):
-    """One decode step over per-layer weights: token/position (B,) -> logits (B, V) float32.
-
-    Same math as ``CausalLM.__call__`` with L = 1 (tests check the two agree)."""
-    from jax_drive.models.transformer import apply_rope, attention_head_major, rms_norm, rope_tables
-
-    c = config
-    b = token.shape[0]
-    qd, kd, f = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-    x = jnp.take(dp.embed, token[:, None], axis=0)  # (B, 1, H)
-    cos, sin = rope_tables(c, position[:, None])
-    new_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((b, 1), bool), (0, cache_index))
-    slots = jnp.arange(cache.mask.shape[1])
-    mask = (slots <= cache_index)[None, None, :] & new_mask[:, None, :]  # (B, 1, S)
-    ks, vs = [], []
-    for lp, ck, cv in zip(dp.layers, cache.k, cache.v):
-        y = rms_norm(x, lp["input_norm"], c.rms_norm_eps)
-        qkv = y @ lp["qkv"]
-        if "qkv_bias" in lp:
-            qkv = qkv + lp["qkv_bias"]
-        q = apply_rope(qkv[..., :qd].reshape(b, 1, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope(qkv[..., qd : qd + kd].reshape(b, 1, c.num_kv_heads, c.head_dim), cos, sin)
-        v = qkv[..., qd + kd :].reshape(b, 1, c.num_kv_heads, c.head_dim)
-        # (B, 1, Nk, D) -> head-major (B, Nk, 1, D) slot writes.
-        ck = jax.lax.dynamic_update_slice(ck, jnp.swapaxes(k, 1, 2).astype(ck.dtype), (0, 0, cache_index, 0))
-        cv = jax.lax.dynamic_update_slice(cv, jnp.swapaxes(v, 1, 2).astype(cv.dtype), (0, 0, cache_index, 0))
-        x = x + attention_head_major(q, ck.astype(q.dtype), cv.astype(q.dtype), mask) @ lp["o"]
-        y = rms_norm(x, lp["post_norm"], c.rms_norm_eps)
-        gu = y @ lp["gate_up"]
-        x = x + (jax.nn.silu(gu[..., :f]) * gu[..., f:]) @ lp["down"]
-        ks.append(ck)
-        vs.append(cv)
-    h = rms_norm(x, dp.final_norm, c.rms_norm_eps)[:, 0]
-    if dp.head is None:
-        logits = jnp.einsum("bh,vh->bv", h.astype(dp.embed.dtype), dp.embed,
-                            preferred_element_type=jnp.float32)
-    else:
-        logits = jnp.einsum("bh,hv->bv", h.astype(dp.head.dtype), dp.head,
-                            preferred_element_type=jnp.float32)
-    return logits, LayerCache(k=tuple(ks), v=tuple(vs), mask=new_mask)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 6, 7))
 def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_layer: bool) -> DecodeState:
     """ids/mask (B, P) left-padded, row_valid (B,) bool (False = dummy row, done from the
     start) -> decode state with the first P - 1 prompt columns cached (stacked KVCache, or
     a LayerCache when ``per_layer``)."""
-    from jax_drive.models import init_cache  # models sit below sampling
-
-    TRACE_COUNTS["prefill"] += 1
     model = nnx.merge(graphdef, state)
     config = model.config
     batch, plen = ids.shape
     cache = init_cache(config, batch, plen + gen_bucket, config.jnp_dtype)
-    positions = prompt_positions(mask)
+    positions = positions_from_mask(mask)
     if plen > 1:
         if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
             cache = model.prefill(ids[:, :-1], positions[:, :-1], mask[:, :-1], cache)
@@ -392,12 +286,7 @@ def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_la
                 ids[:, :-1], positions[:, :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0)
             )
     if per_layer:
-        n = cache.k.shape[0]
-        cache = LayerCache(
-            k=tuple(jnp.swapaxes(cache.k[i], 1, 2) for i in range(n)),
-            v=tuple(jnp.swapaxes(cache.v[i], 1, 2) for i in range(n)),
-            mask=cache.mask,
-        )
+        cache = LayerCache.from_stacked(cache)
     return DecodeState(
         cache=cache,
         token=ids[:, -1],
@@ -463,7 +352,6 @@ def _decode_generic(graphdef, state, loop: DecodeState, *scalars, greedy, use_fi
     """Decode loop calling ``CausalLM.__call__`` (stacked KVCache). Scalars: cache_start,
     max_new_tokens, min_new_tokens () int32; temperature () f32; top_k () int32; top_p () f32;
     stop_ids (K,) int32 padded with -1; pad_id () int32."""
-    TRACE_COUNTS["decode"] += 1
     model = nnx.merge(graphdef, state)
     ones = jnp.ones((loop.token.shape[0], 1), bool)
 
@@ -476,16 +364,25 @@ def _decode_generic(graphdef, state, loop: DecodeState, *scalars, greedy, use_fi
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=_STATIC, donate_argnums=(2,))
-def _decode_unrolled(config, dp: DecodeParams, loop: DecodeState, *scalars, greedy, use_filter,
+def _decode_unrolled(config, weights: dict, loop: DecodeState, *scalars, greedy, use_filter,
                      processed_logprobs) -> DecodeState:
-    """Decode loop over per-layer weights (``DecodeParams``) and a ``LayerCache``."""
-    TRACE_COUNTS["decode"] += 1
+    """Decode loop over the unrolled weights (``unroll_params``) and a ``LayerCache``."""
+    ones = jnp.ones((loop.token.shape[0], 1), bool)
 
     def step_fn(cache, token, position, index):
-        return _unrolled_step(config, dp, cache, token, position, index)
+        hidden, cache = forward_hidden(weights, config, token[:, None], position[:, None], ones,
+                                       cache, index)
+        return lm_logits(weights, hidden[:, 0]), cache
 
     return _decode_loop(step_fn, config.vocab_size, loop, *scalars, greedy, use_filter,
                         processed_logprobs)
+
+
+def compiled_program_counts() -> dict[str, int]:
+    """Executables JAX holds for the sampler's prefill and decode programs (its own compile
+    caches, read only): a new entry per new shape bucket or static setting."""
+    return {"prefill": _prefill._cache_size(),
+            "decode": _decode_unrolled._cache_size() + _decode_generic._cache_size()}
 
 
 # ------------------------------------------------------------------------- public API
@@ -523,6 +420,7 @@ def generate_tokens(
     logprobs_mode: str = "raw",
     config: SamplerConfig = SamplerConfig(),
     graph_and_state: tuple[Any, Any] | None = None,
+    weights: dict | None = None,
 ) -> SamplerOutput:
     """Samples continuations of token-id prompts with the jitted KV-cache sampler.
 
@@ -535,6 +433,8 @@ def generate_tokens(
       pad_id: token id used for padding (inputs and outputs).
       config: shape bucketing.
       graph_and_state: ``nnx.split(model)`` when the caller already has it.
+      weights: the model's unrolled decode weights when the caller keeps them
+        (``DecodeWeightCache``); built here when None and ``config.unroll_layers``.
 
     Returns:
       SamplerOutput with (R, max_new_tokens) arrays.
@@ -573,11 +473,14 @@ def generate_tokens(
     stop_arr[: len(stop_ids)] = stop_ids
 
     graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
-    dp = decode_params(model) if config.unroll_layers else None
+    if config.unroll_layers and weights is None:
+        weights = unrolled_weights(model)
+    elif not config.unroll_layers:
+        weights = None
     greedy = float(temperature) == 0.0
     loop = _prefill(
         graphdef, state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(row_valid), key,
-        nbucket, dp is not None,
+        nbucket, weights is not None,
     )
     scalars = (
         jnp.int32(plen - 1),
@@ -594,8 +497,8 @@ def generate_tokens(
         use_filter=(not greedy) and (top_k > 0 or top_p < 1.0),
         processed_logprobs=logprobs_mode == "processed",
     )
-    if dp is not None:
-        out = _decode_unrolled(mcfg, dp, loop, *scalars, **statics)
+    if weights is not None:
+        out = _decode_unrolled(mcfg, weights, loop, *scalars, **statics)
     else:
         out = _decode_generic(graphdef, state, loop, *scalars, **statics)
     tokens, logprobs, lengths, stopped = jax.device_get(
