@@ -18,7 +18,8 @@ from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_drive.models import CausalLM, ModelConfig
+from jax_drive.models import CausalLM
+from jax_drive.models.tiny import peaked_tiny_model
 from jax_drive.sampling import (
     Completion,
     Engine,
@@ -28,24 +29,15 @@ from jax_drive.sampling import (
     generate_tokens,
 )
 from jax_drive.sampling import sampler as sampler_mod
-from jax_drive.sampling.sampler import bucket_size, filter_logits, left_pad, select_tokens
+from jax_drive.sampling.sampler import bucket_size, left_pad
+from jax_drive.sampling.selection import filter_logits, select_tokens
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [42]]
 
 
-def _scaled_tiny(architecture: str, scale: float = 10.0, seed: int = 0) -> CausalLM:
-    """A tiny random model whose weights are scaled up so logits are peaked (clear argmaxes,
-    varied greedy outputs) instead of the near-uniform logits of a 0.02-std init."""
-    config = ModelConfig.tiny(architecture, tie_embeddings=False)
-    model = CausalLM(config, rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(model)
-    state = jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, state)
-    return nnx.merge(graphdef, state)
-
-
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    return _scaled_tiny("llama")
+    return peaked_tiny_model("llama")
 
 
 REF_LEN = 32  # fixed reference buffer: one compilation for every reference call
@@ -250,7 +242,7 @@ def _qwen_with_lora():
     """Tiny Qwen2 (q/k/v biases) with LoRA adapters whose B is non-zero (so they matter)."""
     from jax_drive.models.lora import apply_lora
 
-    m = _scaled_tiny("qwen2", scale=6.0, seed=1)
+    m = peaked_tiny_model("qwen2", scale=6.0, seed=1)
     apply_lora(m, rank=2, alpha=4.0, targets=("q_proj", "v_proj", "up_proj"), rngs=nnx.Rngs(2))
     for name in ("q_proj", "v_proj", "up_proj"):
         proj = getattr(m.layers, name)
@@ -279,7 +271,7 @@ def test_unrolled_decode_path_equals_model_call_path(model, which):
 
 
 def test_decode_weights_cached_until_weights_change():
-    m = _scaled_tiny("llama", seed=5)
+    m = peaked_tiny_model("llama", seed=5)
     cache = sampler_mod.DecodeWeightCache()
     first = cache.get(m)
     assert cache.get(m) is first

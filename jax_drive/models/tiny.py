@@ -4,11 +4,13 @@
 with ChatML special tokens, wrapped in :class:`jax_drive.models.Tokenizer`, so chat
 templates, encode/decode and stop tokens behave as with SmolLM2 but every id is < 320.
 ``tiny_policy()`` pairs it with a randomly initialised ``CausalLM`` (``ModelConfig.tiny``)
-and optionally LoRA adapters.
+and optionally LoRA adapters; ``peaked_tiny_model()`` is a tiny model with peaked logits for
+sampler tests.
 """
 
 from __future__ import annotations
 
+import jax
 from flax import nnx
 
 from jax_drive.models.config import ModelConfig
@@ -59,3 +61,13 @@ def tiny_policy(seed: int = 0, architecture: str = "llama", lora_rank: int | Non
 
         apply_lora(model, rank=lora_rank, alpha=2.0 * lora_rank, rngs=nnx.Rngs(int(seed) + 1))
     return model, config, byte_tokenizer()
+
+
+def peaked_tiny_model(architecture: str = "llama", seed: int = 0, scale: float = 10.0,
+                      **overrides) -> CausalLM:
+    """A random ``ModelConfig.tiny(architecture, tie_embeddings=False, **overrides)`` model
+    whose weight matrices are multiplied by ``scale``: peaked logits (clear argmaxes, varied
+    greedy outputs) instead of the near-uniform ones of a 0.02-std initialisation."""
+    config = ModelConfig.tiny(architecture, **{"tie_embeddings": False, **overrides})
+    graphdef, state = nnx.split(CausalLM(config, rngs=nnx.Rngs(int(seed))))
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, state))

@@ -78,6 +78,22 @@ class LayerCache:
         return cls(k=tuple(jnp.swapaxes(cache.k[i], 1, 2) for i in range(n)),
                    v=tuple(jnp.swapaxes(cache.v[i], 1, 2) for i in range(n)), mask=cache.mask)
 
+    def select_rows(self, rows: jax.Array) -> "LayerCache":
+        """The cache of batch rows ``rows`` ((B',) int32, repeats allowed), in that order."""
+        return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
+
+    def resize(self, slots: int) -> "LayerCache":
+        """The first ``slots`` slots (static), padded with empty (masked) slots if longer."""
+        def fit(x, axis):
+            if slots <= x.shape[axis]:
+                return jax.lax.slice_in_dim(x, 0, slots, axis=axis)
+            pad = [(0, 0)] * x.ndim
+            pad[axis] = (0, slots - x.shape[axis])
+            return jnp.pad(x, pad)
+
+        return LayerCache(k=tuple(fit(x, 2) for x in self.k), v=tuple(fit(x, 2) for x in self.v),
+                          mask=fit(self.mask, 1))
+
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache: zeros and an all-False mask. dtype defaults to the config's dtype."""
