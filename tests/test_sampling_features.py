@@ -49,9 +49,21 @@ def _merged_lora_qwen():
     return lora.merge_lora(model)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2_lora_merged"])
-def model(request):
-    return peaked_tiny_model("llama", scale=5.0) if request.param == "llama" else _merged_lora_qwen()
+@pytest.fixture(scope="module")
+def models():
+    return {"llama": peaked_tiny_model("llama", scale=5.0), "qwen2_lora_merged": _merged_lora_qwen()}
+
+
+@pytest.fixture
+def model(models, request):
+    """The model named by the test's ``which`` parameter (default llama)."""
+    return models[getattr(request, "param", "llama")]
+
+
+def _which(*names):
+    """Parametrises the ``model`` fixture indirectly; the cases below pair models with other
+    parameters so that each path runs on both models without the full cross product."""
+    return pytest.mark.parametrize("model", names, indirect=True)
 
 
 def _stop_token(model, rows=PROMPTS[:1], key=jax.random.key(0), at=3, **kw) -> int:
@@ -69,7 +81,7 @@ def _assert_same(a, b, atol=1e-4):
 
 
 # ---------------------------------------------------------------------- shared prefix
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("model,temperature", [("llama", 1.0), ("qwen2_lora_merged", 0.0)], indirect=["model"])
 def test_shared_prefix_equals_unshared(model, temperature):
     rows = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0], PROMPTS[1]]
     stop = _stop_token(model, rows, jax.random.key(4), temperature=temperature, top_k=20)
@@ -82,6 +94,7 @@ def test_shared_prefix_equals_unshared(model, temperature):
         assert shared.tokens[0].tolist() != shared.tokens[2].tolist()
 
 
+@_which("qwen2_lora_merged")
 def test_engine_n_samples_share_the_prompt(model):
     params = SamplingParams(max_new_tokens=6, temperature=1.0, n=3, stop_token_ids=())
     shared = JaxEngine(model).generate(PROMPTS, params, jax.random.key(1))
@@ -99,8 +112,10 @@ def _assert_completions_equal(got, ref, logprob_atol=1e-4):
     np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=logprob_atol)
 
 
-@pytest.mark.parametrize("lookup", [None, LOOKUP], ids=["plain", "prompt_lookup"])
-@pytest.mark.parametrize("max_batch_size", [None, 2])
+@pytest.mark.parametrize("model,lookup,max_batch_size", [
+    ("llama", None, None), ("llama", LOOKUP, 2), ("qwen2_lora_merged", None, 2),
+    ("qwen2_lora_merged", LOOKUP, None)], indirect=["model"], ids=["llama-plain-1group",
+    "llama-lookup-groups", "qwen2_lora_merged-plain-groups", "qwen2_lora_merged-lookup-1group"])
 def test_session_turns_equal_generating_from_scratch(model, lookup, max_batch_size):
     """Three turns: rows of different lengths (left padding), n = 2, one row stopping early,
     empty and non-empty appended tokens, a row dropped after each turn."""
@@ -115,8 +130,8 @@ def test_session_turns_equal_generating_from_scratch(model, lookup, max_batch_si
     contexts = [list(c.prompt_token_ids) + list(c.token_ids) for c in first]
     one = params.replace(n=1)
     turns = [
-        [[9, 8, 7, 6, 5], [], None, [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [11], [2, 2, 2]],
-        [[1, 9], [4], None, [5, 6, 7], None, [8] * 20],
+        [[9, 8, 7, 6, 5], [], None, [3] * 15, [11], [2, 2, 2]],
+        [[1, 9], [4], None, [5, 6, 7], None, [8] * 14],
     ]
     for j, appended in enumerate(turns):
         out = session.extend(appended, one, jax.random.fold_in(key, j + 1))
@@ -185,7 +200,7 @@ def test_lookup_drafts_takes_the_longest_suffix_then_the_fullest_most_recent_mat
     assert drafts[5].tolist() == [1, 2, 9]
 
 
-@pytest.mark.parametrize("min_new_tokens", [0, 5])
+@pytest.mark.parametrize("model,min_new_tokens", [("llama", 0), ("qwen2_lora_merged", 5)], indirect=["model"])
 def test_prompt_lookup_greedy_equals_plain_greedy(model, min_new_tokens):
     kw = dict(max_new_tokens=24, temperature=0.0, stop_token_ids=[_stop_token(model, at=min_new_tokens + 3)],
               min_new_tokens=min_new_tokens)
@@ -215,7 +230,7 @@ def test_prompt_lookup_accepts_the_drafts_of_a_repeating_continuation():
     assert plain.steps == 40 and fast.steps == 10
 
 
-@pytest.mark.parametrize("mode", ["raw", "processed"])
+@pytest.mark.parametrize("model,mode", [("llama", "raw"), ("qwen2_lora_merged", "processed")], indirect=["model"])
 def test_prompt_lookup_logprobs_are_the_models(model, mode):
     """Sampled with temperature and top-k / top-p: each reported log-prob is the model's
     (teacher-forced) log-softmax at the token, raw or after temperature and filtering."""
