@@ -86,7 +86,7 @@ def server_counts(base_url: str) -> dict:
 def tiny_checkpoint(out_dir: Path) -> str:
     """A tiny random Llama + byte-level tokenizer saved as an HF directory."""
     from jax_drive.models.export import save_safetensors
-    from jax_drive.rl.tiny import tiny_policy
+    from jax_drive.models.tiny import tiny_policy
 
     model, _, tokenizer = tiny_policy(lora_rank=None)
     save_safetensors(model, out_dir, tokenizer=tokenizer)

@@ -27,7 +27,7 @@ from jax_drive.pipelines.presets import PRESETS, rl_config
 from jax_drive.rl.checkpoint import Checkpointer, RunState, committed_steps, restore_trainable
 from jax_drive.rl.logging import MetricsLogger, read_jsonl
 from jax_drive.rl.optim import OptimConfig, make_optimizer, split_model
-from jax_drive.rl.tiny import tiny_policy
+from jax_drive.models.tiny import tiny_policy
 from jax_drive.scenes import stack_scenes, straight_road_scene
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

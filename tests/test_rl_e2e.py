@@ -19,7 +19,7 @@ from jax_drive.rl.grpo import GRPOConfig, grpo_train
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
-from jax_drive.rl.tiny import tiny_policy
+from jax_drive.models.tiny import tiny_policy
 from jax_drive.rollout import RolloutConfig
 from jax_drive.sampling import Completion, JaxEngine, SamplingParams
 from jax_drive.scenes import stack_scenes, straight_road_scene

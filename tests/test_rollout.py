@@ -7,7 +7,7 @@ import pytest
 
 from jax_drive.rollout import FORMAT_FEEDBACK, RolloutConfig, run_rollouts, summarize
 from jax_drive.rollout.multiturn import ChatContinuation
-from jax_drive.rl.tiny import byte_tokenizer
+from jax_drive.models.tiny import byte_tokenizer
 from jax_drive.sampling import Completion, SamplingParams
 from jax_drive.scenes import stack_scenes, straight_road_scene
 from jax_drive.text import format_trajectory
@@ -149,7 +149,7 @@ def test_real_engine_tiny_random_model():
 
     from jax_drive.rl.advantages import AdvantageConfig, compute_advantages
     from jax_drive.rl.grpo import build_train_batch
-    from jax_drive.rl.tiny import tiny_policy
+    from jax_drive.models.tiny import tiny_policy
     from jax_drive.sampling import JaxEngine
 
     model, _, tok = tiny_policy(seed=0, lora_rank=4)  # same policy and shapes as test_rl_e2e (shared compiles)

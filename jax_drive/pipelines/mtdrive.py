@@ -69,7 +69,7 @@ def load_policy(preset: Preset):
     from flax import nnx
 
     if preset.model == "tiny":
-        from jax_drive.rl.tiny import tiny_policy
+        from jax_drive.models.tiny import tiny_policy
 
         model, _, tokenizer = tiny_policy(seed=preset.seed, lora_rank=preset.lora_rank or None)
     else:
