@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--json", default="experiments/results/bench_matmul.json")
+    parser.add_argument("--json", required=True, help="output JSON path")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ Measures, in one run and on the same prompts:
     time and the size of the largest float32 logits block each needs.
 
 Usage:
-  python experiments/bench_models.py [--quick] [--json experiments/results/bench_models.json]
+  python experiments/bench_models.py --json OUT [--quick]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--json", default="experiments/results/bench_models.json")
+    parser.add_argument("--json", required=True, help="output JSON path")
     args = parser.parse_args()
     if args.quick:
         args.batch, args.length, args.repeats, args.chunk = 2, 64, 2, 32

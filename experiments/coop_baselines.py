@@ -20,13 +20,15 @@ import time
 import jax
 import matplotlib
 
-matplotlib.use("Agg")
+matplotlib.use("Agg")  # a script: choosing the backend here is fine (the library never does)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from jax_drive.sim import baselines, metrics as M, runner, scenarios as S  # noqa: E402
-from jax_drive.sim.evaluate import ID_KEYS, TV_KEYS, episode_flags, jsonable  # noqa: E402
+from jax_drive.coop import baselines  # noqa: E402
+from jax_drive.coop.evaluate import ID_KEYS, TV_KEYS, episode_flags, jsonable, summarise  # noqa: E402
+from jax_drive.coop.runner import run_episodes  # noqa: E402
+from jax_drive.sim import metrics as M, scenarios as S  # noqa: E402
 
 
 def run_group(names, policy, seeds, episodes, background, keep_trajectory=False, max_time=None):
@@ -43,41 +45,14 @@ def run_group(names, policy, seeds, episodes, background, keep_trajectory=False,
                 tags.append((name, seed))
     bar = tqdm(desc=f"{policy.name}{' bg' if background else ''} ({len(keys)} episodes)", unit="decision",
                leave=False)
-    results, _ = runner.run_episodes(batch_names, keys, accident_prone=batch_flags, policy=policy,
-                                     background=background, keep_trajectory=keep_trajectory,
-                                     progress=lambda d: bar.update(1), max_time=max_time)
+    results, _ = run_episodes(batch_names, keys, accident_prone=batch_flags, policy=policy,
+                              background=background, keep_trajectory=keep_trajectory,
+                              progress=lambda d: bar.update(1), max_time=max_time)
     bar.close()
     out: dict = {}
     for tag, r in zip(tags, results):
         out.setdefault(tag[0], {}).setdefault(tag[1], []).append(r)
     return out
-
-
-def summarise(by_seed: dict, family: str) -> dict:
-    per_seed = []
-    for seed, rs in sorted(by_seed.items()):
-        if family == "talking_vehicles":
-            m = M.talking_vehicles_rates([o for r in rs for o in r.outcomes])
-        else:
-            m = M.interdrive_rates([r.metrics for r in rs])
-        m["seed"] = seed
-        per_seed.append(m)
-    keys = TV_KEYS if family == "talking_vehicles" else ID_KEYS
-    all_rs = [r for rs in by_seed.values() for r in rs]
-    sent = sum(r.messages_sent for r in all_rs)
-    split = {}
-    for label, flag in (("accident_prone", True), ("safe", False)):
-        rs = [r for r in all_rs if r.accident_prone == flag]
-        split[label] = (M.talking_vehicles_rates([o for r in rs for o in r.outcomes]) if family == "talking_vehicles"
-                        else M.interdrive_rates([r.metrics for r in rs]))
-    return {
-        "aggregate": M.aggregate_seeds(per_seed, keys),
-        "per_seed": per_seed,
-        "split": split,
-        "bytes_per_message": sum(r.bytes_sent for r in all_rs) / sent if sent else 0.0,
-        "messages_per_episode": sent / len(all_rs),
-        "feedback_examples": sorted({f for r in all_rs for f in r.feedback})[:4],
-    }
 
 
 def plot(report: dict, path: str) -> None:
@@ -120,7 +95,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--tv-episodes", type=int, default=10, help="episodes per seed per TalkingVehicles scenario")
     parser.add_argument("--id-episodes", type=int, default=4, help="episodes per seed per InterDrive type and setting")
-    parser.add_argument("--json", default="experiments/results/coop_baselines.json")
+    parser.add_argument("--json", required=True,
+                        help="results JSON (the plot and renderings go next to it); canonical: "
+                             "experiments/results/coop_baselines.json")
     parser.add_argument("--no-render", action="store_true")
     parser.add_argument("--reuse-tv", default=None,
                         help="take the TalkingVehicles section from this earlier JSON instead of re-running it")
@@ -153,7 +130,7 @@ def main(argv=None) -> int:
         for name, by_seed in groups.items():
             report["talking_vehicles"].setdefault(name, {})[policy.name] = summarise(by_seed, "talking_vehicles")
             if not args.no_render and policy.name == "rule_based":
-                from jax_drive.sim.render import render_episode
+                from jax_drive.coop.render import render_episode
 
                 render_episode(by_seed[seeds[0]][0], os.path.join(out_dir, f"coop_{name}.png"))
         for bg, label in ((False, "without_background"), (True, "with_background")):

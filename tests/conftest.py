@@ -17,3 +17,6 @@ import jax  # noqa: E402
 # 2-core CPU, and a compiled program is keyed by its exact HLO, so reuse is always exact.
 jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_drive_xla"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+# Real servers (llama.cpp's OpenAI-compatible server) as session fixtures: see servers.py.
+from servers import llama_cpp_server  # noqa: E402,F401

@@ -3,7 +3,7 @@ semantics, the Gymnasium single-agent wrapper and the `jax-drive sim` CLI."""
 
 from pettingzoo.test import parallel_api_test
 
-from jax_drive.sim.env import CoopDrivingParallelEnv, SingleAgentEnv
+from jax_drive.coop.env import CoopDrivingParallelEnv, SingleAgentEnv
 from jax_drive.sim.state import Cmd
 
 
@@ -53,12 +53,15 @@ def test_gymnasium_single_agent_wrapper():
     assert done and ret == 1.0
 
 
-def test_cli_sim_run_prints_table_and_renders(tmp_path, capsys):
+def test_cli_sim_run_prints_table_and_renders(tmp_path, capsys, monkeypatch):
     from jax_drive.cli import main
 
+    monkeypatch.chdir(tmp_path)
+    assert main(["sim", "run", "--scenario", "tv_highway_exit", "--episodes", "1"]) == 0
+    assert list(tmp_path.iterdir()) == []  # nothing written without --plot / --json / --replay
     png, js = tmp_path / "ep.png", tmp_path / "m.json"
     rc = main(["sim", "run", "--scenario", "tv_highway_exit", "--policy", "rule_based", "--episodes", "2",
-               "--render", str(png), "--json", str(js)])
+               "--plot", str(png), "--json", str(js)])
     out = capsys.readouterr().out
     assert rc == 0 and "CR" in out and "SR" in out and "tv_highway_exit" in out
     assert png.stat().st_size > 10_000

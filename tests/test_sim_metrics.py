@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from jax_drive.sim import metrics as M
-from jax_drive.sim.messages import Message, MessageBus
-from jax_drive.sim.replay import Transition, label, load_jsonl, sample_batch, sampling_probabilities, save_jsonl
+from jax_drive.coop.messages import Message, MessageBus
+from jax_drive.coop.replay import Transition, label, load_jsonl, sample_batch, sampling_probabilities, save_jsonl
 
 
 def _snapshot():

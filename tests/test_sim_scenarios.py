@@ -6,8 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from jax_drive.sim import baselines, runner, scenarios as S
-from jax_drive.sim.state import Behaviour, Role
+from jax_drive.coop import baselines, runner
+from jax_drive.sim import scenarios as S
+from jax_drive.sim.state import Behaviour, Role, SimConfig
 
 AP_SEEDS = (0, 1, 2)
 SAFE_SEEDS = (10, 11)
@@ -30,7 +31,7 @@ def test_structure_and_determinism(name):
     # every agent starts on its lane, inside the map, not overlapping anyone
     from jax_drive.sim import core
 
-    cfg = runner.SimConfig()
+    cfg = SimConfig()
     st = core.step(cfg, a, core.reset(cfg, jax.random.key(0), a), core.go_action(cfg, a))
     assert int(np.asarray(st.collision_step)[valid].max()) == -1
     assert int(np.asarray(st.offroad_steps)[valid].max()) == 0
@@ -94,7 +95,7 @@ def test_rule_based_avoids_accidents_with_messages_and_records():
     assert any("Messages received" in t.observation for t in red)
     assert red[0].next_observation == red[1].observation
     # rendering
-    from jax_drive.sim.render import render_episode
+    from jax_drive.coop.render import render_episode
 
     import tempfile, os
 

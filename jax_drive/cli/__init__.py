@@ -20,6 +20,8 @@ COMMAND_MODULES = {
     "convert": "convert",  # GGUF / safetensors -> safetensors
     "train": "train",  # SFT + mtGRPO (training stack)
     "sim": "sim",  # multi-agent cooperative simulator
+    "serve": "serve",  # OpenAI-compatible HTTP server over a Flax policy
+    "scale-out": "scale_out",  # Ray scenario workers, CARLA server pools
 }
 
 

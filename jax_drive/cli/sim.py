@@ -3,7 +3,7 @@
     jax-drive sim list
     jax-drive sim run --scenario tv_red_light --policy rule_based --episodes 10 \
         [--seeds 3] [--config alternate|accident|safe] [--background] \
-        [--render out.png] [--json out.json] [--replay out.jsonl]
+        [--plot out.png] [--json out.json] [--replay out.jsonl]
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ def register(subparsers) -> None:
     run.add_argument("--config", default="alternate", choices=("alternate", "accident", "safe"),
                      help="accident-prone / safe configurations (alternate: half each)")
     run.add_argument("--background", action="store_true", help="add background traffic")
-    run.add_argument("--render", default=None, help="PNG of the first episode (default: sim_<scenario>.png)")
-    run.add_argument("--no-render", action="store_true")
+    run.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of the first episode here")
     run.add_argument("--json", default=None, help="write metrics JSON here")
     run.add_argument("--replay", default=None, help="write replay transitions (JSONL) here")
     run.set_defaults(func=_run)
 
 
 def _list(args) -> int:
-    from jax_drive.sim import baselines, scenarios
+    from jax_drive.coop import baselines
+    from jax_drive.sim import scenarios
 
     print("TalkingVehicles:", ", ".join(scenarios.TALKING_VEHICLES))
     print("InterDrive:     ", ", ".join(scenarios.INTERDRIVE))
@@ -44,7 +44,8 @@ def _list(args) -> int:
 
 
 def _run(args) -> int:
-    from jax_drive.sim import baselines, evaluate, scenarios
+    from jax_drive.coop import baselines, evaluate
+    from jax_drive.sim import scenarios
 
     try:
         scenarios.family(args.scenario)
@@ -57,19 +58,18 @@ def _run(args) -> int:
         return 2
     report = evaluate.evaluate(
         args.scenario, policy, seeds=range(args.seed, args.seed + args.seeds), episodes=args.episodes,
-        config=args.config, background=args.background, record=bool(args.replay), keep_first_trajectory=True,
-        show_progress=True)
+        config=args.config, background=args.background, record=bool(args.replay),
+        keep_first_trajectory=bool(args.plot), show_progress=True)
     print(evaluate.table([report]))
     for line in report["feedback_examples"]:
         print("  " + line)
-    if not args.no_render:
-        from jax_drive.sim.render import render_episode
+    if args.plot:
+        from jax_drive.coop.render import render_episode
 
-        path = args.render or f"sim_{args.scenario}.png"
-        render_episode(report["first_episode"], path)
-        print(f"rendering: {path}")
+        render_episode(report["first_episode"], args.plot)
+        print(f"rendering: {args.plot}")
     if args.replay:
-        from jax_drive.sim.replay import save_jsonl
+        from jax_drive.coop.replay import save_jsonl
 
         save_jsonl(report["transitions"], args.replay)
         print(f"replay: {args.replay} ({len(report['transitions'])} transitions)")

@@ -15,17 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.models.loading import HF_LAYER_KEYS
-from jax_drive.models.transformer import PROJECTIONS, CausalLM
-
-
-
-def _effective_kernel(proj) -> jnp.ndarray:
-    """(NL, in, out) kernel with an unmerged LoRA adapter folded in (model unchanged)."""
-    kernel = proj.kernel[...]
-    if proj.lora_a is None or proj.lora_merged:
-        return kernel
-    delta = jnp.einsum("lir,lro->lio", proj.lora_a[...], proj.lora_b[...]) * proj.lora_scale
-    return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
+from jax_drive.models.transformer import PROJECTIONS, CausalLM, fold_lora
 
 
 def hf_state_dict(model: CausalLM) -> dict[str, jnp.ndarray]:
@@ -41,7 +31,7 @@ def hf_state_dict(model: CausalLM) -> dict[str, jnp.ndarray]:
         out["lm_head.weight"] = model.lm_head[...].T
     for name in PROJECTIONS:
         proj = getattr(model.layers, name)
-        kernel = _effective_kernel(proj)
+        kernel = fold_lora(proj.arrays())  # an unmerged adapter folded in
         for i in range(config.num_layers):
             base = f"model.layers.{i}.{HF_LAYER_KEYS[name]}"
             out[base + ".weight"] = kernel[i].T

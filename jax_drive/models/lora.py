@@ -18,7 +18,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_drive.models.transformer import PROJECTIONS, CausalLM, LoRAParam, StackedLinear
+from jax_drive.models.transformer import (
+    PROJECTIONS,
+    CausalLM,
+    LoRAParam,
+    StackedLinear,
+    low_rank_update,
+)
 
 DEFAULT_TARGETS = PROJECTIONS
 
@@ -75,7 +81,7 @@ def lora_projections(model: CausalLM) -> dict[str, StackedLinear]:
 
 def lora_delta(proj: StackedLinear) -> jax.Array:
     """(NL, in, out) float32 update A @ B * alpha / r of one projection."""
-    return jnp.einsum("lir,lro->lio", proj.lora_a[...], proj.lora_b[...]) * proj.lora_scale
+    return low_rank_update(proj.lora_a[...], proj.lora_b[...], proj.lora_scale)
 
 
 def merge_lora(model: CausalLM) -> CausalLM:

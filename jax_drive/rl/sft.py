@@ -34,6 +34,7 @@ from jax_drive.rl.batching import (
     tokenize_chat,
 )
 from jax_drive.rl.checkpoint import Checkpointer, RunState
+from jax_drive.rl.faults import pause_point
 from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
 from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model, write_back
 
@@ -146,7 +147,7 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     graphdef, params, rest = split_model(model, config.optim.trainable)
     tx = make_optimizer(config.optim)
     state = RunState(params=params, opt_state=tx.init(params), rng=jax.random.key(config.seed))
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints")) if out_dir is not None else None
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), name="sft") if out_dir is not None else None
     if resume:
         if ckpt is None:
             raise ValueError("resume needs out_dir")
@@ -157,7 +158,7 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     for _ in range(state.data_position):
         next(stream)
 
-    logger = MetricsLogger(out_dir, append=resume)
+    logger = MetricsLogger(out_dir, resume_from=state.step if resume else None)
     bar = tqdm(total=total, initial=state.step, desc="sft", disable=not progress, dynamic_ncols=True)
     try:
         while state.step < total:
@@ -170,6 +171,7 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
             params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
             loss = float(loss)  # blocks
             seconds = time.perf_counter() - start
+            pause_point("sft_step", state.step + 1)  # test hook: the step is done but not recorded
             state = dataclasses.replace(state, params=params, opt_state=opt_state,
                                         step=state.step + 1, data_position=state.data_position + 1)
             if state.step % config.log_every == 0 or state.step == total:

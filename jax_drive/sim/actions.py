@@ -16,7 +16,7 @@ import enum
 import chex
 import jax.numpy as jnp
 
-from jax_drive.sim import lanes as lanes_lib
+from jax_drive.geometry import point_at_arc, polyline_table, project_on_table
 from jax_drive.sim.state import Action, Cmd, LaneGraph, SimConfig
 
 
@@ -70,11 +70,10 @@ def intention_waypoints(cfg: SimConfig, lanes: LaneGraph, lane: chex.Array, x: c
 
     Args: lanes of one episode; lane, x, y, speed, nav, intent: (A,).
     """
-    ref = reference_lane(lanes, lane, nav)
-    pts = lanes.points[ref]  # (A, C, 2)
-    arc, _, _ = lanes_lib.project(pts, jnp.stack([x, y], -1))
+    rows = polyline_table(lanes.points[reference_lane(lanes, lane, nav)])  # (A, S, ...)
+    arc = project_on_table(rows, jnp.stack([x, y], -1), extrapolate=True).arc
     s = retime(speed, intent, cfg.num_waypoints, cfg.waypoint_dt)  # (A, W)
-    wp, _ = lanes_lib.point_at_arc(pts[:, None], arc[:, None] + s)
+    wp, _ = point_at_arc(rows.expand(), arc[:, None] + s)
     return wp
 
 

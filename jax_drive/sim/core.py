@@ -12,10 +12,11 @@ bicycle -> events (collisions by oriented-box overlap, arrivals, red-light runs,
 off-road, stagnation).
 
 Cost per tick (what keeps the batched rollout fast): lane geometry is tabulated once per
-decision (:class:`Tables`: segment starts, unit directions, cumulative arcs), so a tick
-projects each agent once on its current lane (reused as the next tick's start), plus
-the few agents off their goal lane; collisions use a closed-form box test on the
-four box axes; the waypoint follower and the all-lanes off-road test run only when some
+decision (:class:`Tables` of :class:`jax_drive.geometry.PolylineTable`: segment starts,
+unit directions, cumulative arcs), so a tick projects each agent once on its current lane
+(reused as the next tick's start), plus the few agents off their goal lane; collisions
+use :func:`jax_drive.geometry.boxes_overlap_pairwise`, a closed-form separating-axis test
+on the four box axes; the waypoint follower and the all-lanes off-road test run only when some
 agent needs them (``lax.cond`` at the batch level, so nothing is computed for nothing).
 
 The interface is backend-neutral: a CARLA backend only has to provide ``reset`` and
@@ -30,8 +31,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jax_drive.geometry import wrap_angle
-from jax_drive.sim import lanes as lanes_lib
+from jax_drive.geometry import (
+    PolylineTable,
+    boxes_overlap_pairwise,
+    point_at_arc,
+    polyline_table,
+    project_on_table,
+    wrap_angle,
+)
 from jax_drive.sim.state import (
     SPEED_STEP,
     Action,
@@ -223,7 +230,7 @@ class Tables:
     look-ups.
 
     Fields (A agents, K slots, S segments):
-      lanes: (L, S, ...) :class:`~jax_drive.sim.lanes.LaneTable` of every lane path.
+      lanes: (L, S, ...) :class:`~jax_drive.geometry.PolylineTable` of every lane path.
       cur: (A, S, ...) rows of each agent's current lane; width, stop_arc (A,) float and
         light (A,) int32 of that lane.
       goal_idx: (K,) int32 agents whose goal lane is not their current lane (padded
@@ -232,60 +239,39 @@ class Tables:
       overflow: () bool, more such agents than K (only possible when K < A).
     """
 
-    lanes: lanes_lib.LaneTable
-    cur: lanes_lib.LaneTable
+    lanes: PolylineTable
+    cur: PolylineTable
     width: chex.Array
     stop_arc: chex.Array
     light: chex.Array
     goal_idx: chex.Array
-    goal: lanes_lib.LaneTable
+    goal: PolylineTable
     goal_width: chex.Array
     overflow: chex.Array
 
 
-def tables(sc: Scenario, st: SimState, slots: int = FAST_SLOTS, lt: lanes_lib.LaneTable | None = None) -> Tables:
+def tables(sc: Scenario, st: SimState, slots: int = FAST_SLOTS, lt: PolylineTable | None = None) -> Tables:
     """:class:`Tables` of one episode for the current lanes of ``st``; ``slots`` (static)
     is K, the number of separate goal-lane projections on the fast path; ``lt`` the
     lane table of ``sc`` when already computed."""
     a = sc.x.shape[-1]
     k = min(slots, a)
-    lt = lanes_lib.lane_table(sc.lanes.points) if lt is None else lt
-    rows = lambda lane: lanes_lib.table_rows(lt, lane)  # noqa: E731
+    lt = polyline_table(sc.lanes.points) if lt is None else lt
     need_g = sc.goal_lane != st.lane
     gi = jnp.nonzero(need_g, size=k, fill_value=a)[0]
     clip = lambda i: jnp.minimum(i, a - 1)  # noqa: E731
     return Tables(
-        lanes=lt, cur=rows(st.lane), width=sc.lanes.width[st.lane], stop_arc=sc.lanes.stop_arc[st.lane],
-        light=sc.lanes.light[st.lane], goal_idx=gi.astype(jnp.int32), goal=rows(sc.goal_lane[clip(gi)]),
+        lanes=lt, cur=lt.take(st.lane), width=sc.lanes.width[st.lane], stop_arc=sc.lanes.stop_arc[st.lane],
+        light=sc.lanes.light[st.lane], goal_idx=gi.astype(jnp.int32), goal=lt.take(sc.goal_lane[clip(gi)]),
         goal_width=sc.lanes.width[sc.goal_lane], overflow=jnp.sum(need_g) > k,
     )
 
 
-def obb_overlap_pairs(x, y, heading, length, width) -> chex.Array:
-    """(A, A) bool, oriented boxes i and j overlap or touch (separating-axis test on the
-    four box axes, written in closed form; equal to corner-based SAT for rectangles).
-
-    Args: x, y, heading, length, width: (A,) box centres, headings and sizes.
-    """
-    c, s = jnp.cos(heading), jnp.sin(heading)
-    hl, hw = length / 2, width / 2
-    dx = x[None, :] - x[:, None]
-    dy = y[None, :] - y[:, None]
-    cos_ij = jnp.abs(c[:, None] * c[None, :] + s[:, None] * s[None, :])
-    sin_ij = jnp.abs(c[:, None] * s[None, :] - s[:, None] * c[None, :])
-    li, wi, lj, wj = hl[:, None], hw[:, None], hl[None, :], hw[None, :]
-    sep = jnp.abs(dx * c[:, None] + dy * s[:, None]) > li + lj * cos_ij + wj * sin_ij
-    sep |= jnp.abs(-dx * s[:, None] + dy * c[:, None]) > wi + lj * sin_ij + wj * cos_ij
-    sep |= jnp.abs(dx * c[None, :] + dy * s[None, :]) > lj + li * cos_ij + wi * sin_ij
-    sep |= jnp.abs(-dx * s[None, :] + dy * c[None, :]) > wj + li * sin_ij + wi * cos_ij
-    return ~sep
-
-
-def tick(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
-    """Advances one episode by ``cfg.dt`` (convenience form of :func:`tick_fast`)."""
-    tab = tables(sc, st)
-    arc, lat = lanes_lib.project_table(tab.cur, jnp.stack([st.x, st.y], -1))
-    return tick_fast(cfg, sc, st, tab, arc, lat, True)[0]
+def lane_coords(rows: PolylineTable, xy: chex.Array) -> tuple[chex.Array, chex.Array]:
+    """Arc along and signed lateral offset from lane paths ``rows`` (..., S, ...) of points
+    xy (..., 2), extrapolated before the start and past the end of the path."""
+    proj = project_on_table(rows, xy, extrapolate=True)
+    return proj.arc, proj.lateral
 
 
 def tick_fast(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc: chex.Array, lat: chex.Array,
@@ -327,7 +313,7 @@ def tick_fast(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc: chex
     follow = safe_speed(gap, lead_v, cfg)
     cmd_speed = jnp.where(st.command == Cmd.STOP, 0.0, jnp.minimum(st.speed_target, follow))
     lookahead = jnp.clip(0.8 * st.speed + 4.0, 5.0, 15.0)
-    aim = lanes_lib.point_at_arc_table(tab.cur, arc + lookahead)
+    aim, _ = point_at_arc(tab.cur, arc + lookahead)
     desired = cmd_speed
     if general:
         wp_mode = st.command == Cmd.WAYPOINTS
@@ -337,8 +323,8 @@ def tick_fast(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc: chex
         a_idx = jnp.arange(wp.shape[0])
         wp_speed = jnp.linalg.norm(wp[a_idx, k + 1] - wp[a_idx, k], axis=-1) / cfg.waypoint_dt
         desired = jnp.where(wp_mode, wp_speed, cmd_speed)
-        wp_arc, _, _ = lanes_lib.project(wp, pos)
-        aim_wp, _ = lanes_lib.point_at_arc(wp, wp_arc + lookahead)
+        wp_rows = polyline_table(wp)
+        aim_wp, _ = point_at_arc(wp_rows, lane_coords(wp_rows, pos)[0] + lookahead)
         aim = jnp.where(wp_mode[:, None], aim_wp, aim)
     delta = jnp.clip(desired - st.speed, 0.0, 0.25)
     throttle, lon_err = pid_step(st.lon_err, delta, cfg.lon_pid)
@@ -368,12 +354,12 @@ def tick_fast(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc: chex
     return _events(cfg, sc, new, arc, light, present, tab, general)
 
 
-def _project_some(rows: lanes_lib.LaneTable, idx: chex.Array, pos: chex.Array, arc: chex.Array,
+def _project_some(rows: PolylineTable, idx: chex.Array, pos: chex.Array, arc: chex.Array,
                   lat: chex.Array) -> tuple[chex.Array, chex.Array]:
     """Overwrites arc, lat (A,) of agents ``idx`` (K,) (entries >= A ignored) with their
     projection on ``rows`` (K, S, ...)."""
     a = arc.shape[-1]
-    k_arc, k_lat = lanes_lib.project_table(rows, pos[jnp.minimum(idx, a - 1)])
+    k_arc, k_lat = lane_coords(rows, pos[jnp.minimum(idx, a - 1)])
     return arc.at[idx].set(k_arc, mode="drop"), lat.at[idx].set(k_lat, mode="drop")
 
 
@@ -383,7 +369,7 @@ def _events(cfg: SimConfig, sc: Scenario, st: SimState, old_arc, light, present,
     new projection on the current lanes."""
     a = sc.x.shape[-1]
     pos = jnp.stack([st.x, st.y], -1)
-    overlap = obb_overlap_pairs(st.x, st.y, st.heading, sc.length, sc.width)
+    overlap = boxes_overlap_pairwise(st.x, st.y, st.heading, sc.length, sc.width)
     overlap = overlap & present[:, None] & present[None, :] & ~jnp.eye(a, dtype=bool)
     hit = jnp.any(overlap, -1)
     first_hit = hit & (st.collision_step < 0)
@@ -392,9 +378,9 @@ def _events(cfg: SimConfig, sc: Scenario, st: SimState, old_arc, light, present,
     collided = collision_step >= 0
 
     # the goal lane is the current lane for all but the agents listed in the tables
-    c_arc, c_lat = lanes_lib.project_table(tab.cur, pos)
+    c_arc, c_lat = lane_coords(tab.cur, pos)
     if general:
-        g_arc, g_lat = lanes_lib.project_table(lanes_lib.table_rows(tab.lanes, sc.goal_lane), pos)
+        g_arc, g_lat = lane_coords(tab.lanes.take(sc.goal_lane), pos)
     else:
         g_arc, g_lat = _project_some(tab.goal, tab.goal_idx, pos, c_arc, c_lat)
     arrived = (g_arc >= sc.goal_arc) & (jnp.abs(g_lat) < tab.goal_width / 2 + 1.0)
@@ -422,6 +408,16 @@ def _events(cfg: SimConfig, sc: Scenario, st: SimState, old_arc, light, present,
     return new, c_arc, c_lat
 
 
+def measured_events(cfg: SimConfig, sc: Scenario, st: SimState, old_arc: chex.Array, light: chex.Array,
+                    present: chex.Array, tab: Tables) -> tuple[SimState, chex.Array, chex.Array]:
+    """The events of one tick (collisions, arrivals, progress, red-light runs, stagnation)
+    for a state whose poses were measured elsewhere (a backend with its own physics, e.g.
+    CARLA): ``st`` has the new poses, ``old_arc`` (A,) the arcs on the current lanes before
+    the tick, ``light`` and ``present`` (A,) the lane lights and present agents during it.
+    Returns the state and its new projection on the current lanes, as :func:`tick_fast`."""
+    return _events(cfg, sc, st, old_arc, light, present, tab, True)
+
+
 # ------------------------------------------------------------------------ public API
 def _offroad_candidates(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc, lat) -> tuple[chex.Array, chex.Array]:
     """(A,) moving agents and those of them not inside their own current lane (given
@@ -434,30 +430,21 @@ def _offroad_candidates(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables,
     return moving, moving & ~inside
 
 
-def _offroad_full(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables) -> chex.Array:
-    """(A,) off every lane path (O(A L C))."""
-    arc, lat = jax.vmap(lambda rows: lanes_lib.project_table(rows, jnp.stack([st.x, st.y], -1)),
-                        out_axes=-1)(tab.lanes)  # (A, L)
+def offroad(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables) -> chex.Array:
+    """(A,) bool, agents off every lane path of one episode: farther than half the lane
+    width plus ``cfg.offroad_margin`` from each valid path, or beyond its ends (O(A L S))."""
+    arc, lat = jax.vmap(lambda rows: lane_coords(rows, jnp.stack([st.x, st.y], -1)), out_axes=-1)(tab.lanes)  # (A, L)
     m = cfg.offroad_margin
     inside = (jnp.abs(lat) <= sc.lanes.width / 2 + m) & (arc >= -m) & (arc <= tab.lanes.length + m)
     return ~jnp.any(inside & sc.lanes.valid, axis=-1)
 
 
-def check_offroad(cfg: SimConfig, sc: Scenario, st: SimState) -> SimState:
-    """Off-road test at a decision boundary (against every lane path, O(A L C), run only
-    when some agent has left its own lane); an agent found off road is charged the whole
-    decision period of steps."""
-    tab = tables(sc, st)
-    arc, lat = lanes_lib.project_table(tab.cur, jnp.stack([st.x, st.y], -1))
-    moving, cand = _offroad_candidates(cfg, sc, st, tab, arc, lat)
-    off = jax.lax.cond(jnp.any(cand), lambda: _offroad_full(cfg, sc, st, tab), lambda: jnp.zeros_like(cand))
-    return st.replace(offroad_steps=st.offroad_steps + cfg.decision_steps * (off & moving).astype(jnp.int32))
-
-
 def _decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
+    """One decision period of one episode: latch ``action``, run ``cfg.decision_steps``
+    ticks, then the off-road check (an agent found off road is charged the whole period)."""
     st = apply_action(cfg, sc, st, action)
     tab = tables(sc, st)
-    arc, lat = lanes_lib.project_table(tab.cur, jnp.stack([st.x, st.y], -1))
+    arc, lat = lane_coords(tab.cur, jnp.stack([st.x, st.y], -1))
 
     def body(carry, _):
         q, a, l = carry
@@ -465,17 +452,11 @@ def _decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> Sim
 
     (st, arc, lat), _ = jax.lax.scan(body, (st, arc, lat), None, length=cfg.decision_steps)
     moving, cand = _offroad_candidates(cfg, sc, st, tab, arc, lat)
-    off = jax.lax.cond(jnp.any(cand), lambda: _offroad_full(cfg, sc, st, tab), lambda: jnp.zeros_like(cand))
+    off = jax.lax.cond(jnp.any(cand), lambda: offroad(cfg, sc, st, tab), lambda: jnp.zeros_like(cand))
     return st.replace(offroad_steps=st.offroad_steps + cfg.decision_steps * (off & moving).astype(jnp.int32))
 
 
-def step_impl(cfg: SimConfig, sc: Scenario, st: SimState, action: Action) -> SimState:
-    """One decision period: latch ``action``, run ``cfg.decision_steps`` ticks, then
-    the off-road check."""
-    return _decision(cfg, sc, st, action)
-
-
-step = jax.jit(step_impl, static_argnums=0)
+step = jax.jit(_decision, static_argnums=0)
 
 
 def rollout(cfg: SimConfig, sc: Scenario, st: SimState, actions: Action) -> tuple[SimState, SimState]:
@@ -498,7 +479,7 @@ def batched_reset(cfg: SimConfig, keys: chex.PRNGKey, sc: Scenario) -> SimState:
 
 
 def _batched_decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action,
-                      lt: lanes_lib.LaneTable | None = None) -> SimState:
+                      lt: PolylineTable | None = None) -> SimState:
     """One decision of every episode (leading episode axis E).
 
     Each tick takes one of two compiled variants of the same physics, chosen with a
@@ -510,10 +491,10 @@ def _batched_decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action
     scan). ``lt``: (E, L, S, ...) lane tables of ``sc`` when already computed.
     """
     st = jax.vmap(lambda s, q, a: apply_action(cfg, s, q, a))(sc, st, action)
-    lt = jax.vmap(lambda s: lanes_lib.lane_table(s.lanes.points))(sc) if lt is None else lt
+    lt = polyline_table(sc.lanes.points) if lt is None else lt
     tab = jax.vmap(lambda s, q, t: tables(s, q, FAST_SLOTS, t))(sc, st, lt)
     fast = ~jnp.any(st.command == Cmd.WAYPOINTS) & ~jnp.any(tab.overflow)
-    arc, lat = jax.vmap(lambda rows, q: lanes_lib.project_table(rows, jnp.stack([q.x, q.y], -1)))(tab.cur, st)
+    arc, lat = lane_coords(tab.cur, jnp.stack([st.x, st.y], -1))
 
     def vtick(general):
         return jax.vmap(lambda s, q, t, a, l: tick_fast(cfg, s, q, t, a, l, general))
@@ -524,7 +505,7 @@ def _batched_decision(cfg: SimConfig, sc: Scenario, st: SimState, action: Action
 
     (st, arc, lat), _ = jax.lax.scan(body, (st, arc, lat), None, length=cfg.decision_steps)
     moving, cand = jax.vmap(lambda s, q, t, a, l: _offroad_candidates(cfg, s, q, t, a, l))(sc, st, tab, arc, lat)
-    off = jax.lax.cond(jnp.any(cand), lambda: jax.vmap(lambda s, q, t: _offroad_full(cfg, s, q, t))(sc, st, tab),
+    off = jax.lax.cond(jnp.any(cand), lambda: jax.vmap(lambda s, q, t: offroad(cfg, s, q, t))(sc, st, tab),
                        lambda: jnp.zeros_like(cand))
     return st.replace(offroad_steps=st.offroad_steps + cfg.decision_steps * (off & moving).astype(jnp.int32))
 
@@ -539,7 +520,7 @@ def batched_rollout(cfg: SimConfig, sc: Scenario, st: SimState, actions: Action)
     """Final state after scanning decisions with actions (E, D, ...) over a leading
     episode axis (jit it; the whole rollout is one XLA program)."""
     acts = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), actions)  # (D, E, ...)
-    lt = jax.vmap(lambda s: lanes_lib.lane_table(s.lanes.points))(sc)  # static: once per rollout
+    lt = polyline_table(sc.lanes.points)  # static: once per rollout
     final, _ = jax.lax.scan(lambda q, act: (_batched_decision(cfg, sc, q, act, lt), None), st, acts)
     return final
 
@@ -559,7 +540,3 @@ def go_action(cfg: SimConfig, sc: Scenario) -> Action:
     act = idle_action(cfg, sc.x.shape[:-1])
     return act.replace(command=jnp.full_like(act.command, Cmd.GO), target_speed=sc.cruise_speed.astype(jnp.float32))
 
-
-def time_of(cfg: SimConfig, step_index) -> chex.Array:
-    """Seconds of a simulation step index."""
-    return jnp.asarray(step_index) * cfg.dt

@@ -1,5 +1,6 @@
-"""Observations: line-of-sight visibility (jitted), structured arrays for learned agents
-(jitted) and the partially observable text captioner (Python, over NumPy copies).
+"""Observations: line-of-sight visibility (jitted), the per-decision batch observation
+(jitted), structured arrays for learned agents (jitted), NumPy views of one episode and
+the partially observable text captioner (Python, over those views).
 
 Visibility: agent j is visible to i when it is present, within ``cfg.sensor_range`` of
 i's centre, and at least one of five rays from i's centre to j's centre and corners
@@ -15,9 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.geometry import box_corners, rotate, segments_intersect, wrap_angle
-from jax_drive.sim import lanes as lanes_lib
-from jax_drive.sim.core import lane_light
+from jax_drive.geometry import box_corners, polyline_table, project_on_table, rotate, segments_intersect, wrap_angle
+from jax_drive.sim.core import lane_coords, lane_light
 from jax_drive.sim.state import LIGHT_NAMES, Scenario, SimConfig, SimState
 
 NUM_NEIGHBOURS = 6
@@ -53,12 +53,6 @@ def line_of_sight(centres: chex.Array, corners: chex.Array, blockers: chex.Array
     return jnp.any(~blocked, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def visibility_batch(cfg: SimConfig, sc: Scenario, st: SimState) -> chex.Array:
-    """(E, A, A) visibility over a leading episode axis."""
-    return jax.vmap(lambda s, q: _visibility(cfg, s, q))(sc, st)
-
-
 def _visibility(cfg: SimConfig, sc: Scenario, st: SimState) -> chex.Array:
     """(A, A) bool: j visible to i (one episode)."""
     present = present_mask(sc, st)
@@ -73,6 +67,19 @@ def _visibility(cfg: SimConfig, sc: Scenario, st: SimState) -> chex.Array:
 visibility = jax.jit(_visibility, static_argnums=0)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def observe_batch(cfg: SimConfig, sc: Scenario, st: SimState) -> tuple[chex.Array, chex.Array, chex.Array]:
+    """What the Python-side policies read at a decision, for a batch of episodes (leading
+    axis E): visibility (E, A, A), each agent's arc along its current lane (E, A) and the
+    :class:`~jax_drive.sim.state.Light` state governing that lane (E, A)."""
+
+    def one(s, q):
+        arc, _ = lane_coords(polyline_table(s.lanes.points[q.lane]), jnp.stack([q.x, q.y], -1))
+        return _visibility(cfg, s, q), arc, lane_light(s, q.lane, q.step * cfg.dt)
+
+    return jax.vmap(one)(sc, st)
+
+
 def structured(cfg: SimConfig, sc: Scenario, st: SimState, visible: chex.Array) -> chex.Array:
     """Array observation per agent (one episode), for learned agents.
 
@@ -84,9 +91,10 @@ def structured(cfg: SimConfig, sc: Scenario, st: SimState, visible: chex.Array) 
       sin of relative heading, speed, length, valid (zeros when fewer are visible).
     """
     pos = jnp.stack([st.x, st.y], -1)
-    pts = sc.lanes.points[st.lane]
-    arc, lat, lh = lanes_lib.project(pts, pos)
-    g_arc, _, _ = lanes_lib.project(sc.lanes.points[sc.goal_lane], pos)
+    lane_rows = polyline_table(sc.lanes.points)
+    own = project_on_table(lane_rows.take(st.lane), pos, extrapolate=True)
+    arc, lat, lh = own.arc, own.lateral, own.heading
+    g_arc = project_on_table(lane_rows.take(sc.goal_lane), pos, extrapolate=True).arc
     light = lane_light(sc, st.lane, st.step * cfg.dt)
     has_light = sc.lanes.light[st.lane] >= 0
     stop_gap = jnp.clip(sc.lanes.stop_arc[st.lane] - arc, -10.0, 200.0)
@@ -131,6 +139,57 @@ structured_batch = jax.jit(
 )
 
 
+# ------------------------------------------------------------------------- NumPy views
+# Python-side readers (policies, the captioner) see one episode as a dict of NumPy arrays:
+# the static fields of :func:`static_views` plus the state fields of :data:`VIEW_STATE`,
+# ``visible`` (A, A), ``lane_arc`` (A,), ``light`` (A,) and the time ``t`` (s).
+VIEW_STATE = ("x", "y", "heading", "speed", "lane", "done", "success_step", "collision_step")
+
+
+def static_views(sc: Scenario, num: int | None = None) -> list[dict]:
+    """Static NumPy fields of the first ``num`` episodes of a batched scenario (E, ...):
+    the agents' (A,) scenario fields, the lane graph's (L, ...) fields prefixed ``lane_``
+    (plus ``stop_arc`` and ``speed_limit``), ``init_lane`` and ``lane_table``, a float64
+    :class:`~jax_drive.geometry.PolylineTable` (L, S, ...) of the lane paths."""
+    arrays = {k: np.asarray(v) for k, v in sc.items() if k not in ("lanes", "lights")}
+    lanes = {k: np.asarray(v) for k, v in sc.lanes.items()}
+    num = len(arrays["valid"]) if num is None else num
+    own = ("valid", "behaviour", "role", "reward", "transceiver", "vehicle_id", "kind", "length", "width",
+           "cruise_speed", "goal_lane", "goal_arc", "lc_arc", "lc_end_arc")
+    from_lanes = {"lane_points": "points", "lane_left": "left", "lane_right": "right", "lane_label": "label",
+                  "lane_maneuver": "maneuver", "lane_light": "light", "stop_arc": "stop_arc",
+                  "speed_limit": "speed_limit"}
+    return [{**{k: arrays[k][e] for k in own}, "init_lane": arrays["lane"][e],
+             **{k: lanes[v][e] for k, v in from_lanes.items()},
+             "lane_table": polyline_table(lanes["points"][e].astype(np.float64))} for e in range(num)]
+
+
+def numpy_view(static: dict, state: dict, e: int, visible, lane_arc, light, t: float) -> dict:
+    """View of episode ``e``: its ``static`` fields, row ``e`` of the NumPy ``state``
+    fields (:data:`VIEW_STATE`, each (E, A)) and of ``visible`` (E, A, A), ``lane_arc``
+    and ``light`` (E, A) from :func:`observe_batch`, and the time ``t`` (s)."""
+    view = dict(static)
+    for k in VIEW_STATE:
+        view[k] = state[k][e]
+    view.update(visible=visible[e], lane_arc=lane_arc[e], light=light[e], t=t)
+    return view
+
+
+def task_text(view: dict, i: int) -> str:
+    """Natural-language task of focal agent ``i`` of a view."""
+    if view["behaviour"][i] != 0:
+        return "You are stopped and cannot move; help the other vehicles with messages."
+    lane, goal = int(view["lane"][i]), int(view["goal_lane"][i])
+    dist = max(float(view["goal_arc"][i] - view["lane_arc"][i]), 0.0) if lane == goal else None
+    text = "Reach your destination along your route without collisions"
+    if goal != lane:
+        side = "left" if view["lane_left"][lane] == goal else "right" if view["lane_right"][lane] == goal else None
+        text += f"; you must change to the lane on your {side}" if side else "; return to your lane after passing"
+    elif dist is not None:
+        text += f", {dist:.0f} m ahead"
+    return text + "."
+
+
 # ----------------------------------------------------------------------------- captioner
 _SECTORS = ["ahead", "ahead-left", "to the left", "behind-left", "behind", "behind-right", "to the right", "ahead-right"]
 _COMPASS = ["east", "north-east", "north", "north-west", "west", "south-west", "south", "south-east"]
@@ -157,10 +216,9 @@ def relative_motion(rel_heading: float) -> str:
 def caption(view: dict, i: int, messages: list | None = None, task: str | None = None) -> str:
     """Text observation of agent ``i`` from a NumPy view of one episode.
 
-    ``view`` holds NumPy arrays (see :func:`jax_drive.sim.runner.numpy_view`): scenario and
-    state fields plus ``visible`` (A, A), ``light`` (A,), ``t`` (s), ``lane_arc`` (A,),
-    ``lane_lat`` (A,). Only visible vehicles are described; ``messages`` are
-    (age_s, sender_vid, text) tuples already filtered by the message bus.
+    ``view``: one episode's NumPy view (:func:`numpy_view`). Only visible vehicles are
+    described; ``messages`` are (age_s, sender_vid, text) tuples already filtered by the
+    message bus.
     """
     vid = int(view["vehicle_id"][i])
     x, y, h, v = (float(view[k][i]) for k in ("x", "y", "heading", "speed"))

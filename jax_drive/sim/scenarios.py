@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.geometry import point_at_arc, polyline_table, project_on_table
 from jax_drive.sim import lanes as L
 from jax_drive.sim.state import Behaviour, Lights, LaneGraph, Role, Scenario, SimConfig
 
@@ -51,7 +52,6 @@ INTERDRIVE = (
     "lc_highway_change",
 )
 SCENARIOS = TALKING_VEHICLES + INTERDRIVE
-PERCEPTION = ("tv_overtake_perception", "tv_red_light", "tv_left_turn")
 
 
 def family(name: str) -> str:
@@ -94,9 +94,10 @@ class Builder:
     # map -------------------------------------------------------------------------------
     def lane(self, pts, *, width=LANE_W, limit=10.0, light=-1, stop_xy=None, label=1, maneuver=0) -> int:
         pts = L.resample(pts, self.cfg.lane_points)
-        stop = L.arc_of_point(pts, stop_xy) if stop_xy is not None else -1e4
-        self.lanes.append(dict(points=pts, width=width, limit=limit, light=light, stop=stop, label=label,
-                               maneuver=maneuver, left=-1, right=-1))
+        table = polyline_table(pts)
+        stop = self._arc(table, stop_xy) if stop_xy is not None else -1e4
+        self.lanes.append(dict(points=pts, table=table, width=width, limit=limit, light=light, stop=stop,
+                               label=label, maneuver=maneuver, left=-1, right=-1))
         return len(self.lanes) - 1
 
     def neighbours(self, lane: int, left: int | None = None, right: int | None = None) -> None:
@@ -109,20 +110,21 @@ class Builder:
         self.lights.append((green, yellow, red, offset))
         return len(self.lights) - 1
 
+    @staticmethod
+    def _arc(table, xy) -> float:
+        return float(project_on_table(table, np.asarray(xy, float), extrapolate=True).arc)
+
     def length(self, lane: int) -> float:
-        return float(np.sum(np.linalg.norm(np.diff(self.lanes[lane]["points"], axis=0), axis=1)))
+        return float(self.lanes[lane]["table"].length)
 
     def arc(self, lane: int, xy) -> float:
-        return L.arc_of_point(self.lanes[lane]["points"], xy)
+        """Arc length of the projection of ``xy`` on ``lane``."""
+        return self._arc(self.lanes[lane]["table"], xy)
 
     def pose(self, lane: int, arc: float) -> tuple[float, float, float]:
-        pts = self.lanes[lane]["points"]
-        cum = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(pts, axis=0), axis=1))])
-        i = int(np.clip(np.searchsorted(cum, arc) - 1, 0, len(pts) - 2))
-        d = pts[i + 1] - pts[i]
-        t = (arc - cum[i]) / max(np.linalg.norm(d), 1e-9)
-        xy = pts[i] + t * d
-        return float(xy[0]), float(xy[1]), float(np.arctan2(d[1], d[0]))
+        """Point (x, y) and heading at ``arc`` along ``lane``."""
+        xy, heading = point_at_arc(self.lanes[lane]["table"], np.asarray(arc, float))
+        return float(xy[0]), float(xy[1]), float(heading)
 
     # agents ----------------------------------------------------------------------------
     def add(self, agent: _Agent) -> int:
@@ -207,7 +209,6 @@ def _rot(theta: float) -> np.ndarray:
 
 
 APPROACH = {"W": 0.0, "S": np.pi / 2, "E": np.pi, "N": 1.5 * np.pi}  # rotation of the canonical frame
-HEADING_NAME = {"W": "east", "S": "north", "E": "west", "N": "south"}
 
 
 def intersection_path(approach: str, turn: str, offset: float = 1.75, out_offset: float = 1.75,
@@ -403,28 +404,21 @@ def _crossing(b, rng, accident_prone, background, paths, vids, speeds=None, offs
     return lanes
 
 
-def ic_straight_straight(b, rng, accident_prone, background):
-    _crossing(b, rng, accident_prone, background, [("S", "straight", 1.75, 1.75), ("W", "straight", 1.75, 1.75)],
-              (201, 202))
-    return 60.0
+# Two-ego InterDrive crossings, 60 s each: the egos' (approach, turn, offset, out_offset).
+CROSSINGS = {
+    "ic_straight_straight": [("S", "straight", 1.75, 1.75), ("W", "straight", 1.75, 1.75)],
+    "ic_straight_left": [("S", "straight", 1.75, 1.75), ("N", "left", 1.75, 1.75)],
+    "lm_straight_right": [("N", "straight", 1.75, 1.75), ("W", "right", 1.75, 1.75)],
+    "lm_left_right": [("S", "left", 1.75, 1.75), ("N", "right", 1.75, 1.75)],
+}
 
 
-def ic_straight_left(b, rng, accident_prone, background):
-    _crossing(b, rng, accident_prone, background, [("S", "straight", 1.75, 1.75), ("N", "left", 1.75, 1.75)],
-              (201, 202))
-    return 60.0
+def _two_ego_crossing(paths):
+    def build(b, rng, accident_prone, background):
+        _crossing(b, rng, accident_prone, background, paths, (201, 202))
+        return 60.0
 
-
-def lm_straight_right(b, rng, accident_prone, background):
-    _crossing(b, rng, accident_prone, background, [("N", "straight", 1.75, 1.75), ("W", "right", 1.75, 1.75)],
-              (201, 202))
-    return 60.0
-
-
-def lm_left_right(b, rng, accident_prone, background):
-    _crossing(b, rng, accident_prone, background, [("S", "left", 1.75, 1.75), ("N", "right", 1.75, 1.75)],
-              (201, 202))
-    return 60.0
+    return build
 
 
 def ic_chaos(b, rng, accident_prone, background):
@@ -615,11 +609,12 @@ def lc_highway_change(b, rng, accident_prone, background):
     return 60.0
 
 
-_BUILDERS = {name: globals()[name] for name in SCENARIOS}
+_BUILDERS = {name: _two_ego_crossing(CROSSINGS[name]) if name in CROSSINGS else globals()[name]
+             for name in SCENARIOS}
 
 
 def build(name: str, key, *, accident_prone: bool = True, background: bool = False,
-          cfg: SimConfig = SimConfig()) -> Scenario:
+          cfg: SimConfig = SimConfig(), builder: Builder | None = None) -> Scenario:
     """Builds one scenario (unbatched, padded to ``cfg`` sizes).
 
     Args:
@@ -627,19 +622,12 @@ def build(name: str, key, *, accident_prone: bool = True, background: bool = Fal
       key: jax PRNG key; all randomisation (positions, speeds, counts) derives from it.
       accident_prone: timing that makes a collision likely without coordination.
       background: add background IDM traffic (InterDrive's "with background" setting).
+      builder: an empty :class:`Builder` to build with (default ``Builder(cfg)``); a
+        subclass may map the lane paths elsewhere (e.g. onto a CARLA town's lanes).
     """
     family(name)
     rng = _rng(key)
-    b = Builder(cfg)
+    b = Builder(cfg) if builder is None else builder
     timeout = _BUILDERS[name](b, rng, bool(accident_prone), bool(background))
     return b.build(timeout=timeout, accident_prone=bool(accident_prone), scenario_id=SCENARIOS.index(name))
 
-
-def build_batch(name: str, keys, *, accident_prone, background: bool = False,
-                cfg: SimConfig = SimConfig()) -> Scenario:
-    """Stacks scenarios along a leading episode axis; ``accident_prone`` is a bool or a
-    sequence of bools (one per key)."""
-    keys = list(keys)
-    flags = [accident_prone] * len(keys) if np.ndim(accident_prone) == 0 else list(accident_prone)
-    items = [build(name, k, accident_prone=f, background=background, cfg=cfg) for k, f in zip(keys, flags)]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *items)

@@ -31,9 +31,6 @@ class Role(enum.IntEnum):
     BACKGROUND = 2
 
 
-ROLE_NAMES = {Role.FOCAL: "focal", Role.COLLIDER: "collider", Role.BACKGROUND: "background"}
-
-
 class Behaviour(enum.IntEnum):
     """Who drives an agent.
 

@@ -27,8 +27,8 @@ from jax_drive.models.qwen2_5_vl.config import VLMConfig
 from jax_drive.models.qwen2_5_vl.mrope import mrope_positions, mrope_tables
 from jax_drive.models.qwen2_5_vl.vision import (VisionBatch, VisionSizes, VisionTower,
                                                 concat_images, num_image_tokens, vision_forward)
-from jax_drive.models.transformer import (CausalLM, KVCache, _head, chunked_token_logprobs,
-                                          decoder_blocks, rms_norm)
+from jax_drive.models.transformer import (CausalLM, KVCache, chunked_token_logprobs,
+                                          decoder_blocks, head_matrix, lm_logits, rms_norm)
 
 
 def scatter_image_tokens(embeds: jax.Array, input_ids: jax.Array, image_tokens: jax.Array,
@@ -78,10 +78,7 @@ def vlm_forward_logits(params, config: VLMConfig, input_ids, positions, attentio
     """(logits (B, L, V) float32, cache or None)."""
     hidden, cache = vlm_forward_hidden(params, config, input_ids, positions, attention_mask,
                                        cache, cache_index, vision)
-    head = _head(params)
-    logits = jnp.einsum("blh,hv->blv", hidden.astype(head.dtype), head,
-                        preferred_element_type=jnp.float32)
-    return logits, cache
+    return lm_logits(params, hidden), cache
 
 
 @partial(jax.jit, static_argnames=("config", "chunk_size", "temperature"))
@@ -90,7 +87,7 @@ def vlm_token_logprobs(params, config: VLMConfig, input_ids, positions, attentio
     """(B, L) log p(targets) (see `CausalLM.token_logprobs`), images included."""
     hidden, _ = vlm_forward_hidden(params, config, input_ids, positions, attention_mask, None,
                                    jnp.int32(0), vision)
-    return chunked_token_logprobs(hidden, targets, _head(params), chunk_size, temperature)
+    return chunked_token_logprobs(hidden, targets, head_matrix(params), chunk_size, temperature)
 
 
 class Qwen2_5_VL(CausalLM):

@@ -47,6 +47,7 @@ class Transition:
     stagnation: bool = False
     contributed_to_stagnation: bool = False
     responses: list = dataclasses.field(default_factory=list)  # messages other agents sent next
+    info: dict = dataclasses.field(default_factory=dict)  # the policy's record (PolicyOutput.info)
 
     def weight(self) -> float:
         w = 1.0 + 2.0 * self.others_present

@@ -4,22 +4,22 @@
 with ChatML special tokens, wrapped in :class:`jax_drive.models.Tokenizer`, so chat
 templates, encode/decode and stop tokens behave as with SmolLM2 but every id is < 320.
 ``tiny_policy()`` pairs it with a randomly initialised ``CausalLM`` (``ModelConfig.tiny``)
-and optionally LoRA adapters.
+and optionally LoRA adapters; ``peaked_tiny_model()`` is a tiny model with peaked logits for
+sampler tests.
 """
 
 from __future__ import annotations
 
-import functools
-
+import jax
 from flax import nnx
 
-from jax_drive.models import CausalLM, ModelConfig
+from jax_drive.models.config import ModelConfig
+from jax_drive.models.transformer import CausalLM
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_VOCAB = 320  # 256 bytes + 3 specials, rounded up
 
 
-@functools.lru_cache(maxsize=1)
 def _backend():
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
@@ -46,24 +46,28 @@ def byte_tokenizer():
     )
 
 
-@functools.lru_cache(maxsize=8)
-def _cached_policy(seed: int, architecture: str, lora_rank: int | None, overrides: tuple):
-    config = ModelConfig.tiny(architecture, vocab_size=TINY_VOCAB, max_position_embeddings=4096, **dict(overrides))
-    model = CausalLM(config, rngs=nnx.Rngs(seed))
-    if lora_rank:
-        from jax_drive.models.lora import apply_lora
-
-        apply_lora(model, rank=lora_rank, alpha=2.0 * lora_rank, rngs=nnx.Rngs(seed + 1))
-    return model, config
-
-
 def tiny_policy(seed: int = 0, architecture: str = "llama", lora_rank: int | None = 4, **overrides):
     """(model, config, tokenizer): a random tiny CausalLM over the byte tokenizer.
 
+    ``ModelConfig.tiny(architecture, vocab_size=TINY_VOCAB, max_position_embeddings=4096,
+    **overrides)`` initialised from ``seed``; equal arguments give equal, independent models.
     With ``lora_rank`` set, LoRA adapters are applied (B initialised to zero as usual, so the
-    adapted model equals the base model until trained). Each call returns a fresh copy
-    (``nnx.clone``) of a per-process cached initialisation, so equal arguments give equal,
-    independent models cheaply.
+    adapted model equals the base model until trained).
     """
-    model, config = _cached_policy(int(seed), architecture, lora_rank, tuple(sorted(overrides.items())))
-    return nnx.clone(model), config, byte_tokenizer()
+    config = ModelConfig.tiny(architecture, vocab_size=TINY_VOCAB, max_position_embeddings=4096, **overrides)
+    model = CausalLM(config, rngs=nnx.Rngs(int(seed)))
+    if lora_rank:
+        from jax_drive.models.lora import apply_lora
+
+        apply_lora(model, rank=lora_rank, alpha=2.0 * lora_rank, rngs=nnx.Rngs(int(seed) + 1))
+    return model, config, byte_tokenizer()
+
+
+def peaked_tiny_model(architecture: str = "llama", seed: int = 0, scale: float = 10.0,
+                      **overrides) -> CausalLM:
+    """A random ``ModelConfig.tiny(architecture, tie_embeddings=False, **overrides)`` model
+    whose weight matrices are multiplied by ``scale``: peaked logits (clear argmaxes, varied
+    greedy outputs) instead of the near-uniform ones of a 0.02-std initialisation."""
+    config = ModelConfig.tiny(architecture, **{"tie_embeddings": False, **overrides})
+    graphdef, state = nnx.split(CausalLM(config, rngs=nnx.Rngs(int(seed))))
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, state))

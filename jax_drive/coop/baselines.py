@@ -12,8 +12,9 @@
   who reaches the conflict first; ties by vehicle id. Lane changes and overtakes need an
   accepted gap over the manoeuvre time.
 
-Both return per-agent :class:`~jax_drive.sim.state.Cmd` codes and target speeds, plus
-messages; scripted agents ignore them.
+Both are :class:`~jax_drive.coop.policy.EpisodePolicy`: ``act`` returns per-agent
+:class:`~jax_drive.sim.state.Cmd` codes and target speeds plus messages for one episode
+(scripted agents ignore them), and ``decide`` serves the batched runner.
 """
 
 from __future__ import annotations
@@ -22,43 +23,16 @@ import dataclasses
 
 import numpy as np
 
-from jax_drive.sim.messages import Message
+from jax_drive.coop.messages import Message
+from jax_drive.coop.policy import EpisodePolicy
+from jax_drive.geometry import point_at_arc, project_on_table
 from jax_drive.sim.state import Behaviour, Cmd, Role
 
 
-# ------------------------------------------------------------------------------ numpy
-def np_project(points: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """NumPy twin of :func:`jax_drive.sim.lanes.project` for one polyline (C, 2) and
-    queries (K, 2): arc, signed lateral offset, segment heading, each (K,)."""
-    a, b = points[:-1], points[1:]
-    ab = b - a
-    seg2 = np.maximum(np.sum(ab * ab, -1), 1e-9)
-    seglen = np.sqrt(seg2)
-    q = np.asarray(query, float)[:, None, :]
-    t = np.sum((q - a) * ab, -1) / seg2
-    lo = np.full(len(ab), 0.0)
-    hi = np.full(len(ab), 1.0)
-    lo[0], hi[-1] = -np.inf, np.inf
-    t = np.clip(t, lo, hi)
-    closest = a + t[..., None] * ab
-    d2 = np.sum((q - closest) ** 2, -1)
-    best = np.argmin(d2, -1)
-    k = np.arange(len(best))
-    cum = np.concatenate([[0.0], np.cumsum(seglen)])
-    arc = cum[best] + t[k, best] * seglen[best]
-    rel = q[:, 0] - a[best]
-    lat = (ab[best, 0] * rel[:, 1] - ab[best, 1] * rel[:, 0]) / seglen[best]
-    return arc, lat, np.arctan2(ab[best, 1], ab[best, 0])
-
-
-def np_point_at(points: np.ndarray, arc: np.ndarray) -> np.ndarray:
-    """Points (K, 2) at arc lengths (K,) along a polyline (extrapolated past the ends)."""
-    seg = np.diff(points, axis=0)
-    seglen = np.maximum(np.linalg.norm(seg, axis=-1), 1e-9)
-    cum = np.concatenate([[0.0], np.cumsum(seglen)])
-    i = np.clip(np.searchsorted(cum, arc, side="right") - 1, 0, len(seg) - 1)
-    t = (arc - cum[i]) / seglen[i]
-    return points[i] + t[:, None] * seg[i]
+def lane_projection(view: dict, lane: int, xy: np.ndarray):
+    """Projection (:class:`~jax_drive.geometry.PolylineProjection`, float64) of points
+    xy (..., 2) on lane path ``lane`` of a view, extrapolated past its ends."""
+    return project_on_table(view["lane_table"].take(lane), xy, extrapolate=True)
 
 
 @dataclasses.dataclass
@@ -85,7 +59,7 @@ CONFLICT_DIST = 3.5  # m between centres (CoLMDriver's safety edge: d_min < ~3.5
 TIME_MARGIN = 1.5  # s: positions this close in time count as simultaneous
 
 
-class _Base:
+class _Base(EpisodePolicy):
     name = "base"
     talks = False
 
@@ -131,22 +105,16 @@ class _Base:
                      lane=int(view["lane"][j]) if lane_known else -1, cooperative=False,
                      maneuver=-1, vid=int(view["vehicle_id"][j]))
 
-    @staticmethod
-    def lane_points(view, lane):
-        return view["lane_points"][lane]
-
     def in_lane(self, view, i, lane, others: dict[int, Known]):
         """Known vehicles on ``lane`` as (relative arc to i, speed along lane, Known)."""
-        pts = self.lane_points(view, lane)
         if not others:
             return []
-        q = np.array([[k.x, k.y] for k in others.values()])
-        arc, lat, lh = np_project(pts, q)
-        me, _, _ = np_project(pts, np.array([[view["x"][i], view["y"][i]]]))
+        proj = lane_projection(view, lane, np.array([[k.x, k.y] for k in others.values()]))
+        me = lane_projection(view, lane, np.array([view["x"][i], view["y"][i]])).arc
         out = []
-        for (j, k), a, la, h in zip(others.items(), arc, lat, lh):
+        for k, a, la, h in zip(others.values(), proj.arc, proj.lateral, proj.heading):
             if abs(la) < 2.4:
-                out.append((a - me[0], k.speed * np.cos(k.heading - h), k))
+                out.append((a - me, k.speed * np.cos(k.heading - h), k))
         return out
 
     def gap_ok(self, view, i, lane, others, horizon, plan_speed, strict: bool) -> bool:
@@ -218,9 +186,6 @@ class _Base:
             return None, left, True
         return None, None, False
 
-    def act(self, view: dict, inboxes: list[list[Message]]):
-        raise NotImplementedError
-
 
 class SilentPolicy(_Base):
     """Greedy, silent drivers (see module doc)."""
@@ -287,9 +252,8 @@ class RuleBasedPolicy(_Base):
         ts = np.arange(0.0, self.horizon + 1e-9, DT_PRED)
         v = k.speed if speed is None else speed
         if k.lane >= 0:
-            pts = self.lane_points(view, k.lane)
-            arc, _, _ = np_project(pts, np.array([[k.x, k.y]]))
-            return np_point_at(pts, arc[0] + v * ts)
+            arc = lane_projection(view, k.lane, np.array([k.x, k.y])).arc
+            return point_at_arc(view["lane_table"].take(k.lane), arc + v * ts)[0]
         return np.stack([k.x + v * np.cos(k.heading) * ts, k.y + v * np.sin(k.heading) * ts], -1)
 
     def yields_to(self, view, i, me: Known, k: Known, my_path, their_path) -> tuple[bool, float]:
@@ -337,15 +301,11 @@ class RuleBasedPolicy(_Base):
             plan_v = max(float(view["speed"][i]), cruise)
             my_path = self.predict(view, me, plan_v)
             yield_now, t_min = False, np.inf
-            pts = self.lane_points(view, lane)
             for j, k in others.items():
                 # same-lane traffic is handled by car following; parallel traffic by the gap logic
-                _, lat, lh = np_project(pts, np.array([[k.x, k.y]]))
-                if np.cos(k.heading - lh[0]) > 0.8 and abs(lat[0]) > 1.5:
-                    continue
-                if abs(lat[0]) <= 1.5 and np.cos(k.heading - lh[0]) > 0.8:
-                    continue
-                if k.speed < 0.5 and abs(lat[0]) > 1.5:
+                proj = lane_projection(view, lane, np.array([k.x, k.y]))
+                lat, along = abs(float(proj.lateral)), np.cos(k.heading - float(proj.heading)) > 0.8
+                if along or (k.speed < 0.5 and lat > 1.5):
                     continue
                 their_v = k.speed if not k.cooperative else max(k.speed, 3.0)
                 y, t_c = self.yields_to(view, i, me, k, my_path, self.predict(view, k, their_v))

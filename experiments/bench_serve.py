@@ -1,0 +1,184 @@
+"""Benchmark: rollout tokens/s through `jax-drive serve` vs the in-process JaxEngine, and vs
+llama.cpp's OpenAI-compatible server (llama-cpp-python) on the same model.
+
+One "rollout call" generates ``--batch`` completions (one per chat prompt, as a rollout turn
+does) of exactly ``--max-new-tokens`` tokens each (EOS masked: ``min_new_tokens`` =
+``max_new_tokens`` everywhere, so every back end produces the same number of tokens).
+Throughput = batch * max_new_tokens / wall time of one call, median over ``--repeats``
+calls after one untimed warm-up call (XLA compilation for JAX, model load for llama.cpp).
+
+- ``jax_engine``: ``JaxEngine.generate`` in this process: one sampler call for the batch.
+- ``serve``: `jax-drive serve` in a subprocess on 127.0.0.1, driven by ``OpenAIEngine``
+  (one HTTP request per row, ``--batch`` in flight, batched by the server into sampler
+  calls; its /health counts are reported as ``rows_per_engine_call``). The goal of issue 19
+  is ``serve_overhead`` = 1 - serve / jax_engine <= 0.15 at batch 8.
+- ``llama_cpp``: llama-cpp-python's server (``--llama-threads`` threads) on the same GGUF
+  (Q4_1 weights; ours dequantise them to float32), same client. It serves one request at a
+  time (no batching), so its rate is per-stream.
+
+  python experiments/bench_serve.py --json OUT                       # canonical (SmolLM2)
+  python experiments/bench_serve.py --json OUT --model tiny --batch 2 --max-new-tokens 8 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from bench_sampler import QUESTIONS  # noqa: E402 - the same chat prompts as the sampler bench
+
+from jax_drive.serve.launch import free_port, llama_cpp_command, server_process  # noqa: E402
+
+
+
+def chat_prompts(tokenizer, batch: int) -> list[list[int]]:
+    """``batch`` chat-templated token-id prompts (questions cycled)."""
+    out = []
+    for i in range(batch):
+        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        out.append(tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True)))
+    return out
+
+
+def time_calls(generate, prompts, params, repeats: int, label: str) -> dict:
+    """Warm-up call, then ``repeats`` timed calls; tokens/s from the median time."""
+    start = time.perf_counter()
+    first = generate(prompts, params, jax.random.key(0))
+    warmup_s = time.perf_counter() - start
+    times, tokens = [], []
+    for r in tqdm(range(repeats), desc=label, leave=False):
+        start = time.perf_counter()
+        out = generate(prompts, params, jax.random.key(r + 1))
+        times.append(time.perf_counter() - start)
+        tokens.append(sum(c.num_tokens for c in out))
+    median = statistics.median(times)
+    return {
+        "warmup_s": warmup_s,
+        "call_s": times,
+        "median_call_s": median,
+        "tokens_per_call": tokens,
+        "tokens_per_s": statistics.median(tokens) / median,
+        "warmup_tokens": sum(c.num_tokens for c in first),
+    }
+
+
+def server_counts(base_url: str) -> dict:
+    with urllib.request.urlopen(base_url + "/health", timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def tiny_checkpoint(out_dir: Path) -> str:
+    """A tiny random Llama + byte-level tokenizer saved as an HF directory."""
+    from jax_drive.models.export import save_safetensors
+    from jax_drive.models.tiny import tiny_policy
+
+    model, _, tokenizer = tiny_policy(lora_rank=None)
+    save_safetensors(model, out_dir, tokenizer=tokenizer)
+    return str(out_dir)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True, help="output JSON path")
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="'smollm2-135m-instruct' (default), 'tiny' (random, no llama.cpp), "
+                        "or an HF dir / .gguf")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-wait-ms", type=float, default=20.0,
+                        help="jax-drive serve's batching wait")
+    parser.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--skip-llama-cpp", action="store_true")
+    args = parser.parse_args(argv)
+    if min(args.batch, args.max_new_tokens, args.repeats) < 1:
+        parser.error("--batch, --max-new-tokens and --repeats must be >= 1")
+
+    from jax_drive.models import load_pretrained
+    from jax_drive.sampling import JaxEngine, OpenAIEngine, SamplingParams
+
+    workdir = tempfile.TemporaryDirectory(prefix="bench_serve-")
+    source = tiny_checkpoint(Path(workdir.name) / "tiny") if args.model == "tiny" else args.model
+    model, _, tokenizer = load_pretrained(source)
+    prompts = chat_prompts(tokenizer, args.batch)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
+                            temperature=1.0)
+    results: dict = {}
+
+    print("in-process JaxEngine ...", file=sys.stderr)
+    results["jax_engine"] = time_calls(JaxEngine(model, tokenizer).generate, prompts, params,
+                                       args.repeats, "jax_engine")
+    del model
+
+    port = free_port()
+    command = [sys.executable, "-m", "jax_drive.cli", "serve", "--model", source,
+               "--served-model-name", "policy", "--port", str(port),
+               "--max-batch-rows", str(max(args.batch, 1)), "--max-wait-ms", str(args.max_wait_ms)]
+    print("jax-drive serve ...", file=sys.stderr)
+    with server_process(command, port, "policy", "bench-jax-drive-serve") as server:
+        client = OpenAIEngine(server.base_url, "policy", tokenizer=tokenizer,
+                              max_concurrency=args.batch, timeout_s=1800)
+        results["serve"] = time_calls(client.generate, prompts, params, args.repeats, "serve")
+        counts = server_counts(server.base_url)
+        results["serve"]["server_counts"] = counts
+        results["serve"]["rows_per_engine_call"] = counts["rows"] / max(1, counts["engine_calls"])
+
+    gguf = None
+    if not args.skip_llama_cpp:
+        from jax_drive.models.loading import resolve_source
+
+        path = resolve_source(source) if args.model != "tiny" else None
+        gguf = str(path) if path is not None and path.suffix == ".gguf" else None
+    if gguf is not None:
+        port = free_port()
+        print("llama.cpp server ...", file=sys.stderr)
+        with server_process(llama_cpp_command(gguf, port, args.llama_threads), port,
+                            "smollm2-135m-instruct", "bench-llama-cpp") as server:
+            client = OpenAIEngine(server.base_url, server.model, tokenizer=tokenizer,
+                                  max_concurrency=args.batch, timeout_s=1800)
+            results["llama_cpp"] = time_calls(client.generate, prompts, params, args.repeats,
+                                              "llama_cpp")
+    else:
+        results["llama_cpp"] = {"skipped": "needs a .gguf model (and not --skip-llama-cpp)"}
+
+    jax_rate = results["jax_engine"]["tokens_per_s"]
+    serve_rate = results["serve"]["tokens_per_s"]
+    summary = {
+        "serve_over_jax_engine": serve_rate / jax_rate,
+        "serve_overhead": 1.0 - serve_rate / jax_rate,
+        "goal_serve_overhead_at_most": 0.15,
+    }
+    if "tokens_per_s" in results["llama_cpp"]:
+        summary["serve_over_llama_cpp"] = serve_rate / results["llama_cpp"]["tokens_per_s"]
+    report = {
+        "config": vars(args) | {"prompt_tokens": [len(p) for p in prompts]},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "loadavg_at_end": os.getloadavg(), "jax": jax.__version__},
+        "results": results,
+        "summary": summary,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(json.dumps(summary, indent=2))
+    workdir.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""One convention for every entry point (the `jax-drive` commands and `experiments/` scripts).
+
+- ``--json OUT`` writes the results file; nothing is written into the tracked
+  ``experiments/results/`` unless the user names a path there.
+- ``--no-progress`` hides progress bars (they are on by default).
+- Exit codes: 0 success, 2 bad usage or bad input (:class:`InputError`, argparse's own
+  errors), 1 a failure while running.
+- Every results file carries :func:`run_metadata` under the key ``"meta"``.
+
+Only the standard library is imported at module level, so any layer may use this module and
+building a parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+class InputError(ValueError):
+    """Bad input at a boundary (a file, a flag, a request): reported, exit code 2."""
+
+
+def add_output_args(parser: argparse.ArgumentParser, *, json_required: bool = False) -> None:
+    """Adds ``--json OUT`` and ``--no-progress`` to an argument parser."""
+    parser.add_argument("--json", required=json_required, default=None, metavar="OUT",
+                        help="write the results to this JSON file" + ("" if json_required else " (default: none)"))
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _git_commit() -> str | None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def run_metadata(**extra: Any) -> dict[str, Any]:
+    """What a results file needs to be read later: when, where, which code and JAX devices.
+
+    Keys: ``date_utc``, ``git_commit``, ``platform``, ``python``, ``cpu_count``,
+    ``load_average`` ([1, 5, 15] min), ``xla_flags``, ``jax_version``, ``jax_devices``
+    (the last two only when JAX is already imported, so asking never starts a backend),
+    plus ``extra``.
+    """
+    meta: dict[str, Any] = {
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git_commit(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        meta["jax_version"] = jax.__version__
+        meta["jax_devices"] = [str(d) for d in jax.devices()]
+    meta.update(extra)
+    return meta
+
+
+def write_json(path: str | os.PathLike, payload: Any) -> str:
+    """Writes JSON atomically (a temp file beside ``path``, then ``os.replace``); returns the path."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, default=_json_default)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):  # numpy / jax arrays and scalars
+        return obj.tolist()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2."""
+    try:
+        return int(main(argv) or 0)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,191 @@
+"""Batches concurrent generation requests into single engine calls.
+
+Requests become ``GenerationJob``s (token-id rows, one per completion) on a queue. One
+worker thread takes the first waiting job, keeps collecting for at most ``max_wait_s`` or
+until ``max_batch_rows`` rows are gathered, groups the jobs by (model, sampling settings)
+and runs one ``engine.generate`` per group, so concurrent RL rollout requests with the same
+settings share one jitted sampler call. The worker is the only caller of the engines, so
+nothing else touches the models while they sample.
+
+Seeds: the batch key is ``jax.random.key(seed)`` for a job alone in its batch, and a hash of
+all seeds otherwise, so a seeded request is reproducible when it is batched alone (e.g.
+sent while the server is idle) or with the same companions. Rows of one batch are
+independent samples (one key, distinct rows).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from jax_drive.sampling import Completion, Engine, SamplingParams
+
+
+@dataclasses.dataclass
+class GenerationJob:
+    """One request's rows.
+
+    Attributes:
+      model: served model / adapter name.
+      prompts: token-id rows (a prompt repeated n times for n samples).
+      params: sampling settings with n == 1.
+      seed: the request's seed or None.
+      future: receives the completions (row order) or the exception.
+    """
+
+    model: str
+    prompts: list[list[int]]
+    params: SamplingParams
+    seed: int | None = None
+    future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatcherConfig:
+    """Request batching.
+
+    Attributes:
+      max_batch_rows: most completion rows per engine call (default 32); a single request
+        with more rows runs alone.
+      max_wait_s: how long the first request of a batch waits for companions (default
+        0.01 s; 0 = take only what is already queued).
+    """
+
+    max_batch_rows: int = 32
+    max_wait_s: float = 0.01
+
+    def __post_init__(self):
+        if self.max_batch_rows < 1 or self.max_wait_s < 0:
+            raise ValueError("max_batch_rows must be >= 1 and max_wait_s >= 0")
+
+
+def group_jobs(jobs: Sequence[GenerationJob]) -> list[list[GenerationJob]]:
+    """Jobs that can share one engine call: same model and same sampling settings
+    (first-come order kept within and across groups)."""
+    groups: dict[tuple, list[GenerationJob]] = {}
+    for job in jobs:
+        groups.setdefault((job.model, job.params), []).append(job)
+    return list(groups.values())
+
+
+def batch_key(seeds: Sequence[int | None], rng: np.random.Generator) -> jax.Array:
+    """The PRNG key of one engine call (see the module docstring)."""
+    if any(s is None for s in seeds):
+        return jax.random.key(int(rng.integers(0, 2**31 - 1)))
+    if len(seeds) == 1:
+        return jax.random.key(int(seeds[0]) % 2**32)
+    state = np.random.SeedSequence([int(s) % 2**64 for s in seeds]).generate_state(1)[0]
+    return jax.random.key(int(state))
+
+
+class RequestBatcher:
+    """A worker thread that runs queued ``GenerationJob``s in batches.
+
+    Args:
+      engine_for: model name -> Engine (raises for an unknown name; the job then fails).
+      config: BatcherConfig.
+      seed: seeds the keys of unseeded requests.
+    """
+
+    def __init__(self, engine_for: Callable[[str], Engine], config: BatcherConfig = BatcherConfig(),
+                 seed: int = 0):
+        self.engine_for = engine_for
+        self.config = config
+        self._rng = np.random.default_rng(seed)
+        self._queue: queue.Queue[GenerationJob | None] = queue.Queue()
+        self._carry: GenerationJob | None = None
+        self._thread: threading.Thread | None = None
+        self.batch_sizes: list[int] = []  # rows of every engine call, for stats and tests
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> "RequestBatcher":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="jax-drive-batcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finishes the running batch, fails the queued jobs, ends the worker."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        self._thread = None
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.future.set_exception(RuntimeError("the server is shutting down"))
+
+    def submit(self, job: GenerationJob) -> concurrent.futures.Future:
+        if self._thread is None:
+            raise RuntimeError("the batcher is not running")
+        if job.rows < 1 or job.params.n != 1:
+            raise ValueError("a job needs >= 1 rows and params.n == 1")
+        self._queue.put(job)
+        return job.future
+
+    # ------------------------------------------------------------------- worker
+    def _collect(self, first: GenerationJob) -> tuple[list[GenerationJob], bool]:
+        """The first job plus companions; (jobs, stop requested)."""
+        jobs, rows = [first], first.rows
+        deadline = time.monotonic() + self.config.max_wait_s
+        while rows < self.config.max_batch_rows:
+            remaining = deadline - time.monotonic()
+            try:
+                job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                return jobs, True
+            if rows + job.rows > self.config.max_batch_rows:
+                self._carry = job
+                break
+            jobs.append(job)
+            rows += job.rows
+        return jobs, False
+
+    def _run_group(self, jobs: list[GenerationJob]) -> None:
+        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            engine = self.engine_for(live[0].model)
+            prompts = [row for job in live for row in job.prompts]
+            key = batch_key([job.seed for job in live], self._rng)
+            self.batch_sizes.append(len(prompts))
+            completions: list[Completion] = engine.generate(prompts, live[0].params, key)
+            if len(completions) != len(prompts):
+                raise RuntimeError(f"engine returned {len(completions)} completions for {len(prompts)} rows")
+        except BaseException as error:  # noqa: BLE001 - handed to every waiting request
+            for job in live:
+                job.future.set_exception(error)
+            return
+        start = 0
+        for job in live:
+            job.future.set_result(completions[start : start + job.rows])
+            start += job.rows
+
+    def _loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._carry if self._carry is not None else self._queue.get()
+            self._carry = None
+            if first is None:
+                break
+            jobs, stopping = self._collect(first)
+            for group in group_jobs(jobs):
+                self._run_group(group)

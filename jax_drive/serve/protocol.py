@@ -1,0 +1,300 @@
+"""Request models and answer builders of ``jax-drive serve`` (OpenAI completions API plus
+vLLM's extra fields). Pure: no HTTP, no model.
+
+Every field a request may carry is declared; unknown fields and values the policy cannot
+honour (penalties, ``min_p``, ``logit_bias``, streaming, ``echo``, ``best_of`` != ``n``,
+``logprobs`` > 1) are rejected with a 400 rather than ignored. Log-probs cover the sampled
+token only: ``top_logprobs`` is always null.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from jax_drive.sampling.engine import Completion
+from jax_drive.sampling.params import SamplingParams
+
+TokenIds = list[int]
+
+
+class InvalidRequest(ValueError):
+    """A request the server refuses (HTTP 400 unless ``status`` says otherwise)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error layout."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _Sampling(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = 0.0
+    n: int = Field(default=1, ge=1, le=256)
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Optional[dict[str, float]] = None
+    stream: bool = False
+    user: Optional[str] = None
+    skip_special_tokens: bool = True
+    logprobs_mode: Literal["raw", "processed"] = "raw"
+    return_token_ids: bool = True
+    return_tokens_as_token_ids: bool = False
+
+    @model_validator(mode="after")
+    def _neutral_only(self):
+        if self.min_p != 0.0:
+            raise ValueError("min_p is not supported (only 0)")
+        if self.presence_penalty != 0.0 or self.frequency_penalty != 0.0:
+            raise ValueError("presence_penalty / frequency_penalty are not supported (only 0)")
+        if self.repetition_penalty != 1.0:
+            raise ValueError("repetition_penalty is not supported (only 1)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.stream:
+            raise ValueError("stream=true is not supported")
+        return self
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if any(not s for s in stops):
+            raise InvalidRequest("stop strings must be non-empty", "stop")
+        return stops
+
+    def stop_ids(self, eos_ids: Sequence[int]) -> tuple[int, ...] | None:
+        """vLLM's meaning: ``stop_token_ids`` stop in addition to the model's EOS unless
+        ``ignore_eos``; None = the EOS ids (the engine's default)."""
+        if self.stop_token_ids is None and not self.ignore_eos:
+            return None
+        extra = tuple(int(i) for i in self.stop_token_ids or ())
+        base = () if self.ignore_eos else tuple(int(i) for i in eos_ids)
+        return tuple(dict.fromkeys(base + extra))
+
+    def sampling_params(self, default_max_tokens: int, eos_ids: Sequence[int]) -> SamplingParams:
+        """The request as SamplingParams with n = 1 (rows are expanded by the caller)."""
+        max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
+        try:
+            return SamplingParams(
+                max_new_tokens=int(max_tokens),
+                temperature=float(self.temperature),
+                top_p=float(self.top_p),
+                top_k=max(0, int(self.top_k)),
+                stop_token_ids=self.stop_ids(eos_ids),
+                min_new_tokens=int(self.min_tokens),
+                n=1,
+                logprobs_mode=self.logprobs_mode,
+                skip_special_tokens=bool(self.skip_special_tokens),
+            )
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from None
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: Union[str, list[str], TokenIds, list[TokenIds]]
+    logprobs: Optional[int] = Field(default=None, ge=0)
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.logprobs is not None and self.logprobs > 1:
+            raise ValueError("logprobs > 1 is not supported: only the sampled token's log-prob "
+                             "is computed")
+        if self.echo:
+            raise ValueError("echo=true is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of other than n is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, value):
+        if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], int)):
+            items = [value]
+        else:
+            items = list(value)
+        if not items or any(len(p) == 0 for p in items):
+            raise ValueError("prompt must hold at least one non-empty prompt")
+        return value
+
+    def prompt_list(self) -> list[Union[str, list[int]]]:
+        """The prompts as a list (text or token ids each)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]
+        return [x if isinstance(x, str) else list(x) for x in p]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.top_logprobs:
+            raise ValueError("top_logprobs > 0 is not supported: only the sampled token's "
+                             "log-prob is computed")
+        return self
+
+
+class LoadLoRARequest(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM's body)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = False
+
+
+class UnloadLoRARequest(BaseModel):
+    """POST /v1/unload_lora_adapter (vLLM's body)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: Optional[int] = None
+
+
+# ---------------------------------------------------------------------------- answers
+def truncate_at_stop(
+    completion: Completion, stops: Sequence[str], decode
+) -> tuple[tuple[int, ...], tuple[float, ...], str, str]:
+    """Cuts a completion at the first stop string (OpenAI / vLLM semantics).
+
+    Args:
+      completion: the generated completion.
+      stops: stop strings (may be empty).
+      decode: ids -> text (special tokens skipped as requested).
+    Returns:
+      (ids, logprobs, text, finish_reason): ids up to the token that completes the first
+      stop string, the text before that string, finish 'stop'; unchanged without a match.
+    """
+    text = completion.text
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    if not hits:
+        return completion.token_ids, completion.logprobs, text, completion.finish_reason
+    start, stop = min(hits)
+    end = start + len(stop)
+    ids = completion.token_ids
+    for k in range(1, len(ids) + 1):
+        if len(decode(ids[:k])) >= end:
+            return ids[:k], completion.logprobs[:k], text[:start], "stop"
+    return ids, completion.logprobs, text[:start], "stop"
+
+
+def token_strings(ids: Sequence[int], decode_one, as_ids: bool) -> list[str]:
+    """Per-token strings of a logprobs answer: 'token_id:N' or each token's own text."""
+    if as_ids:
+        return [f"token_id:{int(i)}" for i in ids]
+    return [decode_one(int(i)) for i in ids]
+
+
+def completion_choice(index: int, ids, logprobs, text: str, finish: str, prompt_ids,
+                      tokens: list[str] | None) -> dict:
+    """One choice of a /v1/completions answer (``tokens`` None: no log-probs asked)."""
+    lp = None
+    if tokens is not None:
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        lp = {
+            "tokens": tokens,
+            "token_logprobs": [float(x) for x in logprobs],
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": lp,
+        "finish_reason": finish,
+        "token_ids": [int(i) for i in ids],
+        "prompt_token_ids": [int(i) for i in prompt_ids],
+    }
+
+
+def chat_choice(index: int, ids, logprobs, text: str, finish: str,
+                tokens: list[str] | None) -> dict:
+    """One choice of a /v1/chat/completions answer."""
+    lp = None
+    if tokens is not None:
+        lp = {"content": [
+            {"token": t, "logprob": float(x), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, x in zip(tokens, logprobs)
+        ]}
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": lp,
+        "finish_reason": finish,
+        "token_ids": [int(i) for i in ids],
+    }
+
+
+def answer(kind: Literal["text_completion", "chat.completion"], model: str, choices: list[dict],
+           prompt_tokens: int, completion_tokens: int, **extra) -> dict:
+    """The full answer object with id, timestamps and usage."""
+    prefix = "cmpl" if kind == "text_completion" else "chatcmpl"
+    body = {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": int(prompt_tokens),
+            "completion_tokens": int(completion_tokens),
+            "total_tokens": int(prompt_tokens + completion_tokens),
+        },
+    }
+    body.update(extra)
+    return body
