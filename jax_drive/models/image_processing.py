@@ -222,6 +222,24 @@ def preprocess_images(images: Sequence[np.ndarray],
             np.stack([d.grid_thw for d in done]))
 
 
+def image_token_repeats(token_ids: Sequence[int], grid_thw, image_token_id: int,
+                        merge_size: int = 2) -> np.ndarray:
+    """(n,) int64: how many times each of the n ids occurs after expansion: t * h * w /
+    merge_size**2 for the i-th `<|image_pad|>` id (the i-th grid of ``grid_thw`` (I, 3)), 1
+    for every other id.
+
+    Raises ValueError when the number of pad ids and of grids differ.
+    """
+    grids = np.asarray(grid_thw, np.int64).reshape(-1, 3)
+    counts = np.prod(grids, axis=1) // merge_size**2
+    is_pad = np.asarray(token_ids, np.int64).reshape(-1) == image_token_id
+    if int(is_pad.sum()) != len(counts):
+        raise ValueError(f"{len(counts)} images but {int(is_pad.sum())} image pad tokens")
+    repeats = np.ones(is_pad.shape, np.int64)
+    repeats[is_pad] = counts
+    return repeats
+
+
 def expand_image_tokens(token_ids: Sequence[int], grid_thw, image_token_id: int,
                         merge_size: int = 2) -> list[int]:
     """Replaces the i-th `<|image_pad|>` id of ``token_ids`` by t * h * w / merge_size**2
@@ -229,18 +247,5 @@ def expand_image_tokens(token_ids: Sequence[int], grid_thw, image_token_id: int,
 
     Raises ValueError when the number of pad ids and of grids differ.
     """
-    grids = np.asarray(grid_thw, np.int64).reshape(-1, 3)
-    counts = np.prod(grids, axis=1) // merge_size**2
-    out: list[int] = []
-    used = 0
-    for tok in token_ids:
-        if int(tok) == image_token_id:
-            if used >= len(counts):
-                raise ValueError(f"more image pad tokens than the {len(counts)} images")
-            out.extend([image_token_id] * int(counts[used]))
-            used += 1
-        else:
-            out.append(int(tok))
-    if used != len(counts):
-        raise ValueError(f"{len(counts)} images but {used} image pad tokens")
-    return out
+    repeats = image_token_repeats(token_ids, grid_thw, image_token_id, merge_size)
+    return np.repeat(np.asarray(token_ids, np.int64).reshape(-1), repeats).tolist()

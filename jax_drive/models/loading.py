@@ -172,15 +172,23 @@ def assign_hf_weights(config: ModelConfig, get: Callable[[str], np.ndarray],
 
 
 def load_safetensors_dir(path: str | Path, dtype: str | None = None):
-    """(model, config) from an HF directory: config.json + (sharded) *.safetensors."""
+    """(model, config) from an HF directory: config.json + (sharded) *.safetensors. A
+    Qwen2.5-VL directory (model_type qwen2_5_vl) gives a vision-language `Qwen2_5_VL`."""
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise WeightLoadError(f"{path} has no config.json")
-    config = ModelConfig.from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
+    from jax_drive.models.qwen2_5_vl.config import QWEN2_5_VL_MODEL_TYPE, VLMConfig
+
+    hf_config = json.loads(cfg_file.read_text())
     get, names = safetensors_tensors(path)
-    model = assign_hf_weights(config, get, names)
-    return model, config
+    if hf_config.get("model_type") == QWEN2_5_VL_MODEL_TYPE:
+        from jax_drive.models.qwen2_5_vl.loading import assign_vlm_weights
+
+        config = VLMConfig.from_hf(hf_config, dtype=dtype)
+        return assign_vlm_weights(config, get, names), config
+    config = ModelConfig.from_hf(hf_config, dtype=dtype)
+    return assign_hf_weights(config, get, names), config
 
 
 def safetensors_tensors(path: str | Path) -> tuple[Callable[[str], np.ndarray], list[str]]:
@@ -340,15 +348,6 @@ def load_model(source: str | Path, dtype: str | None = None):
             raise WeightLoadError(f"{path}: a file source must be a .gguf file")
         model, config, _ = load_gguf(path, dtype or "float32")
         return model, config
-    return _load_dir(path, dtype)
-
-
-def _load_dir(path: Path, dtype: str | None):
-    """A safetensors directory: Qwen2.5-VL (vision-language) or a text model."""
-    from jax_drive.models.qwen2_5_vl.loading import is_qwen2_5_vl_dir, load_vlm
-
-    if is_qwen2_5_vl_dir(path):
-        return load_vlm(path, dtype)
     return load_safetensors_dir(path, dtype)
 
 
@@ -358,7 +357,8 @@ def load_pretrained(source: str | Path, dtype: str | None = "float32"):
     Args:
       source: an HF-style directory (config.json + (sharded) safetensors + tokenizer.json; a
         Qwen2.5-VL directory gives a `Qwen2_5_VL`), a .gguf file, or the name
-        'smollm2-135m-instruct'.
+        'smollm2-135m-instruct'. A Qwen2.5-VL directory's tokenizer is an `ImageTokenizer`
+        (its preprocessor_config.json sets the image processing when present).
       dtype: 'float32' or 'bfloat16' parameter/compute dtype (None: the checkpoint's).
     Raises:
       FileNotFoundError for a missing source; WeightLoadError / ValueError for unreadable,
@@ -373,6 +373,10 @@ def load_pretrained(source: str | Path, dtype: str | None = "float32"):
         model, config, reader = load_gguf(path, dtype or "float32")
         tokenizer = Tokenizer.from_gguf(reader)
     else:
-        model, config = _load_dir(path, dtype)
+        model, config = load_safetensors_dir(path, dtype)
         tokenizer = Tokenizer.from_dir(path)
+        if hasattr(model, "visual"):
+            from jax_drive.models.qwen2_5_vl.processor import ImageTokenizer, image_processor_config
+
+            tokenizer = ImageTokenizer(tokenizer, config, image_processor_config(path))
     return model, config, tokenizer

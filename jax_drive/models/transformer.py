@@ -714,15 +714,20 @@ class CausalLM(nnx.Module):
         the backward pass), so at most a (chunk_size, V) float32 logits block exists at once.
         Entries at padded positions are computed but meaningless: mask them downstream.
         """
-        if targets.shape != input_ids.shape:
-            raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
-        if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        check_logprob_args(input_ids, targets, chunk_size, temperature)
         self._check(input_ids, positions, attention_mask, None, 0)
         return forward_token_logprobs(self.arrays(), self.config, input_ids, positions,
                                       attention_mask, targets, int(chunk_size), float(temperature))
+
+
+def check_logprob_args(input_ids, targets, chunk_size: int, temperature: float) -> None:
+    """Raises ValueError for token_logprobs arguments it cannot honour."""
+    if targets.shape != input_ids.shape:
+        raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
 
 
 def chunked_token_logprobs(hidden: jax.Array, targets: jax.Array, head: jax.Array,

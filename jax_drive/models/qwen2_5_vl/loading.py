@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_drive.models.loading import WeightLoadError, assign_hf_weights, safetensors_tensors
-from jax_drive.models.qwen2_5_vl.config import QWEN2_5_VL_MODEL_TYPE, VisionConfig, VLMConfig
+from jax_drive.models.loading import WeightLoadError, assign_hf_weights, load_safetensors_dir
+from jax_drive.models.qwen2_5_vl.config import VisionConfig, VLMConfig
 from jax_drive.models.qwen2_5_vl.model import Qwen2_5_VL
 from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS, VisionTower
 
@@ -32,17 +32,6 @@ HF_VISION_BLOCK_KEYS = {
     "down_proj": "mlp.down_proj",
 }
 LAYOUTS = ("legacy", "transformers5")
-
-
-def is_qwen2_5_vl_dir(path: str | Path) -> bool:
-    """True when ``path`` is a directory whose config.json says model_type qwen2_5_vl."""
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        return json.loads(cfg.read_text()).get("model_type") == QWEN2_5_VL_MODEL_TYPE
-    except (json.JSONDecodeError, AttributeError):
-        return False
 
 
 def vision_hf_shapes(config: VisionConfig) -> dict[str, tuple[int, ...]]:
@@ -135,15 +124,13 @@ def assign_vlm_weights(config: VLMConfig, get: Callable[[str], np.ndarray],
 def load_vlm(path: str | Path, dtype: str | None = None) -> tuple[Qwen2_5_VL, VLMConfig]:
     """(model, config) from a Qwen2.5-VL directory (config.json + (sharded) safetensors).
 
-    dtype: 'float32' / 'bfloat16', or None for the checkpoint's own.
+    dtype: 'float32' / 'bfloat16', or None for the checkpoint's own. Raises WeightLoadError
+    for a directory of another model type.
     """
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise WeightLoadError(f"{path} has no config.json")
-    config = VLMConfig.from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
-    get, names = safetensors_tensors(path)
-    return assign_vlm_weights(config, get, names), config
+    model, config = load_safetensors_dir(path, dtype)
+    if not isinstance(model, Qwen2_5_VL):
+        raise WeightLoadError(f"{path} is not a Qwen2.5-VL checkpoint (model_type {config.model_type!r})")
+    return model, config
 
 
 # ----------------------------------------------------------------------------- export

@@ -27,8 +27,9 @@ from jax_drive.models.qwen2_5_vl.config import VLMConfig
 from jax_drive.models.qwen2_5_vl.mrope import mrope_positions, mrope_tables
 from jax_drive.models.qwen2_5_vl.vision import (VisionBatch, VisionSizes, VisionTower,
                                                 concat_images, num_image_tokens, vision_forward)
-from jax_drive.models.transformer import (CausalLM, KVCache, chunked_token_logprobs,
-                                          decoder_blocks, head_matrix, lm_logits, rms_norm)
+from jax_drive.models.transformer import (CausalLM, KVCache, check_logprob_args,
+                                          chunked_token_logprobs, decoder_blocks, head_matrix,
+                                          lm_logits, rms_norm)
 
 
 def scatter_image_tokens(embeds: jax.Array, input_ids: jax.Array, image_tokens: jax.Array,
@@ -45,14 +46,30 @@ def scatter_image_tokens(embeds: jax.Array, input_ids: jax.Array, image_tokens: 
     return jnp.where(is_image[:, None], picked, embeds.reshape(-1, h)).reshape(b, l, h)
 
 
+def image_pairs(images: Sequence[Any] | None) -> list[tuple[Any, Any]]:
+    """(pixel_values, grid_thw) of each processed image (an object with those attributes, or
+    a pair already)."""
+    return [(im.pixel_values, im.grid_thw) if hasattr(im, "pixel_values") else tuple(im)
+            for im in (images or ())]
+
+
 def embed_inputs(params: dict[str, Any], config: VLMConfig, input_ids: jax.Array,
                  vision: VisionBatch | None) -> jax.Array:
-    """Token embeddings (B, L, H) with the image tokens of ``vision`` scattered in."""
+    """Token embeddings (B, L, H) with the image tokens of ``vision`` scattered in.
+
+    vision: the images of the whole batch in reading order (`VisionBatch.build`), or one
+    layout per row (`VisionBatch.build_rows`, leaves leading with B).
+    """
     x = jnp.take(params["embed"], input_ids.astype(jnp.int32), axis=0)
     if vision is None:
         return x
+    image_id = config.image_token_id
+    if vision.patches.ndim == 3:  # per row
+        tokens = jax.vmap(vision_forward, in_axes=(None, None, 0))(params["visual"], config.vision, vision)
+        return jax.vmap(lambda e, i, t: scatter_image_tokens(e[None], i[None], t, image_id)[0])(
+            x, input_ids, tokens)
     tokens = vision_forward(params["visual"], config.vision, vision)
-    return scatter_image_tokens(x, input_ids, tokens, config.image_token_id)
+    return scatter_image_tokens(x, input_ids, tokens, image_id)
 
 
 @partial(jax.jit, static_argnames=("config", "empty_cache"))
@@ -146,13 +163,33 @@ class Qwen2_5_VL(CausalLM):
         batch = np.asarray(input_ids).shape[0]
         if images is not None and len(images) != batch:
             raise ValueError(f"{len(images)} image lists for {batch} rows")
-        pairs = [(im.pixel_values, im.grid_thw) if hasattr(im, "pixel_values") else tuple(im)
-                 for row in (images or ()) for im in (row or ())]
+        pairs = [pair for row in (images or ()) for pair in image_pairs(row)]
         pixels, grid = concat_images(pairs) if pairs else (None, None)
         positions, next_position = mrope_positions(input_ids, attention_mask, grid, self.config)
         vision = (None if grid is None
                   else VisionBatch.build(pixels, grid, self.config.vision, sizes))
         return jnp.asarray(positions), vision, jnp.asarray(next_position)
+
+    def row_inputs(self, input_ids, attention_mask, images: Sequence[Sequence[Any]],
+                   sizes: VisionSizes | None = None):
+        """Host-side inputs of a (training) batch whose rows each hold their own images.
+
+        Args:
+          input_ids, attention_mask: (B, L) (image pads expanded; any padding side).
+          images: B sequences of processed images (as in `multimodal_inputs`), empty for rows
+            without images.
+          sizes: static vision sizes per row (default: `VisionBatch.build_rows`').
+        Returns:
+          positions (3, B, L) int32 (M-RoPE) and a per-row VisionBatch (leaves lead with B).
+        """
+        batch = np.asarray(input_ids).shape[0]
+        if len(images) != batch:
+            raise ValueError(f"{len(images)} image lists for {batch} rows")
+        rows = [image_pairs(row) for row in images]
+        pairs = [pair for row in rows for pair in row]
+        grid = concat_images(pairs)[1] if pairs else None
+        positions, _ = mrope_positions(input_ids, attention_mask, grid, self.config)
+        return positions, VisionBatch.build_rows(rows, self.config.vision, sizes)
 
     def num_image_tokens(self, image_grid_thw) -> np.ndarray:
         """(I,) `<|image_pad|>` tokens each image expands to."""
@@ -199,12 +236,7 @@ class Qwen2_5_VL(CausalLM):
                        attention_mask: jax.Array, targets: jax.Array, chunk_size: int = 256,
                        temperature: float = 1.0, *, vision: VisionBatch | None = None):
         """`CausalLM.token_logprobs` with images (B, L) float32."""
-        if targets.shape != input_ids.shape:
-            raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
-        if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        check_logprob_args(input_ids, targets, chunk_size, temperature)
         self._check(input_ids, positions, attention_mask, None, 0)
         return vlm_token_logprobs(self.arrays(), self.config, input_ids, positions,
                                   attention_mask, targets, vision, int(chunk_size),

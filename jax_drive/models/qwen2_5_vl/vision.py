@@ -161,6 +161,41 @@ class VisionBatch:
                            frame_slot=frame_slot, token_valid=token_valid)
 
 
+    @staticmethod
+    def empty(config: VisionConfig, sizes: VisionSizes) -> "VisionBatch":
+        """A layout of the given sizes holding no image (every slot empty, no real token)."""
+        big_n, big_g, big_r, big_f = sizes
+        return VisionBatch(patches=np.zeros((big_n, config.patch_dim), np.float32),
+                           patch_hw=np.zeros((big_n, 2), np.int32),
+                           window_index=np.full((big_g, config.window_tokens), big_n, np.int32),
+                           window_slot=np.zeros((big_n,), np.int32),
+                           frame_index=np.full((big_r, big_f), big_n, np.int32),
+                           frame_slot=np.zeros((big_n,), np.int32),
+                           token_valid=np.zeros((big_n // config.merge_unit,), bool))
+
+    @staticmethod
+    def build_rows(images_per_row: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]],
+                   config: VisionConfig, sizes: VisionSizes | None = None) -> "VisionBatch":
+        """One layout per row (host side): row b's images alone, in reading order, so its k-th
+        merged token fills its k-th `<|image_pad|>`; every leaf leads with the row axis B, so
+        a training batch splits into mini-batches by rows. Rows without images get an empty
+        layout.
+
+        Args:
+          images_per_row: B sequences of (pixel_values (n, P), grid_thw (3,)) pairs.
+          sizes: common static sizes (default: the largest of the rows' bucketed sizes).
+        """
+        rows = [concat_images(row) if row else None for row in images_per_row]
+        grids = [grid for row in rows if row is not None for grid in [row[1]]]
+        if not grids:
+            raise ValueError("VisionBatch.build_rows needs at least one image")
+        if sizes is None:
+            sizes = VisionSizes(*(max(s) for s in zip(*(VisionBatch.sizes_for(g, config) for g in grids))))
+        built = [VisionBatch.empty(config, sizes) if row is None
+                 else VisionBatch.build(row[0], row[1], config, sizes) for row in rows]
+        return jax.tree.map(lambda *leaves: np.stack(leaves), *built)
+
+
 def num_image_tokens(image_grid_thw, config: VisionConfig) -> np.ndarray:
     """(I,) merged tokens (= `<|image_pad|>` tokens) of each image: t * h * w / m**2."""
     grid = np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
