@@ -9,9 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jax_drive.data.builders import BuildConfig, build_qa, build_single
+from jax_drive.models import LoRAParam
+from jax_drive.models.qwen2_5_vl import VisionBatch, apply_vision_lora
+from jax_drive.models.qwen2_5_vl.loading import load_vlm, save_vlm
+from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS, vision_forward
 from jax_drive.models.tiny import VISION_TOKENS, tiny_vlm_policy
+from jax_drive.models.transformer import fold_lora
 from jax_drive.pipelines.mtdrive import rows_from_arrays, rows_to_arrays, run_mtdrive
 from jax_drive.pipelines.presets import PRESETS
 from jax_drive.render import render_camera
@@ -150,6 +156,39 @@ def test_training_batches_with_images_match_the_model(policy):
     text_only = {**batch, "positions": batch["positions"][:, 0]}
     del text_only["vision"]
     assert np.abs(np.asarray(batch_token_logprobs(model, text_only)) - logp)[mask].max() > 1e-4
+
+
+def test_vision_lora_changes_the_tower_like_folded_kernels_and_trains(tmp_path):
+    model, config, tok = tiny_vlm_policy(seed=1, lora_rank=2)
+    image = tok.preprocess(_frames(5, 1))[0]
+    vision = VisionBatch.build(image.pixel_values, image.grid_thw[None], config.vision)
+    before = np.asarray(model.image_features(vision))
+    apply_vision_lora(model, rank=2, alpha=4.0, rngs=nnx.Rngs(3))
+    np.testing.assert_allclose(np.asarray(model.image_features(vision)), before, atol=1e-6)  # B = 0
+    with pytest.raises(ValueError, match="already has"):
+        apply_vision_lora(model, rank=2, alpha=4.0)
+    keys = jax.random.split(jax.random.key(4), len(VISION_PROJECTIONS))
+    for key, name in zip(keys, VISION_PROJECTIONS):
+        b = getattr(model.visual.blocks, name).lora_b
+        b.set_value(0.5 * jax.random.normal(key, b.shape))
+    after = np.asarray(model.image_features(vision))
+    assert np.abs(after - before).max() > 1e-3
+    folded = model.visual.arrays()
+    folded["blocks"] = {k: ({"kernel": fold_lora(v), "bias": v["bias"]} if k in VISION_PROJECTIONS else v)
+                        for k, v in folded["blocks"].items()}
+    np.testing.assert_allclose(np.asarray(vision_forward(folded, config.vision, vision)), after, atol=1e-5)
+    # the exported checkpoint holds the folded tower
+    save_vlm(model, tmp_path / "ckpt")
+    np.testing.assert_allclose(np.asarray(load_vlm(tmp_path / "ckpt")[0].image_features(vision)), after, atol=1e-5)
+    # a training batch's gradient reaches the vision adapters as well as the language model's
+    rows = _image_rows(tok, _frames(6))
+    batch = jax.tree.map(jnp.asarray, add_images(pad_rows(rows, 24, tok.pad_token_id), rows, model))
+    grads = nnx.grad(lambda m: -jnp.sum(batch_token_logprobs(m, batch) * batch["loss_mask"]),
+                     argnums=nnx.DiffState(0, LoRAParam))(model)
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(nnx.state(grads.visual)))
+    # (the language model's fresh adapters have B = 0, so only their B gets a gradient)
+    assert all(float(jnp.abs(getattr(grads.layers, name).lora_b[...]).max()) > 0
+               for name in ("q_proj", "v_proj", "down_proj"))
 
 
 def test_sft_rows_with_images_round_trip_through_the_journal(policy):

@@ -54,19 +54,25 @@ def apply_lora(model: CausalLM, rank: int, alpha: float,
         raise ValueError(f"unknown LoRA targets {unknown}; choose from {PROJECTIONS}")
     rngs = nnx.Rngs(0) if rngs is None else rngs
     for name in targets:
-        proj: StackedLinear = getattr(model.layers, name)
-        if proj.lora_a is not None:
-            raise ValueError(f"{name} already has a LoRA adapter")
-        n, fan_in, fan_out = proj.kernel.shape
-        bound = 1.0 / fan_in**0.5
-        a = jax.random.uniform(rngs.params(), (n, fan_in, rank), jnp.float32, -bound, bound)
-        proj.lora_a = LoRAParam(a)
-        proj.lora_b = LoRAParam(jnp.zeros((n, rank, fan_out), jnp.float32))
-        proj.lora_scale = float(alpha) / float(rank)
-        proj.lora_rank = int(rank)
-        proj.lora_alpha = float(alpha)
-        proj.lora_merged = False
+        add_adapter(getattr(model.layers, name), rank, alpha, rngs, name)
     return model
+
+
+def add_adapter(proj: StackedLinear, rank: int, alpha: float, rngs: nnx.Rngs, name: str = "projection") -> None:
+    """A fresh adapter (in place) on one stacked projection: A (NL, in, r) uniform in
+    +-1/sqrt(in) (PEFT), B (NL, r, out) zeros, scale alpha / r. Raises ValueError when the
+    projection already has one."""
+    if proj.lora_a is not None:
+        raise ValueError(f"{name} already has a LoRA adapter")
+    n, fan_in, fan_out = proj.kernel.shape
+    bound = 1.0 / fan_in**0.5
+    a = jax.random.uniform(rngs.params(), (n, fan_in, rank), jnp.float32, -bound, bound)
+    proj.lora_a = LoRAParam(a)
+    proj.lora_b = LoRAParam(jnp.zeros((n, rank, fan_out), jnp.float32))
+    proj.lora_scale = float(alpha) / float(rank)
+    proj.lora_rank = int(rank)
+    proj.lora_alpha = float(alpha)
+    proj.lora_merged = False
 
 
 def lora_projections(model: CausalLM) -> dict[str, StackedLinear]:
@@ -124,6 +130,7 @@ from jax_drive.models.export import export_peft, load_peft, save_safetensors  # 
 __all__ = [
     "DEFAULT_TARGETS",
     "LoRAParam",
+    "add_adapter",
     "apply_lora",
     "export_peft",
     "load_peft",

@@ -23,6 +23,7 @@ from jax_drive.models.loading import WeightLoadError, assign_hf_weights, load_sa
 from jax_drive.models.qwen2_5_vl.config import VisionConfig, VLMConfig
 from jax_drive.models.qwen2_5_vl.model import Qwen2_5_VL
 from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS, VisionTower
+from jax_drive.models.transformer import fold_lora
 
 HF_VISION_BLOCK_KEYS = {
     "qkv": "attn.qkv",
@@ -159,9 +160,10 @@ def vlm_hf_state_dict(model: Qwen2_5_VL, layout: str = "legacy") -> dict[str, jn
         out[vis_prefix + key + ".bias"] = dense.bias[...]
     for name in VISION_PROJECTIONS:
         proj = getattr(tower.blocks, name)
+        kernel = fold_lora(proj.arrays())  # vision adapters (apply_vision_lora) folded in
         for i in range(c.depth):
             base = f"{vis_prefix}blocks.{i}.{HF_VISION_BLOCK_KEYS[name]}"
-            out[base + ".weight"] = proj.kernel[...][i].T
+            out[base + ".weight"] = kernel[i].T
             out[base + ".bias"] = proj.bias[...][i]
     for attr in ("norm1", "norm2"):
         for i in range(c.depth):
