@@ -35,9 +35,13 @@ def np_track(states: np.ndarray, v0: float, a0: float, steer0: float, cfg: PDMCo
             coef = dt if j == 0 else (dt * dt if j <= i else 0.0)
             a_mat[2 * i, j] = c * coef
             a_mat[2 * i + 1, j] = s * coef
+    # Jerk regulariser on [v0, a_0 ..]: NAVSIM's as built (-a_i, the last row a difference)
+    # or nuPlan's true difference a_{i+1} - a_i.
     r = np.zeros((m - 2, m))
     for i in range(m - 2):
-        r[i, i + 1], r[i, i + 2] = -1.0, 1.0
+        r[i, i + 1] = -1.0
+        if cfg.jerk_matrix == "nuplan" or i == m - 3:
+            r[i, i + 2] = 1.0
     y = disp[:, :2].reshape(-1)
     sol = np.linalg.pinv(a_mat.T @ a_mat + cfg.jerk_penalty * r.T @ r) @ a_mat.T @ y
     vel = sol[0] + np.concatenate([[0.0], np.cumsum(sol[1:] * dt)])
