@@ -324,7 +324,7 @@ def run_steps(x: chex.Array, y: chex.Array, heading: chex.Array, speed: chex.Arr
 
     Args: x, y, heading, speed (Q, T) simulated rear-axle states; sa: SceneArrays.
     """
-    x, y, h, v = x, y, heading, speed  # (Q, T)
+    h, v = heading, speed  # (Q, T)
     n_steps = x.shape[1]
     n_frames, n_obj = sa.obj_x.shape
     hl_ego, hw_ego = config.ego_length / 2, config.ego_width / 2
@@ -337,16 +337,34 @@ def run_steps(x: chex.Array, y: chex.Array, heading: chex.Array, speed: chex.Arr
     ohl, ohw = sa.obj_half_l, sa.obj_half_w
     steps = jnp.arange(n_steps, dtype=jnp.int32)
 
-    # ---- NC: ego box at step t against frame t; (Q, T, N).
+    # Object centres and headings in the ego frame at frames t + d for the TTC projections
+    # d (0, 3, 6, 9 frames); (Q, T, D, N). NC's boxes (step t against frame t) are the d = 0 slice.
+    d_frames = jnp.asarray(config.ttc_future_frames, jnp.int32)  # (D,)
+    n_d = d_frames.shape[0]
+    ahead_t = steps[:, None] + d_frames  # (T, D)
+    frames = jnp.minimum(ahead_t, n_frames - 1)
+    fvalid = sa.obj_valid[frames] & (ahead_t < n_frames)[..., None]  # (T, D, N)
     e = lambda a: a[..., None]
-    lon, lat, crel, srel = _to_ego(e(x), e(y), e(c), e(s), sa.obj_x[:n_steps], sa.obj_y[:n_steps],
-                                   obj_cos[:n_steps], obj_sin[:n_steps])
-    hit = ego_frame_overlap(lon, lat, crel, srel, centre_lon, hl_ego, hw_ego, ohl, ohw)
-    hit = hit & sa.obj_valid[:n_steps]
-    _, behind = ahead_behind(lon, lat, config)
-    front = ego_frame_overlap(lon, lat, crel, srel, config.ego_front_length, 0.0, hw_ego, ohl, ohw)
+    e2 = lambda a: a[..., None, None]
+    lon, lat, crel, srel = _to_ego(e2(x), e2(y), e2(c), e2(s), sa.obj_x[frames], sa.obj_y[frames],
+                                   obj_cos[frames], obj_sin[frames])  # (Q, T, D, N)
+    shift = centre_lon + (e(v) * (d_frames * config.dt))[..., None]  # (Q, T, D, 1)
+    overlap = ego_frame_overlap(lon, lat, crel, srel, shift, hl_ego, hw_ego, ohl, ohw) & fvalid
+    ahead, behind = ahead_behind(lon, lat, config)
+
+    # ---- NC: ego box at step t against frame t; (Q, T, N).
+    if config.ttc_future_frames[0] == 0:
+        hit, nc_behind = overlap[:, :, 0], behind[:, :, 0]
+        nc_lon, nc_lat, nc_crel, nc_srel = lon[:, :, 0], lat[:, :, 0], crel[:, :, 0], srel[:, :, 0]
+    else:
+        nc_lon, nc_lat, nc_crel, nc_srel = _to_ego(e(x), e(y), e(c), e(s), sa.obj_x[:n_steps], sa.obj_y[:n_steps],
+                                                   obj_cos[:n_steps], obj_sin[:n_steps])
+        hit = ego_frame_overlap(nc_lon, nc_lat, nc_crel, nc_srel, centre_lon, hl_ego, hw_ego, ohl, ohw)
+        hit = hit & sa.obj_valid[:n_steps]
+        _, nc_behind = ahead_behind(nc_lon, nc_lat, config)
+    front = ego_frame_overlap(nc_lon, nc_lat, nc_crel, nc_srel, config.ego_front_length, 0.0, hw_ego, ohl, ohw)
     ego_moving = e(v > config.collision_stopped_speed)
-    fault = ego_moving & (sa.obj_stopped | (~behind & (front | e(risky))))
+    fault = ego_moving & (sa.obj_stopped | (~nc_behind & (front | e(risky))))
     first_harmless = _first_true(hit & ~fault, axis=1)  # (Q, 1, N)
     hit = hit & (steps[:, None] <= first_harmless)
     agent_score = jnp.where(sa.obj_agent, 0.0, config.static_collision_score)  # (N,)
@@ -355,18 +373,7 @@ def run_steps(x: chex.Array, y: chex.Array, heading: chex.Array, speed: chex.Arr
     nc_obj = jnp.where(nc < 1.0, _first_true(obj_score == nc[..., None], axis=-1)[..., 0], -1)
 
     # ---- TTC: ego box moved by v * d * dt along its heading, against frames t + d.
-    d_frames = jnp.asarray(config.ttc_future_frames, jnp.int32)  # (D,)
-    n_d = d_frames.shape[0]
-    ahead_t = steps[:, None] + d_frames  # (T, D)
-    frames = jnp.minimum(ahead_t, n_frames - 1)
-    fvalid = sa.obj_valid[frames] & (ahead_t < n_frames)[..., None]  # (T, D, N)
-    e2 = lambda a: a[..., None, None]
-    lon, lat, crel, srel = _to_ego(e2(x), e2(y), e2(c), e2(s), sa.obj_x[frames], sa.obj_y[frames],
-                                   obj_cos[frames], obj_sin[frames])  # (Q, T, D, N)
-    shift = centre_lon + (e(v) * (d_frames * config.dt))[..., None]  # (Q, T, D, 1)
-    raw = ego_frame_overlap(lon, lat, crel, srel, shift, hl_ego, hw_ego, ohl, ohw)
-    raw = raw & fvalid & e2(v >= config.ttc_stopped_speed)
-    ahead, behind = ahead_behind(lon, lat, config)
+    raw = overlap & e2(v >= config.ttc_stopped_speed)
     danger = ahead | (e2(risky | masks.rear_in_intersection) & ~behind)
     # Time-major (step, projection) order; reductions keep the (Q, T, D, N) layout (a
     # reshape to (Q, T, D * N) before reducing made XLA:CPU copy and run 3x slower).

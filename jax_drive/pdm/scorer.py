@@ -387,7 +387,7 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
     reference = _check("reference", reference, shape, (NUM_SCORE_STEPS - 1, 3), config.check_finite)
     # check_finite only acts here: normalise it so both settings share one compilation.
     return _score_proposals_jit(scene, proposals, reference, dataclasses.replace(config, check_finite=True),
-                                map_budget(scene))
+                                map_budget(scene, num_trajectories=proposals.shape[-3] + 1))
 
 
 def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig(), *,
@@ -403,4 +403,4 @@ def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig(), 
     candidates = _check("candidates", candidates, shape, (None, NUM_SCORE_STEPS - 1, 3),
                         config.check_finite)
     return _score_candidates_jit(scene, candidates, dataclasses.replace(config, check_finite=True),
-                                 budget if budget is not None else map_budget(scene))
+                                 budget if budget is not None else map_budget(scene, candidates.shape[-3]))
