@@ -86,3 +86,131 @@ def test_cli_scores_expert_and_file_consistently(tmp_path, capsys):
     assert main(["score", "--planner", "file", "--file", str(f), "--scenes", str(n), "--batch-size", "8", "--json", str(out2)]) == 0
     data2 = json.loads(out2.read_text())
     np.testing.assert_allclose(data2["per_scene"]["pdms"], data["per_scene"]["pdms"], atol=1e-5)
+
+
+# ------------------------------------------------------------------ scene files
+def _scene_file(tmp_path, count=3, with_reference=True):
+    """Generated scenes written as a scene file at UTM-sized poses (with their expert as
+    PDM-Closed stand-in, so no PDM-Closed run is needed), and the scenes themselves."""
+    import jax
+
+    from jax_drive.pdm import interpolate_poses
+    from jax_drive.scenes import generate_scenes, io
+
+    scenes = generate_scenes(jax.random.PRNGKey(3), count)  # 3 scenes of one capacity group: one compile
+    reference = np.asarray(interpolate_poses(scenes, scenes.expert, 0.5))[:, 1:]
+    records = [io.scene_record(jax.tree.map(lambda a: a[i], scenes), [4.2e5 + 10 * i, 5.1e6, 0.5 * i], f"t{i}",
+                               reference[i] if with_reference else None) for i in range(count)]
+    return io.write_scene_file(tmp_path / "scenes.json.gz", records), scenes, reference
+
+
+def test_token_trajectories_any_spacing_and_errors(tmp_path):
+    from jax_drive.evaluate import load_token_trajectories
+
+    t = np.arange(1, 17) * 0.25
+    fine = np.stack([3.0 * t, np.zeros(16), np.zeros(16)], -1).tolist()
+    f = _write(tmp_path / "t.jsonl", [json.dumps({"token": "b", "poses": fine, "dt": 0.25})])
+    out = load_token_trajectories(f, ["a", "b"])
+    assert np.isnan(out[0]).all()  # no trajectory for "a": an invalid row
+    np.testing.assert_allclose(out[1, :, 0], 3.0 * 0.5 * np.arange(1, 9), atol=1e-6)
+    cases = [
+        ([json.dumps({"token": "c", "poses": fine, "dt": 0.25})], r":1: token 'c' is not in the scene file"),
+        ([json.dumps({"token": "a", "poses": fine[:8], "dt": 0.25})], r":1: 8 poses at 0.25 s cover 2 s, need 4 s"),
+        ([json.dumps({"token": "a", "poses": fine, "dt": 0.25})] * 2, r":2: duplicate token 'a' \(first on line 1\)"),
+        ([json.dumps({"token": "a", "poses": fine, "dt": "x"})], r":1: 'dt' must be a number"),
+        ([json.dumps({"token": 3, "poses": fine})], r":1: 'token' must be a string"),
+        ([json.dumps({"token": "a", "poses": [[1, 2]] * 8})], r":1: poses must be a list of \[x, y, heading\]"),
+    ]
+    for lines, message in cases:
+        with pytest.raises(TrajectoryFileError, match=message):
+            load_token_trajectories(_write(tmp_path / "bad.jsonl", lines), ["a", "b"])
+
+
+def test_navsim_submission_pickle_is_read_without_navsim(tmp_path, monkeypatch):
+    """NAVSIM's submission.pkl ({"predictions": [{token: Trajectory}]}) pickles navsim's
+    Trajectory class; it is read here with stand-ins, and nothing else is unpickled."""
+    import dataclasses
+    import pickle
+    import sys
+    import types
+
+    from jax_drive.evaluate import load_token_trajectories
+
+    @dataclasses.dataclass
+    class TrajectorySampling:
+        num_poses: int = 8
+        interval_length: float = 0.5
+
+    @dataclasses.dataclass
+    class Trajectory:
+        poses: np.ndarray
+        trajectory_sampling: TrajectorySampling
+
+    stand_ins = []
+    for module, cls in (("navsim.common.dataclasses", Trajectory),
+                        ("nuplan.planning.simulation.trajectory.trajectory_sampling", TrajectorySampling)):
+        parts = module.split(".")
+        for depth in range(1, len(parts) + 1):  # the module and its parent packages
+            name = ".".join(parts[:depth])
+            if name not in sys.modules:
+                monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+                stand_ins.append(name)
+        setattr(sys.modules[module], cls.__name__, cls)
+        cls.__module__, cls.__qualname__ = module, cls.__name__
+    poses = np.stack([np.arange(1, 9) * 1.5, np.zeros(8), np.zeros(8)], -1).astype(np.float32)
+    submission = {"team_name": "x", "predictions": [{"tok": Trajectory(poses, TrajectorySampling())}]}
+    path = tmp_path / "submission.pkl"
+    path.write_bytes(pickle.dumps(submission))
+    for name in stand_ins:  # gone again: the reader must not need them
+        monkeypatch.delitem(sys.modules, name)
+    out = load_token_trajectories(path, ["other", "tok"])
+    np.testing.assert_allclose(out[1], poses, atol=1e-6)
+    assert np.isnan(out[0]).all()
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path.write_bytes(pickle.dumps({"predictions": [{"tok": Evil()}]}))
+    with pytest.raises(TrajectoryFileError, match="refusing to load builtins.print"):
+        load_token_trajectories(path, ["tok"])
+
+
+@pytest.mark.slow
+def test_cli_scores_a_scene_file_with_navsim_columns(tmp_path, capsys):
+    """A scene file and a token JSONL with the expert for 2 of 3 scenes: NAVSIM's CSV
+    columns, an invalid row for the missing token, an "average" row over the valid ones,
+    the JSON and the failure plot; the scores equal the scorer's on the scenes themselves."""
+    import csv
+
+    from jax_drive.evaluate import evaluate_scene_file
+    from jax_drive.scenes.io import load_scenes
+
+    path, scenes, reference = _scene_file(tmp_path)
+    expert = np.asarray(scenes.expert)
+    traj = _write(tmp_path / "t.jsonl", [json.dumps({"token": f"t{i}", "poses": expert[i].tolist()}) for i in (0, 2)])
+    out_csv, out_json, out_png = tmp_path / "s.csv", tmp_path / "s.json", tmp_path / "f.png"
+    rc = main(["score", "--scenes-file", str(path), "--trajectories", str(traj), "--csv", str(out_csv),
+               "--json", str(out_json), "--plot", str(out_png), "--no-progress"])
+    assert rc == 0
+    assert "1 of 3 scenes have no trajectory" in capsys.readouterr().err
+    rows = list(csv.DictReader(out_csv.open()))
+    assert list(rows[0]) == ["token", "valid", "no_at_fault_collisions", "drivable_area_compliance", "ego_progress",
+                             "time_to_collision_within_bound", "comfort", "driving_direction_compliance", "score"]
+    assert [r["token"] for r in rows] == ["t0", "t1", "t2", "average"]
+    assert [r["valid"] for r in rows] == ["True", "False", "True", "False"] and rows[1]["score"] == "nan"
+    # The rows are the scores of the file's scenes (whose round trip is tested in
+    # tests/test_pdm_scene_files.py); this call reuses the CLI's compiled scorer.
+    direct = np.asarray(evaluate_scene_file(load_scenes(path), "expert").pdms)
+    np.testing.assert_allclose([float(rows[i]["score"]) for i in (0, 2)], direct[[0, 2]], atol=1e-6)
+    np.testing.assert_allclose(float(rows[3]["score"]), direct[[0, 2]].mean(), atol=1e-5)
+    data = json.loads(out_json.read_text())
+    assert data["tokens"] == ["t0", "t1", "t2"] and data["valid"] == 2 and data["per_scene"]["pdms"][1] is None
+    assert set(data["failures"]) >= {"NC", "DAC", "TTC", "C"} and out_png.stat().st_size > 1000
+    # Errors name the file and the field; wrong combinations are refused.
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "jax-drive-scenes", "version": 1, "scenes": [{"token": "x"}]}')
+    assert main(["score", "--scenes-file", str(bad)]) == 2
+    assert "scenes[0] (token 'x'): ego: missing" in capsys.readouterr().err
+    assert main(["score", "--scenes-file", str(path), "--scenes", "4"]) == 2
+    assert main(["score", "--csv", str(out_csv), "--scenes", "4"]) == 2

@@ -372,3 +372,18 @@ def test_record_of_a_hand_built_scene_round_trips_holes_lights_and_history():
     np.testing.assert_allclose(np.asarray(back.ego.history_acceleration[0]),
                                np.asarray(scene.ego.history_acceleration), atol=1e-6)
     np.testing.assert_allclose(np.asarray(back.agents.x[0, 0]), np.asarray(scene.agents.x[0]), atol=2e-5)
+
+
+def test_data_build_reads_a_scene_file(tmp_path):
+    """`jax-drive data build --scenes-file` writes one record per scene with its token."""
+    from jax_drive.cli import main
+
+    path = io.write_scene_file(tmp_path / "s.json", [small_record("first"), small_record("second")])
+    out = tmp_path / "single.jsonl"
+    assert main(["data", "build", "--kind", "single", "--scenes-file", str(path), "--out", str(out),
+                 "--no-progress"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["scene_id"], r["meta"]["token"]) for r in records] == [(0, "first"), (1, "second")]
+    assert "GO STRAIGHT" in records[0]["messages"][0]["content"] + records[0]["messages"][-2]["content"]
+    with pytest.raises(SystemExit, match="either --scenes N"):
+        main(["data", "build", "--kind", "single", "--scenes-file", str(path), "--scenes", "2", "--out", str(out)])
