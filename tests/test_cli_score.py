@@ -89,19 +89,7 @@ def test_cli_scores_expert_and_file_consistently(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ scene files
-def _scene_file(tmp_path, count=3, with_reference=True):
-    """Generated scenes written as a scene file at UTM-sized poses (with their expert as
-    PDM-Closed stand-in, so no PDM-Closed run is needed), and the scenes themselves."""
-    import jax
-
-    from jax_drive.pdm import interpolate_poses
-    from jax_drive.scenes import generate_scenes, io
-
-    scenes = generate_scenes(jax.random.PRNGKey(3), count)  # 3 scenes of one capacity group: one compile
-    reference = np.asarray(interpolate_poses(scenes, scenes.expert, 0.5))[:, 1:]
-    records = [io.scene_record(jax.tree.map(lambda a: a[i], scenes), [4.2e5 + 10 * i, 5.1e6, 0.5 * i], f"t{i}",
-                               reference[i] if with_reference else None) for i in range(count)]
-    return io.write_scene_file(tmp_path / "scenes.json.gz", records), scenes, reference
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "scenes"
 
 
 def test_token_trajectories_any_spacing_and_errors(tmp_path):
@@ -177,40 +165,47 @@ def test_navsim_submission_pickle_is_read_without_navsim(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_scores_a_scene_file_with_navsim_columns(tmp_path, capsys):
-    """A scene file and a token JSONL with the expert for 2 of 3 scenes: NAVSIM's CSV
-    columns, an invalid row for the missing token, an "average" row over the valid ones,
-    the JSON and the failure plot; the scores equal the scorer's on the scenes themselves."""
+def test_cli_scores_the_example_scene_file(tmp_path, capsys):
+    """The 20 hand-built example scenes (examples/scenes) with their trajectories, one left
+    out: NAVSIM's CSV columns, an invalid row for the missing token, the "average" row over
+    the valid ones, the JSON and the failure plot; every sub-score as the scene was built
+    to show (examples/scenes/example_expected.json)."""
     import csv
 
-    from jax_drive.evaluate import evaluate_scene_file
-    from jax_drive.scenes.io import load_scenes
-
-    path, scenes, reference = _scene_file(tmp_path)
-    expert = np.asarray(scenes.expert)
-    traj = _write(tmp_path / "t.jsonl", [json.dumps({"token": f"t{i}", "poses": expert[i].tolist()}) for i in (0, 2)])
+    expected = json.loads((EXAMPLES / "example_expected.json").read_text())
+    lines = (EXAMPLES / "example_trajectories.jsonl").read_text().splitlines()
+    traj = _write(tmp_path / "t.jsonl", [line for line in lines if '"clear-road"' not in line])
     out_csv, out_json, out_png = tmp_path / "s.csv", tmp_path / "s.json", tmp_path / "f.png"
-    rc = main(["score", "--scenes-file", str(path), "--trajectories", str(traj), "--csv", str(out_csv),
-               "--json", str(out_json), "--plot", str(out_png), "--no-progress"])
+    rc = main(["score", "--scenes-file", str(EXAMPLES / "example_scenes.json.gz"), "--trajectories", str(traj),
+               "--csv", str(out_csv), "--json", str(out_json), "--plot", str(out_png), "--no-progress"])
     assert rc == 0
-    assert "1 of 3 scenes have no trajectory" in capsys.readouterr().err
+    assert "1 of 20 scenes have no trajectory" in capsys.readouterr().err
     rows = list(csv.DictReader(out_csv.open()))
     assert list(rows[0]) == ["token", "valid", "no_at_fault_collisions", "drivable_area_compliance", "ego_progress",
                              "time_to_collision_within_bound", "comfort", "driving_direction_compliance", "score"]
-    assert [r["token"] for r in rows] == ["t0", "t1", "t2", "average"]
-    assert [r["valid"] for r in rows] == ["True", "False", "True", "False"] and rows[1]["score"] == "nan"
-    # The rows are the scores of the file's scenes (whose round trip is tested in
-    # tests/test_pdm_scene_files.py); this call reuses the CLI's compiled scorer.
-    direct = np.asarray(evaluate_scene_file(load_scenes(path), "expert").pdms)
-    np.testing.assert_allclose([float(rows[i]["score"]) for i in (0, 2)], direct[[0, 2]], atol=1e-6)
-    np.testing.assert_allclose(float(rows[3]["score"]), direct[[0, 2]].mean(), atol=1e-5)
+    assert [r["token"] for r in rows] == list(expected) + ["average"]
+    assert rows[0]["valid"] == "False" and rows[0]["score"] == "nan" and rows[-1]["valid"] == "False"
     data = json.loads(out_json.read_text())
-    assert data["tokens"] == ["t0", "t1", "t2"] and data["valid"] == 2 and data["per_scene"]["pdms"][1] is None
-    assert set(data["failures"]) >= {"NC", "DAC", "TTC", "C"} and out_png.stat().st_size > 1000
+    per_scene = data["per_scene"]
+    assert data["valid"] == 19 and per_scene["pdms"][0] is None
+    np.testing.assert_allclose(float(rows[-1]["score"]), np.mean(per_scene["pdms"][1:]), atol=1e-5)
+    column = {"nc": "no_at_fault_collisions", "dac": "drivable_area_compliance", "ttc": "time_to_collision_within_bound",
+              "comfort": "comfort", "ddc": "driving_direction_compliance", "ep": "ego_progress", "pdms": "score"}
+    for i, (token, entry) in enumerate(expected.items()):
+        if i == 0:
+            continue
+        for name, want in entry["expected"].items():
+            if name == "ep_range":
+                assert want[0] <= per_scene["ep"][i] <= want[1], (token, per_scene["ep"][i])
+                continue
+            got = float(rows[i][column[name]]) if name in column else per_scene[name][i]
+            assert got == pytest.approx(want, abs=1e-3), (token, name, got, want)
+    assert set(data["failures"]) >= {"NC", "DAC", "TTC", "C"} and data["failures"]["NC"]["static"] > 0
+    assert out_png.stat().st_size > 1000
     # Errors name the file and the field; wrong combinations are refused.
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "jax-drive-scenes", "version": 1, "scenes": [{"token": "x"}]}')
     assert main(["score", "--scenes-file", str(bad)]) == 2
     assert "scenes[0] (token 'x'): ego: missing" in capsys.readouterr().err
-    assert main(["score", "--scenes-file", str(path), "--scenes", "4"]) == 2
+    assert main(["score", "--scenes-file", str(bad), "--scenes", "4"]) == 2
     assert main(["score", "--csv", str(out_csv), "--scenes", "4"]) == 2

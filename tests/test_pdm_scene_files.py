@@ -387,3 +387,25 @@ def test_data_build_reads_a_scene_file(tmp_path):
     assert "GO STRAIGHT" in records[0]["messages"][0]["content"] + records[0]["messages"][-2]["content"]
     with pytest.raises(SystemExit, match="either --scenes N"):
         main(["data", "build", "--kind", "single", "--scenes-file", str(path), "--scenes", "2", "--out", str(out)])
+
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "scenes"
+
+
+def test_example_scene_file_is_what_its_script_writes(tmp_path):
+    """examples/scenes/*: the committed files equal a fresh run of make_example_scenes.py
+    (their scores are checked against the hand-derived expectations in
+    tests/test_cli_score.py::test_cli_scores_the_example_scene_file)."""
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import make_example_scenes
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    assert make_example_scenes.main(["--out-dir", str(tmp_path)]) == 0
+    assert io.read_scene_file(tmp_path / "example_scenes.json.gz") == io.read_scene_file(
+        EXAMPLES / "example_scenes.json.gz")
+    for name in ("example_trajectories.jsonl", "example_expected.json"):
+        assert (tmp_path / name).read_text() == (EXAMPLES / name).read_text(), name
+    assert len(io.load_scenes(EXAMPLES / "example_scenes.json.gz")) == 20
