@@ -23,12 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax_drive import pdm
+from jax_drive import scenes as scenes_mod
 from jax_drive.pdm_reference import ReferenceScorer, scene_to_global, scene_to_numpy
-
-pdm = pytest.importorskip("jax_drive.pdm")
-scenes_mod = pytest.importorskip("jax_drive.scenes")
-if not hasattr(scenes_mod, "generate_scenes"):  # pragma: no cover
-    pytest.skip("jax_drive.scenes.generate_scenes is not available yet", allow_module_level=True)
+from jax_drive.scenes import frames
 
 pytestmark = pytest.mark.slow
 
@@ -266,9 +264,6 @@ def test_jax_scorer_after_global_frame_round_trip(generated, scored):
     """Scenes moved to UTM-sized, rotated global frames with jax_drive.scenes.frames and
     converted back with to_ego_frame score, on the JAX side, like the reference does on the
     original scenes (all 500: same shapes, so the compiled scorer is reused)."""
-    frames = pytest.importorskip("jax_drive.scenes.frames")
-    if not (hasattr(frames, "to_ego_frame") and hasattr(frames, "scene_to_global")):
-        pytest.skip("jax_drive.scenes.frames lacks to_ego_frame / scene_to_global")
     _, scenes_np, proposals, reference = generated
     _, ref_out = scored
     rng = np.random.default_rng(SEED + 2)
