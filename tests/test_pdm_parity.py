@@ -9,7 +9,10 @@ The same holds for scenes placed at UTM-sized offsets and rotated (the reference
 in float64 global coordinates; the JAX side goes through jax_drive.scenes.frames). The
 NAVSIM v2 parts TLC, LK, v2 TTC and v2 EP are compared too.
 The stand-in for the PDM-Closed reference is the (sometimes stretched) expert: both scorers
-get the same reference poses, which only matter through the EP normaliser.
+get the same reference poses, which only matter through the EP normaliser. Both scorers use
+NAVSIM's jerk matrix in the tracker (their default; each builds it with its own code): the
+parity with NAVSIM itself rests on that pinned matrix and the rules too, not only on this test
+(see tests/test_pdm_scorer.py and tests/test_pdm_navsim.py).
 
 Nothing is cached between runs: scenes, proposals and both scorers run every time.
 """

@@ -7,7 +7,6 @@ call scores P = 4 proposals, so the scorer compiles once for the whole file.
 from __future__ import annotations
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
