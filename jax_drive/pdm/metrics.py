@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.geometry import project_on_polyline
+from jax_drive.geometry import project_on_polyline, rectangles_overlap
 from jax_drive.pdm.comfort import is_comfortable_v1, is_comfortable_v2
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.polygons import BandTable, MapBudget, build_band_table, inside_bits, inside_bits_brute, pack_bits
@@ -61,15 +61,8 @@ def ego_frame_overlap(lon: chex.Array, lat: chex.Array, crel: chex.Array, srel: 
       obj_hl, obj_hw: (...) object half sizes.
     Returns: (...) bool overlap-or-touch (separating-axis test on the four box axes).
     """
-    dl = lon - ego_lon
-    ac, as_ = jnp.abs(crel), jnp.abs(srel)
-    sep = (
-        (jnp.abs(dl) > ego_hl + obj_hl * ac + obj_hw * as_)
-        | (jnp.abs(lat) > ego_hw + obj_hl * as_ + obj_hw * ac)
-        | (jnp.abs(dl * crel + lat * srel) > obj_hl + ego_hl * ac + ego_hw * as_)
-        | (jnp.abs(lat * crel - dl * srel) > obj_hw + ego_hl * as_ + ego_hw * ac)
-    )
-    return ~sep
+    # The ego rectangle is axis-aligned in its own frame: cos 1, sin 0.
+    return rectangles_overlap(lon - ego_lon, lat, 1.0, 0.0, ego_hl, ego_hw, crel, srel, obj_hl, obj_hw)
 
 
 def ahead_behind(lon: chex.Array, lat: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex.Array]:
