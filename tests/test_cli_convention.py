@@ -18,11 +18,6 @@ from jax_drive.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("jax", "jaxlib", "flax", "numpy", "torch", "transformers", "ray")
 
-# Known exception, to be removed once the rewrite of jax_drive/cli/score.py (issue 15, item 6,
-# another branch) lands: today it imports jax_drive.evaluate (hence jax) at module level.
-KNOWN_HEAVY_COMMAND_MODULES = {"score"}
-
-
 def _env() -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
 
@@ -31,8 +26,6 @@ def test_building_the_parser_imports_nothing_heavy():
     probe = f"""
 import json, sys
 import jax_drive.cli as cli
-skipped = {sorted(KNOWN_HEAVY_COMMAND_MODULES)!r}
-cli.COMMAND_MODULES = {{k: v for k, v in cli.COMMAND_MODULES.items() if v not in skipped}}
 parser = cli.build_parser()
 commands = sorted(parser._subparsers._group_actions[0].choices)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
@@ -144,3 +137,10 @@ def test_chat_one_shot_writes_json_with_meta(tmp_path, capsys):
     assert reply["meta"]["command"] == "chat" and "date_utc" in reply["meta"]
     assert 1 <= reply["num_tokens"] <= 3 and reply["messages"][0] == {"role": "user", "content": "hi"}
     assert reply["reply"] == capsys.readouterr().out.strip()
+
+
+def test_score_planner_names_match_the_evaluation_api():
+    from jax_drive.cli.score import PLANNER_NAMES
+    from jax_drive.evaluate import PLANNERS
+
+    assert sorted(PLANNER_NAMES) == sorted(PLANNERS)

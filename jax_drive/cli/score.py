@@ -28,9 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from jax_drive.evaluate import METRICS, PLANNERS
-
-CHOICES = sorted(PLANNERS) + ["file"]
+# The planners of jax_drive.evaluate.PLANNERS, named here so that building the parser imports
+# no JAX (tests/test_cli_convention.py checks the two agree).
+PLANNER_NAMES = ("constant_velocity", "expert", "idm", "pdm_closed")
+CHOICES = [*PLANNER_NAMES, "file"]
 
 # NAVSIM's CSV columns -> our PDMResult fields, per NAVSIM version.
 NAVSIM_COLUMNS = {
@@ -72,7 +73,9 @@ def register(subparsers) -> None:
 
 
 def format_table(metrics: dict[str, float]) -> str:
-    """Two-column text table of the metrics in :data:`METRICS` order."""
+    """Two-column text table of the metrics in ``jax_drive.evaluate.METRICS`` order."""
+    from jax_drive.evaluate import METRICS
+
     lines = [f"{'metric':<10} {'mean':>8}", "-" * 19]
     for field, label in METRICS:
         if field in metrics:
@@ -174,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from jax_drive.evaluate import (
+        METRICS,
         TrajectoryFileError,
         evaluate_planner,
         evaluate_scene_file,
