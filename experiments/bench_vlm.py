@@ -22,31 +22,23 @@ Usage (canonical run, on an idle machine):
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import statistics
+import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import numpy as np
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_json
 
-from jax_drive.models import init_cache  # noqa: E402
-from jax_drive.models.image_processing import expand_image_tokens, preprocess_image  # noqa: E402
-from jax_drive.models.qwen2_5_vl import VisionConfig, VLMConfig  # noqa: E402
-from jax_drive.models.qwen2_5_vl.loading import assign_vlm_weights  # noqa: E402
-from jax_drive.models.qwen2_5_vl.vision import vision_forward_jit  # noqa: E402
-from jax_drive.render import CameraConfig, render_camera  # noqa: E402
-from jax_drive.scenes import generate_scenes  # noqa: E402
+script_environment()
 
 
-def bench_config(tiny: bool, layers: int, vision_blocks: int) -> VLMConfig:
+def bench_config(tiny: bool, layers: int, vision_blocks: int):
+    """The benchmarked VLMConfig."""
+    from jax_drive.models.qwen2_5_vl import VisionConfig, VLMConfig
+
     if tiny:
         return VLMConfig.tiny(vocab_size=151680, image_token_id=151655, video_token_id=151656,
                               vision_start_token_id=151652, vision_end_token_id=151653,
@@ -57,18 +49,21 @@ def bench_config(tiny: bool, layers: int, vision_blocks: int) -> VLMConfig:
     return VLMConfig.qwen2_5_vl_3b(num_layers=layers, vision=vision)
 
 
-def median_seconds(fn, repeats: int, desc: str) -> float:
+def median_seconds(fn, repeats: int, desc: str, quiet: bool = False) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one untimed warm-up."""
     fn()  # warm-up (compiles ours)
     times = []
-    for _ in tqdm(range(repeats), desc=desc, leave=False):
+    for _ in tqdm(range(repeats), desc=desc, leave=False, disable=quiet):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def prompts_with_images(config: VLMConfig, images, text_tokens: int, seed: int = 0):
+def prompts_with_images(config, images, text_tokens: int, seed: int = 0):
     """Token rows: text, <vision_start><image_pad><vision_end>, text; pads expanded."""
+    from jax_drive.models.image_processing import expand_image_tokens
+
     rng = np.random.default_rng(seed)
     rows = []
     for im in images:
@@ -82,23 +77,36 @@ def prompts_with_images(config: VLMConfig, images, text_tokens: int, seed: int =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, help="output JSON path")
+    add_output_args(parser, json_required=True)
     parser.add_argument("--tiny", action="store_true", help="a very small config (smoke check)")
     parser.add_argument("--layers", type=int, default=4, help="language layers (real widths)")
     parser.add_argument("--vision-blocks", type=int, default=4, help="vision blocks")
     parser.add_argument("--images", type=int, default=2, help="batch of prompts, one image each")
-    parser.add_argument("--text-tokens", type=int, default=200, help="text tokens per prompt")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--text-tokens", type=int, default=200, help="text tokens per prompt (>= 8)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="ours (transformers always float32 on the CPU)")
     args = parser.parse_args(argv)
+    require_min(1, layers=args.layers, vision_blocks=args.vision_blocks, images=args.images, repeats=args.repeats)
+    require_min(8, text_tokens=args.text_tokens)
 
+    import jax  # heavy imports only after the arguments are checked
+    import jax.numpy as jnp
     import torch
     import transformers
 
+    from jax_drive.models import init_cache
+    from jax_drive.models.image_processing import preprocess_image
+    from jax_drive.models.qwen2_5_vl.loading import assign_vlm_weights
+    from jax_drive.models.qwen2_5_vl.vision import vision_forward_jit
+    from jax_drive.render import CameraConfig, render_camera
+    from jax_drive.scenes import generate_scenes
+
+    meta = run_metadata(benchmark="bench_vlm", torch_threads=torch.get_num_threads(),  # before any timed call
+                        versions={"torch": torch.__version__, "transformers": transformers.__version__})
     config = bench_config(args.tiny, args.layers, args.vision_blocks).replace(dtype=args.dtype)
     camera = CameraConfig()
-    progress = tqdm(total=5, desc="bench_vlm")
+    progress = tqdm(total=5, desc="bench_vlm", disable=args.no_progress)
     scenes = generate_scenes(jax.random.key(0), args.images)
     frames = np.asarray(render_camera(scenes, camera))
     images = [preprocess_image(f) for f in frames]
@@ -119,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     params = model.visual.arrays()
     ours_vision = median_seconds(
         lambda: jax.block_until_ready(vision_forward_jit(params, config.vision, batch)),
-        args.repeats, "ours vision")
+        args.repeats, "ours vision", args.no_progress)
     tpx, tgrid = torch.tensor(pixels), torch.tensor(grids)
     with torch.no_grad():
         hf_vision = median_seconds(lambda: hf.model.visual(tpx, grid_thw=tgrid), args.repeats,
-                                   "transformers vision")
+                                   "transformers vision", args.no_progress)
     progress.update()
 
     # prefill (vision tower + language model into a KV cache)
@@ -133,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     cache = init_cache(config, ids.shape[0], ids.shape[1] + 16)
     ours_prefill = median_seconds(
         lambda: jax.block_until_ready(model.prefill(jids, positions, jmask, cache, vision=vision)),
-        args.repeats, "ours prefill")
+        args.repeats, "ours prefill", args.no_progress)
     token_types = torch.tensor((ids == config.image_token_id).astype(np.int64))
     hf_inputs = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
                      pixel_values=tpx, image_grid_thw=tgrid, mm_token_type_ids=token_types)
     with torch.no_grad():
         hf_prefill = median_seconds(lambda: hf(**hf_inputs, use_cache=True, logits_to_keep=1),
-                                    args.repeats, "transformers prefill")
+                                    args.repeats, "transformers prefill", args.no_progress)
         ref_last = hf(**hf_inputs, logits_to_keep=1).logits[:, -1].float().numpy()
     ours_last = np.asarray(model(jids, positions, jmask, vision=vision)[0][:, -1])
     progress.update()
@@ -147,12 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = int(ids.size)
     n = len(images)
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "platform": platform.platform(), "jax_backend": jax.default_backend(),
-        "jax_devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
-        "load_average_start_end": None, "torch_threads": torch.get_num_threads(),
-        "versions": {"jax": jax.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__},
+        "meta": meta,
         "config": {"tiny": args.tiny, "dtype": args.dtype, "layers": config.num_layers,
                    "hidden": config.hidden_size, "vision_blocks": config.vision.depth,
                    "vision_hidden": config.vision.hidden_size, "vocab": config.vocab_size},
@@ -170,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_abs_last_logit_diff": float(np.abs(ours_last - ref_last).max()),
         "max_abs_last_logit": float(np.abs(ref_last).max()),
     }
-    result["load_average_start_end"] = os.getloadavg()
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     progress.update()
     progress.close()
     print(json.dumps({k: result[k] for k in ("vision", "prefill", "max_abs_last_logit_diff")},
@@ -182,4 +182,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

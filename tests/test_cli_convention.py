@@ -88,6 +88,7 @@ SCRIPTS = {
     "bench_serve": (["--max-wait-ms", "-1"], "--max-wait-ms must be >= 0"),
     "bench_sim": (["--episodes", "0"], "--episodes must be >= 1, got 0"),
     "bench_train": (["--length", "0"], "--length must be >= 1, got 0"),
+    "bench_vlm": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "coop_baselines": (["--reuse-tv", "/nonexistent.json"], "--reuse-tv /nonexistent.json"),
     "memory_logprob": (["--sections", "update,bogus"], "--sections must name some of"),
     "bench_ray": (["--workers", "1,two"], "--workers wants comma-separated integers"),
