@@ -46,22 +46,29 @@ def apply_lora(model: CausalLM, rank: int, alpha: float,
       rngs: randomness for A's initialisation (default nnx.Rngs(0)).
     """
     _check_model(model)
-    if int(rank) <= 0:
-        raise ValueError(f"rank must be positive, got {rank}")
-    targets = tuple(targets)
-    unknown = [t for t in targets if t not in PROJECTIONS]
-    if unknown or not targets:
-        raise ValueError(f"unknown LoRA targets {unknown}; choose from {PROJECTIONS}")
-    rngs = nnx.Rngs(0) if rngs is None else rngs
-    for name in targets:
-        add_adapter(getattr(model.layers, name), rank, alpha, rngs, name)
+    add_adapters(model.layers, targets, PROJECTIONS, rank, alpha, rngs)
     return model
 
 
-def add_adapter(proj: StackedLinear, rank: int, alpha: float, rngs: nnx.Rngs, name: str = "projection") -> None:
-    """A fresh adapter (in place) on one stacked projection: A (NL, in, r) uniform in
-    +-1/sqrt(in) (PEFT), B (NL, r, out) zeros, scale alpha / r. Raises ValueError when the
-    projection already has one."""
+def add_adapters(stack: nnx.Module, targets: Sequence[str], allowed: Sequence[str], rank: int, alpha: float,
+                 rngs: nnx.Rngs | None = None) -> None:
+    """Fresh adapters (in place) on the named `StackedLinear` attributes of ``stack`` (names
+    from ``allowed``); see :func:`apply_lora`. Raises ValueError for a bad rank, an unknown
+    name or a projection that already has an adapter."""
+    if int(rank) <= 0:
+        raise ValueError(f"rank must be positive, got {rank}")
+    targets = tuple(targets)
+    unknown = [t for t in targets if t not in allowed]
+    if unknown or not targets:
+        raise ValueError(f"unknown LoRA targets {unknown}; choose from {tuple(allowed)}")
+    rngs = nnx.Rngs(0) if rngs is None else rngs
+    for name in targets:
+        _add_adapter(getattr(stack, name), rank, alpha, rngs, name)
+
+
+def _add_adapter(proj: StackedLinear, rank: int, alpha: float, rngs: nnx.Rngs, name: str) -> None:
+    """A fresh adapter on one stacked projection: A (NL, in, r) uniform in +-1/sqrt(in) (PEFT),
+    B (NL, r, out) zeros, scale alpha / r."""
     if proj.lora_a is not None:
         raise ValueError(f"{name} already has a LoRA adapter")
     n, fan_in, fan_out = proj.kernel.shape
@@ -130,7 +137,7 @@ from jax_drive.models.export import export_peft, load_peft, save_safetensors  # 
 __all__ = [
     "DEFAULT_TARGETS",
     "LoRAParam",
-    "add_adapter",
+    "add_adapters",
     "apply_lora",
     "export_peft",
     "load_peft",

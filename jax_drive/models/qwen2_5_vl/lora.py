@@ -13,7 +13,7 @@ from typing import Sequence
 
 from flax import nnx
 
-from jax_drive.models.lora import add_adapter
+from jax_drive.models.lora import add_adapters
 from jax_drive.models.qwen2_5_vl.model import Qwen2_5_VL
 from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS
 
@@ -28,13 +28,5 @@ def apply_vision_lora(model: Qwen2_5_VL, rank: int, alpha: float,
     """
     if not isinstance(model, Qwen2_5_VL):
         raise TypeError(f"expected a Qwen2_5_VL, got {type(model).__name__}")
-    if int(rank) <= 0:
-        raise ValueError(f"rank must be positive, got {rank}")
-    targets = tuple(targets)
-    unknown = [t for t in targets if t not in VISION_PROJECTIONS]
-    if unknown or not targets:
-        raise ValueError(f"unknown vision LoRA targets {unknown}; choose from {VISION_PROJECTIONS}")
-    rngs = nnx.Rngs(0) if rngs is None else rngs
-    for name in targets:
-        add_adapter(getattr(model.visual.blocks, name), rank, alpha, rngs, f"visual {name}")
+    add_adapters(model.visual.blocks, targets, VISION_PROJECTIONS, rank, alpha, rngs)
     return model

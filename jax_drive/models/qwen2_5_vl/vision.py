@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from jax_drive.models.qwen2_5_vl.config import VisionConfig
-from jax_drive.models.transformer import StackedLinear, apply_rope, attention, linear, rms_norm
+from jax_drive.models.transformer import StackedLinear, apply_rope, attention, linear, rms_norm, swiglu_mlp
 
 VISION_PROJECTIONS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")
 
@@ -258,9 +258,7 @@ def vision_forward(params: dict[str, Any], config: VisionConfig, batch: VisionBa
                            lambda: grouped_attention(q, k, v, batch.window_index,
                                                      batch.window_slot))
         h = h + linear(att, lp["proj"])
-        y = rms_norm(h, lp["norm2"], c.rms_norm_eps)
-        y = jax.nn.silu(linear(y, lp["gate_proj"])) * linear(y, lp["up_proj"])
-        return h + linear(y, lp["down_proj"]), None
+        return h + swiglu_mlp(lp, rms_norm(h, lp["norm2"], c.rms_norm_eps)), None
 
     x, _ = jax.lax.scan(block, x, (params["blocks"], jnp.asarray(full)))
     mp = params["merger"]
