@@ -74,7 +74,7 @@ def bench_rounds(args) -> dict:
     from jax_drive.sampling import JaxEngine, SamplerConfig
 
     if args.model == "tiny":
-        from jax_drive.rl.tiny import tiny_policy
+        from jax_drive.models.tiny import tiny_policy
 
         model, _, tokenizer = tiny_policy(seed=0, lora_rank=None)
     else:

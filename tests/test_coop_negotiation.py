@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from jax_drive.coop.negotiation import critic as C
 from jax_drive.coop.negotiation import prompts as P
 from jax_drive.coop.negotiation.negotiate import GroupTalk, LLMNegotiator, RoundsConfig, clean_message, negotiate
-from jax_drive.rl.tiny import tiny_policy  # the one import of the tiny model (moves to jax_drive.models.tiny)
+from jax_drive.models.tiny import tiny_policy
 from jax_drive.sampling import JaxEngine
 from jax_drive.sim.actions import NavIntent, SpeedIntent
 

@@ -12,7 +12,7 @@ from flax import nnx
 from jax_drive.models.export import export_peft
 from jax_drive.models.lora import apply_lora, lora_projections
 from jax_drive.pipelines import interdrive as I
-from jax_drive.rl.tiny import tiny_policy
+from jax_drive.models.tiny import tiny_policy
 
 SMOKE = I.PRESETS["smoke"]
 

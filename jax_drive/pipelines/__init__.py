@@ -7,5 +7,7 @@ Modules:
   :mod:`~jax_drive.pipelines.journal`   the run directory's record of finished stages (resume)
   :mod:`~jax_drive.pipelines.report`    results JSON, printed lines and table
   :mod:`~jax_drive.pipelines.plots`     PDMS per turn, training curves, Fig. 4 refinement
+  :mod:`~jax_drive.pipelines.interdrive` CoLMDriver on InterDrive: Table 2 arms, negotiation SFT data,
+                                         LoRA fine-tune, Fig. 5 study, dialogue render (presets beside them)
 Nothing is imported here, so importing a sub-module stays as cheap as it can be.
 """

@@ -306,7 +306,7 @@ def load_model(preset: Preset, adapter_dir: str | None = None, lora: bool = Fals
     from jax_drive.models.lora import apply_lora, remove_lora
 
     if preset.model == "tiny":
-        from jax_drive.rl.tiny import tiny_policy
+        from jax_drive.models.tiny import tiny_policy
 
         model, _, tokenizer = tiny_policy(seed=0, lora_rank=None)
     else:
