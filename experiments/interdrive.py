@@ -8,7 +8,8 @@ The ``smoke`` preset (a random tiny model that cannot negotiate, two types, one 
 every stage in a few minutes on a CPU; its numbers mean nothing.
 
 Stages (``--stage``, default ``all``; every stage reuses what an earlier run left in
-``--work-dir`` (default ``runs/interdrive-<preset>``), so a run can be stopped and started
+``--work-dir`` (default ``runs/interdrive-<preset>``, ``-<engine>`` appended for
+openai and teacher), so a run can be stopped and started
 again, and arms can be run one by one with ``--arms``):
 
   data    teacher-driven episodes on the training seeds -> SFT chat examples
@@ -21,7 +22,9 @@ again, and arms can be run one by one with ``--arms``):
 
 ``--engine openai --url URL [--served-model NAME]`` negotiates with a served model
 (vLLM) instead of the local JAX engine; the SFT stages are then skipped (serve the
-fine-tuned adapter). A rule-based intention planner stands in for the paper's VLM
+fine-tuned adapter). ``--engine teacher`` lets the rule-based teacher (the SFT data's
+source, no language model) negotiate: the ceiling the fine-tuned model is trained towards,
+in minutes on a CPU. A rule-based intention planner stands in for the paper's VLM
 intention planner.
 """
 
@@ -60,7 +63,8 @@ class Run:
 
         self.I, self.args = I, args
         self.preset = I.PRESETS[args.preset]
-        self.work = args.work_dir or os.path.join("runs", f"interdrive-{args.preset}")
+        suffix = "" if args.engine == "jax" else f"-{args.engine}"  # arms of different negotiators never mix
+        self.work = args.work_dir or os.path.join("runs", f"interdrive-{args.preset}{suffix}")
         os.makedirs(os.path.join(self.work, "units"), exist_ok=True)
         self._negotiator = None
 
@@ -73,7 +77,11 @@ class Run:
 
     def negotiator(self):
         if self._negotiator is None:
-            if self.args.engine == "jax":
+            if self.args.engine == "teacher":
+                from jax_drive.coop.negotiation import RuleTeacher
+
+                self._negotiator = RuleTeacher()
+            elif self.args.engine == "jax":
                 if not os.path.isdir(self.adapter):
                     raise InputError(f"no fine-tuned adapter at {self.adapter}: run --stage sft first or pass --adapter")
                 self._negotiator = self.I.make_negotiator(self.preset, "jax", adapter_dir=self.adapter)
@@ -128,7 +136,8 @@ def stage_eval(run: Run):
             needs_llm = arm not in I.BASELINES and arm != "1_no_negotiation"
             policy = I.make_policy(arm, run.preset, run.negotiator() if needs_llm else None)
             if needs_llm:
-                run.negotiator().usage = type(run.negotiator().usage)()  # per-unit engine counts
+                if hasattr(run.negotiator(), "usage"):
+                    run.negotiator().usage = type(run.negotiator().usage)()  # per-unit engine counts
             bar, tick = _bar(run.args, f"{arm} {'bg' if bg else 'no bg'}")
             report = I.evaluate_policy(policy, run.preset, bg, progress=tick)
             bar.close()
@@ -307,7 +316,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu-demo", help="cpu-demo (default), paper or smoke "
                         "(jax_drive.pipelines.interdrive.PRESETS)")
-    parser.add_argument("--engine", choices=("jax", "openai"), default="jax")
+    parser.add_argument("--engine", choices=("jax", "openai", "teacher"), default="jax",
+                        help="negotiator: the fine-tuned local model, a served model, or the rule-based teacher")
     parser.add_argument("--url", default=None, help="OpenAI-compatible server (with --engine openai)")
     parser.add_argument("--served-model", default=None, help="model name on the server (default: the preset's)")
     parser.add_argument("--adapter", default=None, help="use this PEFT adapter instead of training one")
@@ -315,7 +325,8 @@ def main(argv=None) -> int:
     parser.add_argument("--arms", default=None, help="comma-separated Table 2 arms / baselines to evaluate "
                         "(default: all of 1_no_negotiation .. 5_consensus, rule_based, silent)")
     parser.add_argument("--background", choices=("off", "on", "both"), default="both")
-    parser.add_argument("--work-dir", default=None, help="run directory (default runs/interdrive-<preset>)")
+    parser.add_argument("--work-dir", default=None,
+                        help="run directory (default runs/interdrive-<preset>, -<engine> appended unless jax)")
     parser.add_argument("--render-type", default="ic_straight_left", help="InterDrive type of the rendered episode")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
