@@ -1,5 +1,7 @@
-"""CoLMDriver on InterDrive: the seed's Table 2 ablation with a fine-tuned SmolLM2 negotiator,
-the Fig. 5 convergence study and one rendered episode with its dialogue.
+"""CoLMDriver on InterDrive: the seed's Table 2 ablation, its Fig. 5 and a rendered episode.
+
+The ablation runs with a fine-tuned SmolLM2 negotiator (or a served model, or the
+rule-based teacher), the Fig. 5 convergence study and one rendered episode with its dialogue.
 
     python experiments/interdrive.py --preset cpu-demo --engine jax --json OUT.json
     python experiments/interdrive.py --preset smoke --work-dir /tmp/id-smoke --json /tmp/id-smoke.json  # check
