@@ -149,12 +149,12 @@ PRESETS = {
     # (it cannot negotiate; its output exercises the parsers' failure paths), two types,
     # one seed, no background traffic, a handful of SFT examples and steps.
     "smoke": Preset(name="smoke", types=("ic_straight_straight", "ic_straight_left"), backgrounds=(False,),
-                   eval_seeds=(0,), max_rounds=2, model="tiny", actor_tokens=8, consensus_tokens=8,
-                   train_seeds=(100,), train_episodes_per_seed=1, sft_counts=(("actor", 6), ("sum", 3), ("consensus", 3)),
-                   lora_rank=4, lora_alpha=8.0,
-                   sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=2, max_steps=2, max_length=1536,
-                                 bucket_size=64, checkpoint_every=None),
-                   convergence_groups=2),
+                    eval_seeds=(0,), max_rounds=2, model="tiny", actor_tokens=8, consensus_tokens=8,
+                    train_seeds=(100,), train_episodes_per_seed=1,
+                    sft_counts=(("actor", 6), ("sum", 3), ("consensus", 3)), lora_rank=4, lora_alpha=8.0,
+                    sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=2, max_steps=2, max_length=1536,
+                                  bucket_size=64, checkpoint_every=None),
+                    convergence_groups=2),
 }
 
 
