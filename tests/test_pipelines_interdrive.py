@@ -108,3 +108,21 @@ def test_loaded_adapter_is_folded_in_with_the_trained_logits(tmp_path):
     fresh, _ = I.load_model(SMOKE, lora=True)  # training: fresh adapters, remat on
     assert lora_projections(fresh) and fresh.config.remat_layers
     assert dataclasses.replace(fresh.config, remat_layers=False) == config
+
+
+def test_render_dialogue_of_a_negotiated_episode(tmp_path):
+    from jax_drive.coop.negotiation import CONTROL_5HZ, NegotiatingPolicy, NegotiationConfig, RuleTeacher
+    from jax_drive.coop.runner import run_episodes
+
+    policy = NegotiatingPolicy(RuleTeacher(), NegotiationConfig())
+    key = jax.random.fold_in(jax.random.key(0), 0)
+    results, _ = run_episodes(["ic_straight_straight"], [key], accident_prone=[True], policy=policy, cfg=CONTROL_5HZ,
+                              keep_trajectory=True, max_time=4.0)
+    assert policy.log, "the accident-prone crossing negotiates within 4 s"
+    path = I.render_dialogue(results[0], policy.log, str(tmp_path / "episode.png"), frames=3)
+    from matplotlib.image import imread
+
+    img = imread(path)
+    assert img.shape[1] > 2 * img.shape[0]  # frames side by side, then the dialogue column
+    with pytest.raises(ValueError, match="keep_trajectory"):
+        I.render_dialogue(dataclasses.replace(results[0], trajectory=None), policy.log, str(tmp_path / "x.png"))
