@@ -121,3 +121,16 @@ def test_jitted_step_has_no_python_graph_search():
     # everyone at the same point: one group of A per episode
     assert np.asarray(out.size).tolist() == [[A] * A] * b
     assert jax.tree.structure(out) == jax.tree.structure(G.batched_group_step(cfg, *args)[0])
+
+
+def test_bad_config_and_shapes_are_clear_errors():
+    for bad in (dict(edge_threshold=1.5), dict(cooldown=-1.0), dict(radius=0.0), dict(waypoint_dt=0.0)):
+        with pytest.raises(ValueError):
+            G.GroupingConfig(**bad)
+    cfg = G.GroupingConfig()
+    with pytest.raises(ValueError, match="shapes disagree"):
+        G.batched_group_step(cfg, jnp.zeros((2, A, W, 3)), jnp.zeros((2, A, 2)), jnp.ones((2, A), bool),
+                             G.GroupState.empty((2, A)), 0.0)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        G.batched_group_step(cfg, jnp.zeros((2, A, W, 2)), jnp.zeros((2, A, 2)), jnp.ones((2, A), bool),
+                             G.GroupState.empty((2, A + 1)), 0.0)

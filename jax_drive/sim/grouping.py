@@ -55,6 +55,16 @@ class GroupingConfig:
     hold_after_conflict: float = 1.0
     radius: float | None = None
 
+    def __post_init__(self):
+        if not 0.0 < self.edge_threshold < 1.0:
+            raise ValueError(f"edge_threshold must be in (0, 1) (a sigmoid score), got {self.edge_threshold}")
+        if self.safety_slope <= 0 or self.waypoint_dt <= 0:
+            raise ValueError("safety_slope and waypoint_dt must be > 0")
+        if self.cooldown < 0 or self.hold_after_conflict < 0:
+            raise ValueError("cooldown and hold_after_conflict must be >= 0")
+        if self.radius is not None and self.radius <= 0:
+            raise ValueError(f"radius must be None or > 0, got {self.radius}")
+
 
 @chex.dataclass(frozen=True)
 class GroupState:
@@ -187,7 +197,12 @@ def batched_group_step(cfg: GroupingConfig, waypoints: chex.Array, position: che
                        state: GroupState, t: chex.Array) -> tuple[Grouping, GroupState]:
     """:func:`group_step` over episodes: waypoints (B, A, W, 2), position (B, A, 2), live
     (B, A), state with (B, A) fields, t () or (B,)."""
-    t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), live.shape[:1])
+    b, a = live.shape
+    if waypoints.ndim != 4 or waypoints.shape[:2] != (b, a) or waypoints.shape[-1] != 2 \
+            or position.shape != (b, a, 2) or state.label.shape != (b, a):
+        raise ValueError(f"shapes disagree: waypoints {waypoints.shape} (want ({b}, {a}, W, 2)), position "
+                         f"{position.shape} (want ({b}, {a}, 2)), state {state.label.shape} (want ({b}, {a}))")
+    t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), (b,))
     return jax.vmap(group_step, in_axes=(None, 0, 0, 0, 0, 0))(cfg, waypoints, position, live, state, t)
 
 
