@@ -110,6 +110,10 @@ def test_safety_and_efficiency_by_hand():
     assert C.efficiency_score(wp) == pytest.approx(1.0)
     slow = _lines([2.0, 0.0, 4.0], 10.0)
     assert C.efficiency_score(slow) == pytest.approx((2.0 + 0.0 + 4.0) / 3 / 8, rel=1e-6)
+    with pytest.raises(ValueError, match="W >= 2"):
+        C.efficiency_score(_lines([8.0], 0.0, w=1))
+    with pytest.raises(ValueError):
+        C.CriticConfig(efficiency_speed=0.0)
 
 
 def test_feedback_and_quality_by_hand():

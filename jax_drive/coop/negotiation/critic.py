@@ -60,6 +60,12 @@ class CriticConfig:
     keep_min_speed: float = KEEP_MIN_SPEED
     weights: tuple[float, float, float] = (3.0, 5.0, 2.0)
 
+    def __post_init__(self):
+        if self.efficiency_speed <= 0:
+            raise ValueError(f"efficiency_speed must be > 0, got {self.efficiency_speed}")
+        if len(self.weights) != 3:
+            raise ValueError(f"weights are (consensus, safety, efficiency), got {self.weights}")
+
 
 @dataclasses.dataclass(frozen=True)
 class SumActions:
@@ -156,6 +162,8 @@ def efficiency_score(waypoints, dt: float = 0.2, cfg: CriticConfig = CriticConfi
     Args: waypoints (n, W, 2) of the group members.
     """
     wp = np.asarray(waypoints, np.float64)
+    if wp.ndim != 3 or wp.shape[1] < 2 or wp.shape[2] != 2:
+        raise ValueError(f"efficiency needs waypoints (n, W >= 2, 2), got {wp.shape}")
     length = np.linalg.norm(np.diff(wp, axis=1), axis=-1).sum(-1)
     speed = length / ((wp.shape[1] - 1) * dt)
     return float(min(speed.mean() / cfg.efficiency_speed, 1.0))
