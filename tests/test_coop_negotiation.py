@@ -253,3 +253,22 @@ def test_a_group_without_feedback_stops(tiny_engine):
     assert all(len(g.rounds) == 1 and g.done and g.feedback == [] for g in groups)
     assert all(set(g.intents.values()) == {int(SpeedIntent.FASTER)} for g in groups)
     assert groups[0].rounds[0]["quality"] == pytest.approx(3 * 0.9 + 5 * 1.0 + 2 * 1.0, rel=1e-4)
+
+
+def test_cut_replies_are_counted_in_the_record():
+    class Wordy:
+        name = "wordy"
+
+        def speak(self, requests):  # the first speaker of each group talks too long
+            return [" ".join(["slow"] * 25) if k == 0 else "I will stop." for _, k, _ in requests]
+
+        def sum_actions(self, groups):
+            return ["{}"] * len(groups)
+
+        def consensus(self, groups):
+            return ["Consensus score: 10"] * len(groups)
+
+    groups = _groups()
+    negotiate(groups, Wordy(), _waypoints_for, RoundsConfig(critic=True, consensus=True, max_rounds=2))
+    assert [g.record()["messages_cut"] for g in groups] == [2, 2, 2]  # one per round
+    assert all(len(t.split()) == P.MAX_WORDS for g in groups for _, v, t in g.conversation if v == g.vids[0])

@@ -75,10 +75,11 @@ def test_negotiation_stats_by_hand():
         return {"round": r, "quality": q, "safety": s, "efficiency": 0.5, "consensus": cons, "feedback": fb,
                 "sum_source": src, "sum_missing": list(missing), "consensus_error": err}
 
-    log = [{"vids": [1, 2], "rounds": [rnd(0, 4.0, 0.2, ["Safety issue: 1 2"], cons=0.5),
+    log = [{"vids": [1, 2], "messages_cut": 1, "conversation": [{}] * 4, "rounds": [rnd(0, 4.0, 0.2, ["Safety issue: 1 2"], cons=0.5),
                                        rnd(1, 8.0, 0.9, [], cons=0.9)]},
            {"vids": [1, 2, 3], "rounds": [rnd(0, 6.0, 0.6, ["Efficiency issue: x"], "none", (3,), err="no score")]}]
     st = I.negotiation_stats(log)
+    assert st["messages_cut"] == 1 and st["messages"] == 4
     assert st["negotiations"] == 2 and st["rounds_hist"] == {2: 1, 1: 1} and st["group_size_hist"] == {2: 1, 3: 1}
     assert st["sum_parse"] == {"json": 2, "none": 1} and st["sum_missing_rate"] == pytest.approx(1 / 3)
     assert st["consensus_unreadable"] == 1

@@ -213,6 +213,8 @@ def negotiation_stats(log: list[dict]) -> dict:
             by_round[r["round"]].append(r)
     return {
         "negotiations": len(log),
+        "messages_cut": sum(rec.get("messages_cut", 0) for rec in log),
+        "messages": sum(len(rec.get("conversation", [])) for rec in log),
         "rounds_hist": dict(collections.Counter(len(rec["rounds"]) for rec in log)),
         "group_size_hist": dict(collections.Counter(len(rec["vids"]) for rec in log)),
         "sum_parse": dict(collections.Counter(r["sum_source"] for r in rounds)),

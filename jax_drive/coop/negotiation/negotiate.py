@@ -123,11 +123,13 @@ class GroupTalk:
         return [(v, t) for r, v, t in self.conversation if r == last]
 
     def record(self) -> dict:
-        """JSON-safe summary (time, members, conversation, per-round scores and feedback, outcome)."""
+        """JSON-safe summary (time, members, conversation, per-round scores and feedback, outcome,
+        messages_cut: replies cut to the word limit or to their first line)."""
         return {"episode": self.episode, "time": round(self.time, 2), "vids": list(self.vids),
                 "edges": [list(e) for e in self.edges],
                 "conversation": [{"round": r, "vid": v, "text": t} for r, v, t in self.conversation],
-                "rounds": self.rounds, "intents": {str(v): P.SPEED_NAMES[i] for v, i in self.intents.items()}}
+                "rounds": self.rounds, "intents": {str(v): P.SPEED_NAMES[i] for v, i in self.intents.items()},
+                "messages_cut": int(self.scratch.get("cut", 0))}
 
 
 class Negotiator(Protocol):
