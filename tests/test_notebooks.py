@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import nbformat
 import pytest
 from nbclient import NotebookClient
@@ -57,15 +56,16 @@ def _images(nb) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs_at_small_size(name, monkeypatch):
+def test_notebook_runs_at_small_size(name, monkeypatch, tmp_path):
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     monkeypatch.setenv("JAX_DRIVE_NOTEBOOK_SIZE", "small")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cache = jax.config.jax_compilation_cache_dir  # share the test session's compiled programs (conftest.py)
-    if cache:
-        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", cache)
-        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    # The kernel shares the session's compiled programs (conftest.py puts the cache directory in
+    # the environment) and keeps its connection file and IPython profile out of the home directory.
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     # An error in any cell raises CellExecutionError here, naming the cell and the traceback.
     NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()

@@ -80,3 +80,42 @@ def test_storyboard_steps_span_the_episode():
     np.testing.assert_array_equal(storyboard_steps(1, 3), [0])
     with pytest.raises(ValueError, match="panels"):
         storyboard_steps(10, 0)
+
+
+@pytest.mark.slow
+def test_plot_refinement_draws_each_usable_turn_with_its_violations(tmp_path, monkeypatch):
+    """Fig. 4 on one scene: a first answer through a parked car (NC violations circled), a
+    second that stops short of it; an out-of-format turn is left out."""
+    from jax_drive.pipelines.plots import plot_refinement
+    from jax_drive.scenes import stack_scenes
+    from jax_drive.text import format_trajectory
+
+    scene = straight_road_scene(agents=[{"x": 25.0, "y": 0.0, "speed": 0.0}])
+    t = np.arange(1, 9) * 0.5
+    through = np.stack([10.0 * t, 0 * t, 0 * t], -1)
+    stop = np.stack([np.minimum(10.0 * t, 12.0), 0 * t, 0 * t], -1)
+    steps = np.arange(1, 41) * 0.1
+    reference = np.stack([np.minimum(10.0 * steps, 12.0), 0 * steps, 0 * steps], -1)[None].astype(np.float32)
+    turns = [{"text": format_trajectory(through), "pdms": 0.0, "usable": True},
+             {"text": "no trajectory here", "pdms": 0.0, "usable": False},
+             {"text": format_trajectory(stop), "pdms": 1.0, "usable": True}]
+    results = {"_transcripts": {"sft": [turns]}, "_held_out": [(stack_scenes([scene]), reference)]}
+    from jax_drive.render import axes
+
+    drawn = []
+    real = axes.draw_proposal
+
+    def spy(ax, poses, violations=None, index=(), **kwargs):
+        drawn.append((np.asarray(poses), violating_points(violations, index), kwargs["label"]))
+        real(ax, poses, violations, index, **kwargs)
+
+    monkeypatch.setattr(axes, "draw_proposal", spy)
+    path = tmp_path / "refinement.png"
+    assert plot_refinement(results, path, stage="rl")  # falls back to the stage that was evaluated
+    assert path.stat().st_size > 10_000
+    assert [label for *_, label in drawn] == ["turn 1 (PDMS 0.00)", "turn 3 (PDMS 1.00)"]
+    np.testing.assert_allclose(drawn[0][0], through, atol=0.01)
+    bad = drawn[0][1]  # poses at 5, 10, ..., 40 m: the car at 25 m is hit, the first and last are clear of it
+    assert bad[4] and not bad[0] and not bad[7]
+    assert not drawn[1][1].any()
+    assert plot_refinement({"_transcripts": {}, "_held_out": []}, path) is False
