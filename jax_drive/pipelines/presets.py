@@ -16,7 +16,7 @@ from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
 from jax_drive.rollout import RolloutConfig
-from jax_drive.sampling import SamplingParams
+from jax_drive.sampling import PromptLookup, SamplingParams
 from jax_drive.text.caption import CaptionConfig
 from jax_drive.text.prompts import PromptConfig
 
@@ -58,6 +58,12 @@ class Preset:
     remat_layers: recompute decoder blocks in the backward pass (``ModelConfig.remat_layers``);
       on by default: SmolLM2 full fine-tuning at B=2, L=1024 peaked at 4.9 GB instead of
       12.1 GB and ran faster, not slower, on this CPU (``experiments/bench_train.py``).
+    frozen_layers: training (SFT and RL) back-propagates only through the blocks above the
+      first k (``ModelConfig.frozen_layers``): the LoRA adapters of the top blocks learn, the
+      others keep their initial (no-op) value; default 0 (all blocks).
+    prompt_lookup: prompt-lookup speculative decoding in the refinement turns of RL and
+      evaluation rollouts (``JaxEngine(prompt_lookup=...)``; exact under greedy decoding,
+      distribution-preserving under sampling); None = off.
     """
 
     name: str
@@ -85,6 +91,8 @@ class Preset:
     sft_max_tokens: int | None = None
     max_context_tokens: int = 11_500
     remat_layers: bool = True
+    frozen_layers: int = 0
+    prompt_lookup: PromptLookup | None = PromptLookup()
 
 
 def with_seed(preset: Preset, seed: int) -> Preset:
