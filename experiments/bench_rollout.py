@@ -33,8 +33,8 @@ and the step without them. ``--warmup`` runs one untimed step per JAX configurat
 so the generated tokens and turns of every run are reported with its time, and speedups are
 given per step and per generated token.
 
-  python experiments/bench_rollout.py --json OUT [--warmup] [--sft-from RUN_DIR]
-  quick check: --scenes 2 --group 2 --turns 2 --max-new-tokens 16 --batch 4
+  python experiments/bench_rollout.py --json OUT [--warmup] [--sft-from RUN_DIR] [--no-torch]
+  quick check: --quick (1 scene x G 2, 2 turns of 8 tokens, batch 4)
 """
 
 from __future__ import annotations
@@ -43,19 +43,16 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,  # noqa: E402
+                               script_environment, write_json)
+
+script_environment()
 
 CONFIGS = {  # name -> (share_prefix, use_sessions, prompt_lookup)
     "full": (True, True, True),
@@ -73,6 +70,8 @@ class CompileClock:
     """Sums the seconds JAX reports for tracing, lowering and compiling (jax.monitoring)."""
 
     def __init__(self):
+        import jax
+
         self.seconds = 0.0
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
 
@@ -83,6 +82,8 @@ class CompileClock:
 
 def rollout_stats(pdms, fmt, turn_mask, generated_tokens: int) -> dict:
     """What a step produced: rows per turn, generated tokens, mean PDMS / format of taken turns."""
+    import numpy as np
+
     m = np.asarray(turn_mask, bool)
     return {"rows_per_turn": [int(c) for c in m.reshape(-1, m.shape[-1]).sum(0)],
             "turns": int(m.sum()), "generated_tokens": int(generated_tokens),
@@ -118,6 +119,8 @@ def reference_violations(score: dict, scene_np, num_poses: int = 8):
     """PointViolations (the feedback's input) from a reference scorer result: per output pose
     the first flagged step of its window (steps 5k+1 .. 5k+5, pose 0 also step 0), the object
     hit there and its box at that step."""
+    import numpy as np
+
     from jax_drive.text.feedback import PointViolations
 
     v = PointViolations.empty(num_poses)
@@ -142,6 +145,7 @@ def reference_violations(score: dict, scene_np, num_poses: int = 8):
 
 
 def run_transformers(hf, hf_tok, scenes, refs, prompts, args, eos_ids, seed: int) -> dict:
+    import numpy as np
     import torch
 
     from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy
@@ -195,9 +199,11 @@ def run_transformers(hf, hf_tok, scenes, refs, prompts, args, eos_ids, seed: int
 
 
 # ------------------------------------------------------------------------------ main
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, help="output JSON path")
+    add_output_args(parser, json_required=True)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes to check the script: 1 scene x G 2, 2 turns of 8 tokens, batch 4")
     parser.add_argument("--scenes", type=int, default=8)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
@@ -211,6 +217,17 @@ def main(argv=None) -> int:
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers peer")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.scenes, args.group, args.turns, args.max_new_tokens, args.batch = 1, 2, 2, 8, 4
+    require_min(1, scenes=args.scenes, group=args.group, turns=args.turns, max_new_tokens=args.max_new_tokens,
+                max_context_tokens=args.max_context_tokens, batch=args.batch)
+    require_min(0, temperature=args.temperature)
+    if args.sft_from is not None and not os.path.isdir(args.sft_from):
+        raise InputError(f"--sft-from {args.sft_from}: no such run directory")
+
+    import jax
+    import numpy as np
+    from tqdm.auto import tqdm
 
     from jax_drive.models import load_pretrained
     from jax_drive.models.export import save_safetensors
@@ -232,7 +249,7 @@ def main(argv=None) -> int:
     refs = np.asarray(compute_reference(scenes))
     prompts = scene_prompts(scenes, TEXT_PROMPT, caption)
     results: dict = {
-        "benchmark": "bench_rollout",
+        "meta": run_metadata(benchmark="bench_rollout"),
         "workload": {"scenes": args.scenes, "group": args.group, "turns": args.turns,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "batch": args.batch,
                      "max_context_tokens": args.max_context_tokens,
@@ -243,14 +260,13 @@ def main(argv=None) -> int:
         "configs": {name: dict(zip(("share_prefix", "sessions", "prompt_lookup"), CONFIGS[name]))
                     for name in args.configs},
         "warmup": args.warmup,
-        "host": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-                 "jax": jax.__version__},
+        "host": {},
         "ours": {},
     }
     clock = CompileClock()
     key = jax.random.key(args.seed)
     bar = tqdm(total=len(args.configs) * (2 if args.warmup else 1) + (0 if args.no_torch else 1),
-               desc="bench_rollout", unit="step")
+               desc="bench_rollout", unit="step", disable=args.no_progress)
     for name in args.configs:
         bar.set_postfix(run=name)
         if args.warmup:
@@ -310,9 +326,7 @@ def main(argv=None) -> int:
         }
     results["load_avg_before"] = load_before
     results["load_avg_after"] = load_avg()
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     print(json.dumps({k: results[k] for k in ("contributions", "speedup_vs_transformers") if k in results}, indent=2))
     for name, run in [*ours.items(), *([("transformers", results["transformers"])] if "transformers" in results else [])]:
         print(f"{name:>13}: {run['seconds']:8.1f} s (cpu {run['cpu_seconds']:.1f} s, compile "
@@ -322,4 +336,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from jax_drive.rollout.images import prompt_image_inputs
 from jax_drive.rollout.result import SUB_SCORES, RolloutResult, Transcript, TurnRecord
 from jax_drive.rollout.reward import turn_rewards
 from jax_drive.sampling import SamplingParams, supports_sessions
@@ -182,6 +183,7 @@ class _RowLog:
     turn_ids: list[int]
     logprobs: list[float]
     turns: list[TurnRecord]
+    images: tuple = ()  # the prompt's processed images
 
     def extend(self, ids: Sequence[int], turn: int, logprobs: Sequence[float] | None = None) -> None:
         self.tokens.extend(ids)
@@ -190,26 +192,31 @@ class _RowLog:
 
     def transcript(self) -> Transcript:
         return Transcript(tokens=np.asarray(self.tokens, np.int32), turn_ids=np.asarray(self.turn_ids, np.int32),
-                          sample_logprobs=np.asarray(self.logprobs, np.float32), turns=tuple(self.turns))
+                          sample_logprobs=np.asarray(self.logprobs, np.float32), turns=tuple(self.turns),
+                          images=self.images)
 
 
 class _TurnGenerator:
     """Generates each turn for the live rows: through an engine session (turn 1 ``start``,
     then ``extend`` with only the appended ids) or, without one, from whole contexts."""
 
-    def __init__(self, engine, sampling: SamplingParams, use_sessions: bool):
+    def __init__(self, engine, sampling: SamplingParams, use_sessions: bool, with_images: bool = False):
         self.engine = engine
         self.sampling = sampling
         self.use_sessions = use_sessions and supports_sessions(engine)
+        self.with_images = with_images  # prompts carry images: the engine gets them (only then)
         self.session = None
         self.session_row: dict[int, int] = {}  # rollout row -> session row
 
     def __call__(self, live: np.ndarray, logs: list["_RowLog"], appended: dict[int, list[int]], key) -> list:
-        """Completions for rows ``live``; ``appended[r]``: ids added to row r since its last turn."""
+        """Completions for rows ``live``; ``appended[r]``: ids added to row r since its last turn
+        (text only: images belong to the turn-1 prompt)."""
+        contexts = [logs[r].tokens for r in live]
+        images = {"images": [logs[r].images for r in live]} if self.with_images else {}
         if not self.use_sessions:
-            return self.engine.generate([logs[r].tokens for r in live], self.sampling, key)
+            return self.engine.generate(contexts, self.sampling, key, **images)
         if self.session is None:
-            self.session, completions = self.engine.start([logs[r].tokens for r in live], self.sampling, key)
+            self.session, completions = self.engine.start(contexts, self.sampling, key, **images)
             self.session_row = {int(r): i for i, r in enumerate(live)}
             return completions
         extra = [None] * self.session.num_rows
@@ -233,6 +240,7 @@ def run_rollouts(
     pdm_config=None,
     prompts: Sequence[str] | None = None,
     progress=None,
+    images: Sequence[Sequence[Any]] | None = None,
 ) -> RolloutResult:
     """Runs G multi-turn rollouts for each of S scenes.
 
@@ -252,6 +260,10 @@ def run_rollouts(
       pdm_config: PDMConfig for the scorer (default NAVSIM v1.1).
       prompts: S turn-1 user prompts (default :func:`scene_prompts`).
       progress: optional callable(turn, active_rows) for progress reporting.
+      images: S per-scene lists of uint8 images for the prompts' ``<image>`` placeholders
+        (default: the front camera when ``config.prompt.uses_images``, else none); they need
+        an image tokenizer (``jax_drive.models.qwen2_5_vl.ImageTokenizer``) and an engine
+        whose ``generate`` takes ``images``.
     Returns:
       RolloutResult.
     """
@@ -274,8 +286,9 @@ def run_rollouts(
         tokenizer.encode(tokenizer.apply_chat_template(first_turn_messages(p, config.system_prompt), add_generation_prompt=True))
         for p in prompts
     ]
+    prompt_ids, scene_images = prompt_image_inputs(tokenizer, scenes, config.prompt, images, prompt_ids)
     logs = [_RowLog(list(prompt_ids[r // g_]), [-1] * len(prompt_ids[r // g_]),
-                    [0.0] * len(prompt_ids[r // g_]), []) for r in range(num_scenes * g_)]
+                    [0.0] * len(prompt_ids[r // g_]), [], scene_images[r // g_]) for r in range(num_scenes * g_)]
     shape = (num_scenes, g_, n_)
     pdms, fmt = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
     turn_mask, usable = np.zeros(shape, bool), np.zeros(shape, bool)
@@ -284,7 +297,7 @@ def run_rollouts(
     active = np.array([len(log.tokens) + sampling.max_new_tokens <= config.max_context_tokens for log in logs])
     stop[~active.reshape(num_scenes, g_)] = "context"
 
-    generate = _TurnGenerator(engine, sampling, config.use_sessions)
+    generate = _TurnGenerator(engine, sampling, config.use_sessions, with_images=any(scene_images))
     appended: dict[int, list[int]] = {}  # row -> ids added after its last answer
     try:
         for j in range(n_):
