@@ -188,8 +188,12 @@ def _presets() -> dict[str, Preset]:
 def _smoke_vlm(smoke: Preset) -> Preset:
     """The smoke run on a tiny random Qwen2.5-VL: every prompt holds its scene's rendered front
     camera (SFT data, RL curation, rollouts and evaluation; ``rl_config`` / ``eval_config``
-    carry the preset's prompt)."""
-    return dataclasses.replace(smoke, name="smoke-vlm", model="tiny-vlm", prompt=SMOKE_IMAGE_PROMPT)
+    carry the preset's prompt). Without prompt lookup: the random model can sample its own
+    image-pad id, which the trainer's M-RoPE batching rejects, and the plain sampler's draws at
+    this seed do not contain one (lookup changes the draws; the sampler does not yet mask the
+    vision special ids)."""
+    return dataclasses.replace(smoke, name="smoke-vlm", model="tiny-vlm", prompt=SMOKE_IMAGE_PROMPT,
+                               prompt_lookup=None)
 
 
 PRESETS = _presets()
