@@ -4,8 +4,10 @@ Each argument is a results JSON written by ``experiments/mtdrive.py`` / ``jax-dr
 (``--json OUT``, or ``results.json`` in the run directory; a directory stands for its
 ``results.json``), one training seed each, same preset. For every stage the per-run mean
 over the held-out sets is taken, then mean and standard error across the runs. The goals are checked on those means:
-format rate >= 0.95 after SFT, PDMS after the last turn above turn 1 (feedback helps),
-and RL above SFT (last-turn PDMS).
+format rate >= 0.95 after SFT; PDMS after the last turn above turn 1 by more than the standard
+error of that gain (paired across training seeds; for a single run across its held-out
+sets); RL above SFT (last-turn PDMS) by more than the combined standard error (root sum of
+squares of the two stages' sems; for a single run its sems across held-out sets).
 
     python experiments/mtdrive_seeds.py experiments/results/mtdrive_cpu_demo \
         experiments/results/mtdrive_cpu_demo_s1 experiments/results/mtdrive_cpu_demo_s2 \
@@ -16,21 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from jax_drive.pipelines.report import mean_sem, quality_goals  # noqa: E402
+
 KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
-
-
-def mean_sem(values: list[float]) -> tuple[float, float]:
-    """(mean, standard error with the n - 1 convention; 0 for a single value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -49,17 +45,7 @@ def summarise(runs: list[dict]) -> dict:
         if len(present) != len(runs):
             continue
         stages[stage] = {k: list(mean_sem([p[k] for p in present])) for k in KEYS}
-    goals = {}
-    if "sft" in stages:
-        goals["format_after_sft_ge_0.95"] = {"value": stages["sft"]["format_rate"][0],
-                                             "met": stages["sft"]["format_rate"][0] >= 0.95}
-    final = stages.get("rl") or stages.get("sft")
-    if final:
-        gain = final["pdms_final"][0] - final["pdms_first"][0]
-        goals["last_turn_above_first"] = {"gain": gain, "met": gain > 0}
-    if "rl" in stages and "sft" in stages:
-        gain = stages["rl"]["pdms_final"][0] - stages["sft"]["pdms_final"][0]
-        goals["rl_above_sft"] = {"gain": gain, "met": gain > 0}
+    goals = quality_goals(runs)
     return {"seeds": [r["seed"] for r in runs], "stages": stages, "goals": goals}
 
 

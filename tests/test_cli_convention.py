@@ -94,6 +94,7 @@ SCRIPTS = {
     "coop_baselines": (["--reuse-tv", "/nonexistent.json"], "--reuse-tv /nonexistent.json"),
     "memory_logprob": (["--sections", "update,bogus"], "--sections must name some of"),
     "bench_ray": (["--workers", "1,two"], "--workers wants comma-separated integers"),
+    "bench_rollout": (["--group", "0"], "--group must be >= 1, got 0"),
 }
 
 

@@ -222,3 +222,20 @@ def test_cli_rejects_bad_arguments(tmp_path):
         main(["data", "build", "--kind", "single", "--scenes", "2", "--out", str(tmp_path / "no" / "x.jsonl")])
     with pytest.raises(SystemExit):
         main(["data", "build", "--kind", "nope", "--scenes", "2", "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_caption_min_x_leaves_out_objects_behind(scenes):
+    """``CaptionConfig.min_x`` keeps the nearest objects at or ahead of that offset only."""
+    from jax_drive.text.caption import CaptionConfig, caption_scenes
+
+    def boxes(caption):
+        return [line for line in caption.splitlines() if line.startswith("  (")]
+
+    everything = caption_scenes(scenes, CaptionConfig(max_agents=64, radius=1e3))
+    ahead = caption_scenes(scenes, CaptionConfig(max_agents=64, radius=1e3, min_x=-5.0))
+    dropped = 0
+    for all_lines, kept in zip(map(boxes, everything), map(boxes, ahead)):
+        xs = [float(line.strip("( ").split(",")[0]) for line in all_lines]
+        assert kept == [line for line, x in zip(all_lines, xs) if x >= -5.0]
+        dropped += len(all_lines) - len(kept)
+    assert dropped > 0  # some scene had an object behind the ego

@@ -43,6 +43,12 @@ def test_load_sft_restores_the_trained_adapters(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_load_policy_takes_the_training_settings_of_the_preset():
+    model, _ = load_policy(dataclasses.replace(SMOKE, frozen_layers=1, remat_layers=False))
+    assert (model.config.frozen_layers, model.config.remat_layers) == (1, False)
+    assert PRESETS["cpu-demo"].frozen_layers < 30  # SmolLM2 has 30 blocks: some adapters must train
+
+
 def test_load_sft_without_checkpoint_raises(tmp_path):
     model, _ = load_policy(SMOKE)
     with pytest.raises(FileNotFoundError):

@@ -124,6 +124,26 @@ def test_session_with_images_equals_whole_context_generation(policy):
         np.testing.assert_allclose(s.logprobs, f.logprobs, atol=1e-5)
 
 
+def test_image_rollouts_through_sessions_equal_resending_contexts(policy, scenes):
+    """``run_rollouts`` with camera prompts: turn 2 extends each row's kept cache (M-RoPE
+    position shift after the image) and equals re-sending the whole context with its image."""
+    from jax_drive.rollout import RolloutConfig, run_rollouts
+
+    model, _, tok = policy
+    ref = np.broadcast_to(np.stack([5.0 * 0.1 * np.arange(1, 41), np.zeros(40), np.zeros(40)], -1), (2, 40, 3))
+    sampling = SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=())
+    results = [run_rollouts(JaxEngine(model, tok), tok, scenes, jax.random.key(3),
+                            RolloutConfig(group_size=2, max_turns=2, sampling=sampling, prompt=PROMPT,
+                                          use_sessions=use), reference=np.asarray(ref, np.float32))
+               for use in (True, False)]
+    sessions, plain = results
+    assert plain.turn_mask[..., 1].all()  # every row took turn 2 (out of format: format feedback)
+    assert [t.tolist() for t in sessions.tokens] == [t.tolist() for t in plain.tokens]
+    for x, y in zip(sessions.sample_logprobs, plain.sample_logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-4)
+    assert all(len(t.images) == 1 for t in sessions.transcripts.reshape(-1))
+
+
 def _image_rows(tok, frames):
     """Two rows with one image each (the first twice) and a text-only row."""
     images = tok.preprocess(frames)

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from jax_drive.pipelines.mtdrive import STAGES, run_mtdrive, sft_checkpoint_dir
     from jax_drive.pipelines.plots import write_plots
     from jax_drive.pipelines.presets import PRESETS, with_seed
-    from jax_drive.pipelines.report import public, results_table, write_results
+    from jax_drive.pipelines.report import goals_lines, public, quality_goals, results_table, write_results
     from jax_drive.rl.advantages import ADVANTAGE_MODES
     from jax_drive.rl.checkpoint import committed_steps
 
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         stem = args.json[:-len(".json")] if args.json.endswith(".json") else args.json
         written += write_plots(results, stem + "_")
     print(results_table(public(results)))
+    print(goals_lines(quality_goals([public(results)])))
     print(f"results: {os.path.join(out, 'results.json')}" + (f" and {args.json}" if args.json else "")
           + f"; plots: {', '.join(written)}; timings (s): {results['timings_s']}")
     return 0

@@ -45,6 +45,12 @@ class ModelConfig:
         one block's activations plus the (B, L, H) block inputs, for about one more forward
         pass of compute. A memory setting for training, not part of the checkpoint; results
         are the same up to float32 rounding (tested).
+      frozen_layers: in the cache-free forward (training), the first k decoder blocks run
+        outside differentiation (their output is a constant to autodiff): no gradient reaches
+        them or the embedding, and the backward pass (with its rematerialisation) covers only
+        the last ``num_layers - k`` blocks. Training LoRA adapters of the top blocks this way
+        costs about 1.8x less per token for SmolLM2 with k = 20 of 30 (CPU, B=2, L=768).
+        A training setting, not part of the checkpoint; forward values are unchanged.
     """
 
     architecture: str = "llama"
@@ -67,6 +73,7 @@ class ModelConfig:
     rope_high_freq_factor: float = 4.0
     rope_original_max_position_embeddings: int = 8192
     remat_layers: bool = False
+    frozen_layers: int = 0
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -88,6 +95,8 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not 0 <= self.frozen_layers <= self.num_layers:
+            raise ValueError(f"frozen_layers must be in [0, num_layers], got {self.frozen_layers}")
 
     # ------------------------------------------------------------------ helpers
     @property

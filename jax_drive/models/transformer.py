@@ -510,9 +510,16 @@ def decoder_blocks(config: ModelConfig, layers, x: jax.Array, cos: jax.Array, si
         return block(h, *xs)
 
     if cache is None:
+        k = config.frozen_layers
+        if k:  # no gradient through the first k blocks: autodiff sees a constant after them
+            frozen = jax.tree.map(lambda a: a[:k], layers)
+            layers = jax.tree.map(lambda a: a[k:], layers)
+            x, _ = jax.lax.scan(scan_step, x, (frozen, None, None))
+            x = jax.lax.stop_gradient(x)
         if config.remat_layers:  # inside scan CSE cannot cross steps
             scan_step = jax.checkpoint(scan_step, prevent_cse=False)
-        x, _ = jax.lax.scan(scan_step, x, (layers, None, None))
+        if k < config.num_layers:
+            x, _ = jax.lax.scan(scan_step, x, (layers, None, None))
         return x, None
     x, (k_all, v_all) = jax.lax.scan(scan_step, x, (layers, cache.k, cache.v))
     return x, KVCache(k=k_all, v=v_all, mask=new_mask)

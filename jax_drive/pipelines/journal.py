@@ -31,15 +31,19 @@ class RunDirError(Exception):
 
 class RunJournal:
     """Finished stages of one run directory (see the module docstring), and the seconds each
-    stage took (``timings``; a loaded stage keeps the seconds of the run that did it)."""
+    stage took (``timings``: wall; ``cpu_timings``: the process's CPU seconds, all threads,
+    which a busy shared machine distorts less; a loaded stage keeps those of the run that
+    did it)."""
 
     def __init__(self, out_dir: str | os.PathLike, identity: dict[str, Any], resume: bool):
         self.out_dir = os.fspath(out_dir)
         self.resume = resume
         self.stage_dir = os.path.join(self.out_dir, "stages")
         self.timings: dict[str, float] = {}
+        self.cpu_timings: dict[str, float] = {}
         self.resumed: list[str] = []  # the stages loaded instead of run
         self._clock = time.perf_counter()
+        self._cpu_clock = time.process_time()
         path = os.path.join(self.out_dir, "run.json")
         identity = json.loads(json.dumps(jsonable(identity), default=str))
         if os.path.exists(path):
@@ -80,10 +84,12 @@ class RunJournal:
 
 
     def lap(self, name: str) -> float:
-        """Records the seconds since the last lap (or stage) as ``timings[name]``."""
-        now = time.perf_counter()
+        """Records the wall (and CPU) seconds since the last lap (or stage) as
+        ``timings[name]`` (and ``cpu_timings[name]``); returns the wall seconds."""
+        now, cpu = time.perf_counter(), time.process_time()
         self.timings[name] = round(now - self._clock, 2)
-        self._clock = now
+        self.cpu_timings[name] = round(cpu - self._cpu_clock, 2)
+        self._clock, self._cpu_clock = now, cpu
         return self.timings[name]
 
     def stage(self, name: str, run: Callable[[], tuple[Any, dict, dict | None]],
@@ -100,12 +106,15 @@ class RunJournal:
         loaded = self.load(name)
         if loaded is None:
             value, record, arrays = run()
-            record = self.save(name, {**record, "seconds": self.lap(name)}, arrays)
+            seconds = self.lap(name)
+            record = self.save(name, {**record, "seconds": seconds, "cpu_seconds": self.cpu_timings[name]}, arrays)
             return (record if restore is None else value), record
         record, arrays = loaded
         self.resumed.append(name)
         self.timings[name] = record["seconds"]
-        self._clock = time.perf_counter()
+        if "cpu_seconds" in record:
+            self.cpu_timings[name] = record["cpu_seconds"]
+        self._clock, self._cpu_clock = time.perf_counter(), time.process_time()
         return (record if restore is None else restore(record, arrays)), record
 
 

@@ -86,7 +86,8 @@ def load_policy(preset: Preset):
         model, _, tokenizer = load_pretrained(preset.model)
         if preset.lora_rank:
             apply_lora(model, rank=preset.lora_rank, alpha=preset.lora_alpha, rngs=nnx.Rngs(preset.seed + 1))
-    model.config = dataclasses.replace(model.config, remat_layers=preset.remat_layers)
+    model.config = dataclasses.replace(model.config, remat_layers=preset.remat_layers,
+                                       frozen_layers=preset.frozen_layers)
     return model, tokenizer
 
 
@@ -317,7 +318,8 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
 
     model, tokenizer = load_policy(preset)
     buckets = tuple(range(preset.prompt_bucket, 32_768 + 1, preset.prompt_bucket))
-    engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=buckets), max_batch_size=preset.eval_batch)
+    engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=buckets), max_batch_size=preset.eval_batch,
+                       prompt_lookup=preset.prompt_lookup)
     journal.lap("load")
     holding = "untrained"  # the weights the model holds; others are loaded only for stages that run
 
@@ -403,7 +405,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         if "rl" in evaluate:
             stages["rl"] = evaluation("rl", f"after RL ({rl_cfg.advantage.mode})")
 
-    public_stages = {name: {k: v for k, v in s.items() if k not in ("transcripts", "seconds")}
+    public_stages = {name: {k: v for k, v in s.items() if k not in ("transcripts", "seconds", "cpu_seconds")}
                      for name, s in stages.items()}
     return {
         "preset": preset.name,
@@ -418,6 +420,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         "data_card": data_card,
         "rl_curation": curation,
         "timings_s": journal.timings,
+        "cpu_timings_s": journal.cpu_timings,
         "resumed_stages": journal.resumed,
         "examples": {name: examples(s["transcripts"]) for name, s in stages.items()},
         "_transcripts": {name: s["transcripts"] for name, s in stages.items()},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from jax_drive.rl.atomic import atomic_write_json
@@ -24,7 +25,8 @@ def budget_card(preset, rl) -> dict:
             "rl_group": rl.rollout.group_size, "rl_turns": rl.rollout.max_turns,
             "rl_lr": rl.optim.learning_rate, "kl_coef": rl.loss.kl_coef,
             "rl_minibatch": rl.minibatch_size, "max_context_tokens": preset.max_context_tokens,
-            "sft_max_tokens": preset.sft_max_tokens, "caption": dataclasses.asdict(preset.caption)}
+            "sft_max_tokens": preset.sft_max_tokens, "frozen_layers": preset.frozen_layers,
+            "caption": dataclasses.asdict(preset.caption)}
 
 
 def stage_line(name: str, stage: dict) -> str:
@@ -68,4 +70,70 @@ def results_table(results: dict) -> str:
         lines.append(f"{name:<10}" + "".join(f"{v:>9.3f}" for v in s["pdms_by_budget"]) +
                      f"{m['format_rate']:>8.3f}{m['turns_mean']:>7.2f}{m['final_nc']:>7.3f}{m['final_dac']:>7.3f}"
                      f"{m['final_ttc']:>7.3f}{m['final_ep']:>7.3f}{m['final_comfort']:>7.3f}")
+    return "\n".join(lines)
+
+
+def mean_sem(values) -> tuple[float, float]:
+    """(mean, standard error with the n - 1 convention; 0 for a single value)."""
+    values = [float(v) for v in values]
+    n = len(values)
+    if not n:
+        raise ValueError("mean_sem of no values")
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def quality_goals(runs: list[dict]) -> dict:
+    """The cpu-demo quality goals of issue 18 for results dicts of one preset (one training
+    seed each; a single run is judged across its held-out sets instead of across seeds):
+
+    * ``format_after_sft_ge_0.95``: mean SFT format rate >= 0.95;
+    * ``last_turn_above_first`` (RL, else SFT): PDMS after the last turn minus turn 1, paired
+      per training seed (single run: per held-out set), above its standard error;
+    * ``rl_above_sft``: last-turn PDMS of RL minus SFT above the combined standard error
+      (root sum of squares of the two stages' sems);
+    * ``sft_above_untrained`` (a single run's learning check; also across seeds): the same
+      rule for SFT against the untrained policy.
+    Goals whose stages are missing are left out."""
+    if not runs:
+        raise ValueError("no runs given")
+    have = [s for s in ("untrained", "sft", "rl") if all(s in r.get("stages", {}) for r in runs)]
+
+    def across(stage: str, key: str) -> tuple[float, float]:
+        if len(runs) > 1:
+            return mean_sem([r["stages"][stage]["mean"][key] for r in runs])
+        return runs[0]["stages"][stage]["mean"][key], runs[0]["stages"][stage]["sem"][key]
+
+    goals: dict = {}
+    if "sft" in have:
+        value = across("sft", "format_rate")[0]
+        goals["format_after_sft_ge_0.95"] = {"value": value, "met": value >= 0.95}
+    final = "rl" if "rl" in have else "sft" if "sft" in have else None
+    if final:
+        if len(runs) > 1:
+            gains = [r["stages"][final]["mean"]["pdms_final"] - r["stages"][final]["mean"]["pdms_first"] for r in runs]
+        else:
+            gains = [s["pdms_final"] - s["pdms_first"] for s in runs[0]["stages"][final]["per_seed"]]
+        gain, sem = mean_sem(gains)
+        goals["last_turn_above_first"] = {"stage": final, "gain": gain, "sem": sem, "met": gain > sem}
+    for name, low, high in (("rl_above_sft", "sft", "rl"), ("sft_above_untrained", "untrained", "sft")):
+        if low in have and high in have:
+            (a, sem_a), (b, sem_b) = across(low, "pdms_final"), across(high, "pdms_final")
+            combined = math.hypot(sem_a, sem_b)
+            goals[name] = {"gain": b - a, "combined_sem": combined, "met": b - a > combined}
+    return goals
+
+
+def goals_lines(goals: dict) -> str:
+    """One printed line per goal of :func:`quality_goals`."""
+    lines = []
+    for name, g in goals.items():
+        verdict = "met" if g["met"] else "NOT met"
+        if "value" in g:
+            lines.append(f"{name}: {g['value']:.3f} ({verdict})")
+        else:
+            err = g.get("sem", g.get("combined_sem"))
+            lines.append(f"{name}: gain {g['gain']:+.3f} vs standard error {err:.3f} ({verdict})")
     return "\n".join(lines)

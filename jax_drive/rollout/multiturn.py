@@ -3,7 +3,8 @@
 For S scenes and G rollouts each (R = S * G rows, row ``r = s * G + g``):
 
 1. turn-1 prompt (the planning prompt in the policy's chat template) -> ``engine.generate``
-   on token ids, one completion per row;
+   on token ids, one completion per row (the G rows of a scene share the prompt, so a
+   sampler with shared-prefix prefill computes its cache once);
 2. parse each answer once (:func:`jax_drive.text.format_score.check_answer`: poses,
    usable, format score);
 3. score every row of the batch in **one** jitted call
@@ -18,6 +19,14 @@ For S scenes and G rollouts each (R = S * G rows, row ``r = s * G + g``):
 6. a row stops when its feedback is empty (no violation), when it used ``max_turns`` turns,
    or when the next turn would not fit in ``max_context_tokens``; otherwise the feedback is
    appended as a user message and the row continues.
+
+Engines that keep state between turns (:func:`jax_drive.sampling.supports_sessions`, e.g.
+``JaxEngine``) run turn 1 with ``engine.start`` and every later turn with
+``session.extend``, which receives only the appended close / feedback / generation-header
+ids and prefills just those into each row's kept KV cache (with the engine's prompt-lookup
+speculative decoding, if it has one, on these refinement turns). Other engines (HTTP
+servers) get each live row's whole context every turn. Both paths give the same greedy
+rollouts (tested against each other).
 
 Token bookkeeping: a row's token sequence is exactly what the policy saw and produced:
 prompt ids, then for each turn the **sampled ids** (never re-tokenised text), then the
@@ -38,7 +47,7 @@ import numpy as np
 from jax_drive.rollout.images import prompt_image_inputs
 from jax_drive.rollout.result import SUB_SCORES, RolloutResult, Transcript, TurnRecord
 from jax_drive.rollout.reward import turn_rewards
-from jax_drive.sampling import SamplingParams
+from jax_drive.sampling import SamplingParams, supports_sessions
 from jax_drive.text import FormatConfig, PromptConfig, planning_prompt
 from jax_drive.text.caption import CaptionConfig
 from jax_drive.text.feedback import feedback_message, select, violations_to_numpy
@@ -73,6 +82,8 @@ class RolloutConfig:
       format_feedback: the user message after an unusable answer.
       caption: scene caption options, used when ``prompt.perception == "text"`` (must match
         the caption of the SFT data, ``BuildConfig.caption``).
+      use_sessions: continue rows through the engine's session (KV caches kept between
+        turns) when it has one (default True); False sends whole contexts every turn.
     """
 
     group_size: int = 8
@@ -86,6 +97,7 @@ class RolloutConfig:
     max_context_tokens: int = 11_500
     format_feedback: str = FORMAT_FEEDBACK
     caption: CaptionConfig = CaptionConfig()
+    use_sessions: bool = True
 
     def __post_init__(self):
         if not self.format_feedback:
@@ -184,6 +196,40 @@ class _RowLog:
                           images=self.images)
 
 
+class _TurnGenerator:
+    """Generates each turn for the live rows: through an engine session (turn 1 ``start``,
+    then ``extend`` with only the appended ids) or, without one, from whole contexts."""
+
+    def __init__(self, engine, sampling: SamplingParams, use_sessions: bool, with_images: bool = False):
+        self.engine = engine
+        self.sampling = sampling
+        self.use_sessions = use_sessions and supports_sessions(engine)
+        self.with_images = with_images  # prompts carry images: the engine gets them (only then)
+        self.session = None
+        self.session_row: dict[int, int] = {}  # rollout row -> session row
+
+    def __call__(self, live: np.ndarray, logs: list["_RowLog"], appended: dict[int, list[int]], key) -> list:
+        """Completions for rows ``live``; ``appended[r]``: ids added to row r since its last turn
+        (text only: images belong to the turn-1 prompt)."""
+        contexts = [logs[r].tokens for r in live]
+        images = {"images": [logs[r].images for r in live]} if self.with_images else {}
+        if not self.use_sessions:
+            return self.engine.generate(contexts, self.sampling, key, **images)
+        if self.session is None:
+            self.session, completions = self.engine.start(contexts, self.sampling, key, **images)
+            self.session_row = {int(r): i for i, r in enumerate(live)}
+            return completions
+        extra = [None] * self.session.num_rows
+        for r in live:
+            extra[self.session_row[int(r)]] = appended[int(r)]
+        out = self.session.extend(extra, self.sampling, key)
+        return [out[self.session_row[int(r)]] for r in live]
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+
 def run_rollouts(
     engine,
     tokenizer,
@@ -198,12 +244,13 @@ def run_rollouts(
 ) -> RolloutResult:
     """Runs G multi-turn rollouts for each of S scenes.
 
-    Every turn sends each live row's whole context to ``engine.generate``. (An engine that
-    keeps per-row state between turns could take only the appended feedback tokens; the
-    per-turn call below is the one place that would change.)
+    Turn 1 goes to ``engine.start`` when the engine supports sessions (and
+    ``config.use_sessions``), later turns to ``session.extend`` with only the appended ids;
+    otherwise every turn sends each live row's whole context to ``engine.generate``.
 
     Args:
-      engine: implements ``generate(prompts (token-id lists), SamplingParams, key) -> [Completion]``.
+      engine: implements ``generate(prompts (token-id lists), SamplingParams, key) -> [Completion]``
+        (and optionally ``start``, see :class:`jax_drive.sampling.SessionEngine`).
       tokenizer: encode / decode / apply_chat_template / eos_token_ids.
       scenes: Scene with one batch dim (S,).
       key: PRNG key (turn j samples with ``fold_in(key, j)``).
@@ -250,52 +297,56 @@ def run_rollouts(
     active = np.array([len(log.tokens) + sampling.max_new_tokens <= config.max_context_tokens for log in logs])
     stop[~active.reshape(num_scenes, g_)] = "context"
 
-    for j in range(n_):
-        live = np.flatnonzero(active)
-        if live.size == 0:
-            break
-        if progress is not None:
-            progress(j, int(live.size))
-        with_images = {"images": [logs[r].images for r in live]} if any(scene_images) else {}
-        completions = engine.generate([logs[r].tokens for r in live], sampling, jax.random.fold_in(key, j),
-                                      **with_images)
-        if len(completions) != live.size:
-            raise RuntimeError(f"engine returned {len(completions)} completions for {live.size} prompts")
-        checks = [check_answer(c.text, config.format) for c in completions]
-        proposals = np.zeros((num_scenes, g_, NUM_OUTPUT_POSES, 3), np.float32)
-        for r, check in zip(live, checks):
-            s, g = divmod(int(r), g_)
-            turn_mask[s, g, j], usable[s, g, j], fmt[s, g, j] = True, check.usable, check.format
-            if check.usable:
-                proposals[s, g] = check.parsed.poses
-        # every row is scored in one call; rows without a usable answer keep PDMS 0
-        result = score_proposals(scenes, proposals, reference, pdm_config)
-        host = jax.device_get({name: getattr(result, name) for name in SUB_SCORES + ("pdms",)})
-        ok = usable[..., j]
-        pdms[..., j] = np.where(ok, host["pdms"], 0.0)
-        for name in SUB_SCORES:
-            scores[name][..., j] = np.where(ok, host[name], 0.0)
-        violations = violations_to_numpy(result.violations)
-        for r, c, check in zip(live, completions, checks):
-            s, g = divmod(int(r), g_)
-            log = logs[r]
-            feedback = (feedback_message(check.parsed.poses, select(violations, (s, g))) if check.usable
-                        else config.format_feedback)
-            ids = [int(t) for t in c.token_ids]
-            log.extend(ids, j, c.logprobs)
-            log.turns.append(TurnRecord(text=c.text, num_tokens=len(ids), finish_reason=c.finish_reason,
-                                        feedback=feedback))
-            ended = bool(ids) and ids[-1] in eos_text
-            if not feedback:
-                stop[s, g], active[r] = "no_violation", False
-            elif j == n_ - 1:
-                stop[s, g], active[r] = "max_turns", False
-            else:
-                extra = tokenizer.encode(cont.text(feedback, ended, eos_text[ids[-1]] if ended else ""))
-                if len(log.tokens) + len(extra) + sampling.max_new_tokens > config.max_context_tokens:
-                    stop[s, g], active[r] = "context", False
+    generate = _TurnGenerator(engine, sampling, config.use_sessions, with_images=any(scene_images))
+    appended: dict[int, list[int]] = {}  # row -> ids added after its last answer
+    try:
+        for j in range(n_):
+            live = np.flatnonzero(active)
+            if live.size == 0:
+                break
+            if progress is not None:
+                progress(j, int(live.size))
+            completions = generate(live, logs, appended, jax.random.fold_in(key, j))
+            if len(completions) != live.size:
+                raise RuntimeError(f"engine returned {len(completions)} completions for {live.size} prompts")
+            checks = [check_answer(c.text, config.format) for c in completions]
+            proposals = np.zeros((num_scenes, g_, NUM_OUTPUT_POSES, 3), np.float32)
+            for r, check in zip(live, checks):
+                s, g = divmod(int(r), g_)
+                turn_mask[s, g, j], usable[s, g, j], fmt[s, g, j] = True, check.usable, check.format
+                if check.usable:
+                    proposals[s, g] = check.parsed.poses
+            # every row is scored in one call; rows without a usable answer keep PDMS 0
+            result = score_proposals(scenes, proposals, reference, pdm_config)
+            host = jax.device_get({name: getattr(result, name) for name in SUB_SCORES + ("pdms",)})
+            ok = usable[..., j]
+            pdms[..., j] = np.where(ok, host["pdms"], 0.0)
+            for name in SUB_SCORES:
+                scores[name][..., j] = np.where(ok, host[name], 0.0)
+            violations = violations_to_numpy(result.violations)
+            for r, c, check in zip(live, completions, checks):
+                s, g = divmod(int(r), g_)
+                log = logs[r]
+                feedback = (feedback_message(check.parsed.poses, select(violations, (s, g))) if check.usable
+                            else config.format_feedback)
+                ids = [int(t) for t in c.token_ids]
+                log.extend(ids, j, c.logprobs)
+                log.turns.append(TurnRecord(text=c.text, num_tokens=len(ids), finish_reason=c.finish_reason,
+                                            feedback=feedback))
+                ended = bool(ids) and ids[-1] in eos_text
+                if not feedback:
+                    stop[s, g], active[r] = "no_violation", False
+                elif j == n_ - 1:
+                    stop[s, g], active[r] = "max_turns", False
                 else:
-                    log.extend(extra, -1)
+                    extra = tokenizer.encode(cont.text(feedback, ended, eos_text[ids[-1]] if ended else ""))
+                    if len(log.tokens) + len(extra) + sampling.max_new_tokens > config.max_context_tokens:
+                        stop[s, g], active[r] = "context", False
+                    else:
+                        log.extend(extra, -1)
+                        appended[int(r)] = extra
+    finally:
+        generate.close()
 
     transcripts = np.empty((num_scenes, g_), dtype=object)
     for r, log in enumerate(logs):

@@ -265,9 +265,12 @@ def unrolled_weights(model) -> dict | None:
 class DecodeWeightCache:
     """The unrolled decode copy of one model's weights, kept while its arrays are unchanged.
 
-    Keyed by the identity of the model's parameter arrays: the cache holds those arrays, so an
-    id cannot be reused while the entry lives, and an in-place update (a trainer step assigns
-    new arrays) makes the next ``get`` rebuild the copy. Owned by an engine (one entry).
+    Keyed by the identity of the model's state arrays (``nnx.state``; ``arrays()`` for other
+    models): the cache holds those arrays, so an id cannot be reused while the entry lives,
+    and an in-place update (a trainer step assigns new arrays) makes the next ``get`` rebuild
+    the copy. (Not ``arrays()`` of an nnx model: with unmerged LoRA it builds a new
+    ``lora_scale`` array on every call, which would miss every time.) Owned by an engine
+    (one entry).
     """
 
     def __init__(self) -> None:
@@ -278,7 +281,7 @@ class DecodeWeightCache:
         arrays_fn = getattr(model, "arrays", None)
         if arrays_fn is None:
             return None
-        leaves = jax.tree.leaves(arrays_fn())
+        leaves = jax.tree.leaves(nnx.state(model) if isinstance(model, nnx.Module) else arrays_fn())
         ids = tuple(id(x) for x in leaves)
         if self._entry is not None and self._entry[0] == ids:
             return self._entry[2]

@@ -37,6 +37,8 @@ class CaptionConfig:
 
     max_agents: at most this many objects, nearest first (default 8).
     radius: objects farther than this from the ego at t0 are left out (default 50 m).
+    min_x: objects whose centre is behind this longitudinal offset (ego frame, metres) are
+      left out, e.g. -5.0 keeps what is ahead of or beside the ego (default None: all).
     num_stations, station_spacing: route stations 0, 10, .., 40 m ahead of the ego's
       projection on the route (defaults 5 and 10 m).
     lateral_half_width, lateral_step: the drivable extent is sampled across the route up to
@@ -46,6 +48,7 @@ class CaptionConfig:
 
     max_agents: int = 8
     radius: float = 50.0
+    min_x: float | None = None
     num_stations: int = 5
     station_spacing: float = 10.0
     lateral_half_width: float = 15.0
@@ -175,7 +178,10 @@ def caption_text(scene: Scene, facts: dict[str, np.ndarray], config: CaptionConf
     present = np.asarray(agents.valid)[:, 0]
     x, y = np.asarray(agents.x)[:, 0], np.asarray(agents.y)[:, 0]
     dist = np.hypot(x, y)
-    keep = np.flatnonzero(present & (dist <= config.radius))
+    near = present & (dist <= config.radius)
+    if config.min_x is not None:
+        near &= x >= config.min_x
+    keep = np.flatnonzero(near)
     keep = keep[np.argsort(dist[keep], kind="stable")][: config.max_agents]
     if len(keep):
         lines.append("- Objects (x, y, z, l, w, h, heading, name) and speed:")

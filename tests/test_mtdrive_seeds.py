@@ -1,0 +1,61 @@
+"""The multi-seed MTDrive summary (experiments/mtdrive_seeds.py) on hand-made results: the
+goals need gains larger than their standard errors, as the issue states them."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+import mtdrive_seeds  # noqa: E402
+
+from jax_drive.pipelines.report import goals_lines  # noqa: E402
+
+
+def _stage(first, final, fmt=1.0, sem_final=0.0, per_set=None):
+    mean = {"pdms_first": first, "pdms_final": final, "format_rate": fmt, "turns_mean": 1.5}
+    per_set = per_set or [(first, final)]
+    return {"mean": mean, "sem": {"pdms_final": sem_final, "format_rate": 0.0},
+            "per_seed": [{"pdms_first": a, "pdms_final": b} for a, b in per_set]}
+
+
+def _run(seed, sft, rl):
+    return {"preset": "cpu-demo", "seed": seed, "stages": {"sft": _stage(*sft), "rl": _stage(*rl)}}
+
+
+def test_gains_within_their_standard_error_do_not_meet_the_goals():
+    # seed gains of the last turn: +0.10, -0.05, +0.01 -> mean 0.02, sem 0.044
+    runs = [_run(0, (0.30, 0.30), (0.40, 0.50)), _run(1, (0.50, 0.50), (0.55, 0.50)),
+            _run(2, (0.20, 0.20), (0.30, 0.31))]
+    goals = mtdrive_seeds.summarise(runs)["goals"]
+    last = goals["last_turn_above_first"]
+    assert last["gain"] == pytest.approx(0.02)
+    assert last["sem"] == pytest.approx(math.sqrt((0.08**2 + 0.07**2 + 0.01**2) / 2 / 3))
+    assert not last["met"]
+    rl = goals["rl_above_sft"]  # 0.4367 - 0.3333 = 0.103 against hypot(sem 0.063, sem 0.088) = 0.109
+    assert rl["gain"] == pytest.approx((1.31 - 1.0) / 3)
+    assert rl["gain"] < rl["combined_sem"] and not rl["met"]
+    assert goals["format_after_sft_ge_0.95"]["met"]
+
+
+def test_consistent_gains_meet_the_goals():
+    runs = [_run(s, (0.30 + d, 0.30 + d), (0.40 + d, 0.60 + d)) for s, d in enumerate((0.0, 0.01, 0.02))]
+    goals = mtdrive_seeds.summarise(runs)["goals"]
+    assert goals["last_turn_above_first"]["met"] and goals["rl_above_sft"]["met"]
+
+
+def test_a_single_run_uses_its_held_out_sets():
+    run = {"preset": "cpu-demo", "seed": 0, "stages": {
+        "sft": _stage(0.3, 0.3, sem_final=0.05),
+        "rl": _stage(0.35, 0.45, sem_final=0.05, per_set=[(0.2, 0.4), (0.4, 0.45), (0.45, 0.5)])}}
+    goals = mtdrive_seeds.summarise([run])["goals"]
+    assert goals["last_turn_above_first"]["gain"] == pytest.approx(0.1)
+    assert goals["last_turn_above_first"]["met"]  # gains 0.2, 0.05, 0.05: sem 0.05
+    assert goals["rl_above_sft"]["combined_sem"] == pytest.approx(math.hypot(0.05, 0.05))
+    assert goals["rl_above_sft"]["met"]  # 0.15 > 0.0707
+    run["stages"]["untrained"] = _stage(0.0, 0.0, fmt=0.0)
+    learned = mtdrive_seeds.summarise([run])["goals"]["sft_above_untrained"]
+    assert learned["gain"] == pytest.approx(0.3) and learned["met"]
+    assert "sft_above_untrained: gain +0.300 vs standard error 0.050 (met)" in goals_lines({"sft_above_untrained": learned})
