@@ -28,7 +28,8 @@ as a plain OpenAI server) and then:
   (``TokenPieces``: exact when no token ends inside a UTF-8 character, "pieces");
   otherwise the completion text is re-tokenized with the local tokenizer ("retokenized":
   not guaranteed to be the sampled ids, log-probs unavailable). Where ids
-  came from and whether the log-probs belong to them is in ``RemoteCompletion.metadata``.
+  came from and whether the log-probs belong to them is in ``Completion.metadata``
+  (a ``RemoteMetadata``).
   With ``require_token_logprobs=True`` (RL training) any completion whose ids or log-probs
   are not exact raises instead.
 
@@ -200,13 +201,6 @@ class RemoteMetadata:
             and self.logprobs_source == "server"
             and self.prompt_tokens_match is not False
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteCompletion(Completion):
-    """A ``Completion`` from a server, with ``metadata`` on how its fields were obtained."""
-
-    metadata: RemoteMetadata
 
 
 # ------------------------------------------------------------------ protocol (pure)
@@ -507,7 +501,7 @@ def parse_completion_choice(
     tokenizer=None,
     pieces: TokenPieces | None = None,
     seed: int | None = None,
-) -> RemoteCompletion:
+) -> Completion:
     """The completion in a one-choice answer of /v1/completions (``chat=False``) or
     /v1/chat/completions (``chat=True``).
 
@@ -571,7 +565,7 @@ def parse_completion_choice(
         prompt_tokens_match=match,
         seed=seed,
     )
-    return RemoteCompletion(pids, ids, text, lps, finish, metadata)
+    return Completion(pids, ids, text, lps, finish, metadata)
 
 
 def parse_prompt_logprobs(answer: Any, prompt_ids: Sequence[int]) -> list[float]:
@@ -878,7 +872,7 @@ class OpenAIEngine:
             return params.logprobs_mode
         return self.server_logprobs_mode
 
-    def _checked(self, completions: list[RemoteCompletion]) -> list[RemoteCompletion]:
+    def _checked(self, completions: list[Completion]) -> list[Completion]:
         mismatched = [c for c in completions if c.metadata.prompt_tokens_match is False]
         if self.require_token_logprobs:
             bad = [c.metadata for c in completions if not c.metadata.exact]
@@ -893,7 +887,7 @@ class OpenAIEngine:
         elif mismatched:
             warnings.warn(
                 f"{len(mismatched)} prompts were tokenized differently by the server than by "
-                "the local tokenizer (RemoteCompletion.metadata.prompt_tokens_match is False)",
+                "the local tokenizer (Completion.metadata.prompt_tokens_match is False)",
                 RuntimeWarning, stacklevel=3,
             )
         return completions
@@ -932,7 +926,7 @@ class OpenAIEngine:
         seeds = row_seeds(key, len(rows))
         mode = self._logprobs_mode(params, dialect)
 
-        def run(i: int) -> RemoteCompletion:
+        def run(i: int) -> Completion:
             p = rows[i]
             body = build_completion_request(wire[p], params, self.model, seeds[i], dialect)
             answer = self.request("POST", "completions", body)
@@ -960,7 +954,7 @@ class OpenAIEngine:
         seeds = row_seeds(key, len(rows))
         mode = self._logprobs_mode(params, dialect)
 
-        def run(i: int) -> RemoteCompletion:
+        def run(i: int) -> Completion:
             body = build_chat_request(conversations[rows[i]], params, self.model, seeds[i], dialect)
             return parse_completion_choice(
                 self.request("POST", "chat/completions", body), chat=True, dialect=dialect,
