@@ -72,6 +72,7 @@ class Engine(Protocol):
     ``generate`` returns ``len(prompts) * params.n`` completions ordered prompt-major
     (prompt 0 sample 0..n-1, then prompt 1, ...). ``key`` is a JAX PRNG key; engines
     are deterministic given the key (a remote server only as far as it honours seeds).
+    ``JaxEngine`` also takes one key per completion row (a (len(prompts) * n,) key array).
     """
 
     def generate(

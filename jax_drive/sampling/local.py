@@ -24,6 +24,7 @@ from jax_drive.sampling.sampler import (
     SamplerOutput,
     check_token_ids,
     decode,
+    row_keys,
     start_decode,
 )
 from jax_drive.sampling.session import Session, SessionGroup
@@ -130,13 +131,17 @@ class JaxEngine:
                 raise TypeError("sessions need a CausalLM-like model (with arrays())")
         graph_and_state = nnx.split(self.model)
         chunk = self.max_batch_size or len(rows)
+        keys = row_keys(key, len(rows))
         completions: list[Completion] = []
         groups: list[SessionGroup] = []
         steps = 0
         for c, start in enumerate(range(0, len(rows), chunk)):
             part = rows[start : start + chunk]
-            loop, n, plen = start_decode(self.model, part, jax.random.fold_in(key, c) if chunk < len(rows) else key,
-                                         request, config, graph_and_state, weights)
+            if keys is not None:
+                part_key = keys[start : start + chunk]
+            else:
+                part_key = jax.random.fold_in(key, c) if chunk < len(rows) else key
+            loop, n, plen = start_decode(self.model, part, part_key, request, config, graph_and_state, weights)
             out = decode(self.model, weights, loop, request, config, graph_and_state)
             output = SamplerOutput.from_state(out, n, request)
             steps += output.steps
@@ -151,7 +156,11 @@ class JaxEngine:
     def generate(
         self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array
     ) -> list[Completion]:
-        """Completes each prompt ``params.n`` times; see ``Engine.generate``."""
+        """Completes each prompt ``params.n`` times; see ``Engine.generate``.
+
+        ``key`` may also be one key per completion row (a (len(prompts) * n,) key array):
+        each row then samples from its own key, whatever else is in the call.
+        """
         return self._run(prompts, params, key, keep_caches=False)[0]
 
     def start(

@@ -703,15 +703,17 @@ class OpenAIEngine:
         return headers
 
     def request(self, method: str, path: str, payload: dict | None = None,
-                expect_json: bool = True) -> Any:
+                expect_json: bool = True, root: bool = False) -> Any:
         """Sends one JSON request with retries; returns the decoded JSON answer (the text
         of a 2xx answer when ``expect_json`` is False: vLLM's LoRA endpoints answer text).
+        ``path`` is under ``/v1``, or under the server root with ``root=True``.
 
         Raises:
           OpenAIEngineError: a non-retryable status (with the server's message), a read
             timeout, retries exhausted, or a non-JSON body.
         """
-        url = f"{self.base_url}/{path.lstrip('/')}"
+        base = self.base_url[: -len("/v1")] if root else self.base_url
+        url = f"{base}/{path.lstrip('/')}"
         body = None if payload is None else json.dumps(payload).encode("utf-8")
         last = ""
         status: int | None = None
@@ -832,6 +834,17 @@ class OpenAIEngine:
         self._require_feature(self.dialect.lora_endpoints, "runtime LoRA loading")
         self.request("POST", "unload_lora_adapter", {"lora_name": name}, expect_json=False)
         self._models = None
+
+    def update_weights_from_disk(self, path: str) -> None:
+        """Has the server reload its base model's weights from an HF directory it can read
+        (config.json + safetensors, e.g. ``jax_drive.models.export.save_safetensors``):
+        ``POST /update_weights_from_disk`` (SGLang's endpoint; ``jax-drive serve`` only here:
+        vLLM updates full weights over NCCL, not from disk over HTTP)."""
+        if self.dialect.name != "jax-drive":
+            raise UnsupportedParameterError(
+                f"reloading full weights needs jax-drive serve (POST /update_weights_from_disk); "
+                f"this is {self.dialect.name}")
+        self.request("POST", "update_weights_from_disk", {"model_path": str(path)}, root=True)
 
     def with_model(self, model: str) -> "OpenAIEngine":
         """The same server and settings, another model / adapter name."""
