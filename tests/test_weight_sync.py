@@ -22,40 +22,26 @@ from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.grpo import GRPOConfig, grpo_train
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
-from jax_drive.rl.weight_sync import WeightSync, WeightSyncConfig, served_logprob_gap, trainer_logprobs
+from jax_drive.rl.weight_sync import (
+    WeightSync,
+    WeightSyncConfig,
+    connect_trainer,
+    served_logprob_gap,
+    trainer_logprobs,
+)
 from jax_drive.rollout import RolloutConfig
-from jax_drive.sampling import Completion, OpenAIEngine, SamplingParams
+from jax_drive.sampling import OpenAIEngine, SamplingParams
 from jax_drive.sampling.openai_engine import UnsupportedParameterError
 from jax_drive.scenes import stack_scenes, straight_road_scene
 from jax_drive.serve import PolicyRegistry, PolicyServer
 from jax_drive.serve.launch import free_port, server_process
 from jax_drive.serve.protocol import InvalidRequest
-from jax_drive.text import format_trajectory
 from servers import inprocess_server
+# every other completion forced to a good answer, so groups have distinct rewards
+from test_rl_e2e import SPEED, ForcingEngine
 
 SERVED = "tiny"
-SPEED = 10.0
-GOOD = format_trajectory(np.stack([SPEED * 0.5 * np.arange(1, 9), np.zeros(8), np.zeros(8)], -1))
 PROBES = [[60, 61, 62, 63], [70, 71]]  # token-id prompts for the log-prob comparison
-
-
-class Forcing:
-    """Every other completion of a call becomes GOOD (so groups have distinct rewards and the
-    update is not zero); the rest are the server's samples."""
-
-    supports_sessions = False
-
-    def __init__(self, inner, tokenizer):
-        self.inner, self.tok = inner, tokenizer
-
-    def generate(self, prompts, params, key):
-        sampled = self.inner.generate(prompts, params, key)
-        ids = tuple(self.tok.encode(GOOD) + [self.tok.eos_token_ids[0]])
-        return [Completion(tuple(p), ids, GOOD, (0.0,) * len(ids), "stop") if i % 2 == 0 else c
-                for i, (p, c) in enumerate(zip(prompts, sampled))]
-
-    def generate_chat(self, conversations, params, key):  # pragma: no cover - protocol only
-        raise NotImplementedError
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +97,7 @@ def _train_against_server(model, tokenizer, engine, sync_config, trainable, lr):
         fixed.append(trainer_logprobs(model, PROBES[0], completion))
 
     scenes, ref = _scenes()
-    result = grpo_train(model, tokenizer, scenes, _config(trainable, lr), engine=Forcing(sync, tokenizer),
+    result = grpo_train(model, tokenizer, scenes, _config(trainable, lr), engine=ForcingEngine(sync, tokenizer),
                         references=ref, prompts=["plan scene 0", "plan scene 1"], progress=False,
                         on_step=on_step)
     assert len(result.history) == 2
@@ -203,17 +189,25 @@ def test_unversioned_sync_reloads_one_name_and_prunes_exports(local_server, chec
     url, registry, tokenizer = local_server
     model, _, _ = load_pretrained(str(checkpoint))
     apply_lora(model, rank=2, alpha=4.0, rngs=nnx.Rngs(0))
-    sync = WeightSync(OpenAIEngine(url, SERVED, tokenizer=tokenizer), model,
-                      WeightSyncConfig(directory=str(tmp_path), versioned=False, keep=1))
+    engine = OpenAIEngine(url, SERVED, tokenizer=tokenizer)
+    sync = WeightSync(engine, model, WeightSyncConfig(directory=str(tmp_path / "a"), versioned=False, keep=1,
+                                                      verify_tolerance=1e-4))
     for step in range(3):
         p = model.layers.q_proj
         p.lora_b.set_value(jax.random.normal(jax.random.key(step), p.lora_b.shape) * 0.5)
         sync.on_step(type("State", (), {"step": step + 1})())
         record = sync.history[-1]
-        assert record.model == "policy" and record.step == step + 1
+        assert record.model == "policy" and record.step == step + 1 and record.logprob_gap < 1e-4
         assert served_logprob_gap(sync, model, PROBES, jax.random.key(step))["max_abs"] < 1e-4
     assert list(registry.adapters()) == ["policy"]
-    assert [p.name for p in tmp_path.iterdir()] == ["v000002"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["history.jsonl", "v000002"]
+    # a trainer on other base weights than the server's is noticed by the probe
+    other, _, _ = tiny_policy(seed=7, lora_rank=2)
+    mismatched = WeightSync(engine, other, WeightSyncConfig(directory=str(tmp_path / "b"), adapter_name="o",
+                                                             verify_tolerance=1e-4))
+    with pytest.warns(RuntimeWarning, match="base weights"):
+        mismatched.push()
+    assert mismatched.history[-1].logprob_gap > 1e-3
 
 
 def test_full_sync_needs_a_server_that_reloads_weights(tmp_path):
@@ -226,3 +220,14 @@ def test_full_sync_needs_a_server_that_reloads_weights(tmp_path):
         WeightSyncConfig(mode="delta")
     with pytest.raises(TypeError, match="OpenAIEngine"):
         WeightSync(object(), model)
+
+
+def test_connect_trainer_finds_the_base_and_picks_the_mode(local_server, checkpoint, tmp_path):
+    url, registry, tokenizer = local_server
+    model, _, _ = load_pretrained(str(checkpoint))
+    apply_lora(model, rank=2, alpha=4.0, rngs=nnx.Rngs(0))
+    sync = connect_trainer(url, model, tokenizer, "lora", str(tmp_path))
+    assert sync.base.model == SERVED and sync.base.require_token_logprobs and sync.config.mode == "lora"
+    record = sync.push(step=0)
+    assert record.model == "policy-v0" and record.logprob_gap is not None and record.logprob_gap < 1e-4
+    assert connect_trainer(url, model, tokenizer, "full", str(tmp_path), served_model=SERVED).config.mode == "full"

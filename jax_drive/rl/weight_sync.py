@@ -37,9 +37,10 @@ shared file system); the ``keep`` newest stay on disk.
 from __future__ import annotations
 
 import dataclasses
-import os
+import json
 import shutil
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +53,7 @@ from jax_drive.sampling.engine import Completion, Message, Prompt
 from jax_drive.sampling.openai_engine import OpenAIEngine, OpenAIEngineError
 from jax_drive.sampling.params import SamplingParams
 
+PROBE_TEXT = "The light ahead turns red. What do you do?"
 
 @dataclasses.dataclass(frozen=True)
 class WeightSyncConfig:
@@ -66,6 +68,10 @@ class WeightSyncConfig:
         place (False).
       keep: exports kept on disk (the newest; default 2, at least 1).
       base_model_name: recorded in the PEFT adapter_config.json (optional).
+      verify_tolerance: after every push, sample a short probe from the server and compare
+        its log-probs with the trainer's (``served_logprob_gap``; needs the engine's
+        tokenizer); the gap is recorded and a larger one than this warns (a server on other
+        base weights or in another dtype). None (default) = no probe.
     """
 
     mode: Literal["lora", "full"] = "lora"
@@ -74,6 +80,7 @@ class WeightSyncConfig:
     versioned: bool = True
     keep: int = 2
     base_model_name: str = ""
+    verify_tolerance: float | None = None
 
     def __post_init__(self):
         if self.mode not in ("lora", "full"):
@@ -87,7 +94,7 @@ class WeightSyncConfig:
 @dataclasses.dataclass(frozen=True)
 class SyncRecord:
     """One push: push index, trainer step, served name, export directory, seconds spent
-    exporting and loading."""
+    exporting and loading, and the probe's max |served - trainer| log-prob (None unprobed)."""
 
     version: int
     step: int | None
@@ -95,6 +102,7 @@ class SyncRecord:
     path: str
     export_seconds: float
     load_seconds: float
+    logprob_gap: float | None = None
 
 
 class WeightSync:
@@ -179,12 +187,26 @@ class WeightSync:
         t1 = time.perf_counter()
         self._current = self._load(path, version)
         t2 = time.perf_counter()
-        record = SyncRecord(version, step, self._current.model, str(path), t1 - t0, t2 - t1)
-        self.history.append(record)
         self._exports.append(path)
         while len(self._exports) > self.config.keep:
             shutil.rmtree(self._exports.pop(0), ignore_errors=True)
+        record = SyncRecord(version, step, self._current.model, str(path), t1 - t0, t2 - t1, self._probe(version))
+        self.history.append(record)
+        with open(self.directory / "history.jsonl", "a") as handle:
+            handle.write(json.dumps(dataclasses.asdict(record)) + "\n")
         return record
+
+    def _probe(self, version: int) -> float | None:
+        tolerance, tokenizer = self.config.verify_tolerance, self.base.tokenizer
+        if tolerance is None or tokenizer is None:
+            return None
+        prompt = list(tokenizer.encode(PROBE_TEXT))
+        gap = served_logprob_gap(self._current, self.model, [prompt], jax.random.key(version))["max_abs"]
+        if gap > tolerance:
+            warnings.warn(f"after push {version} the server's log-probs differ from the trainer's by up to "
+                          f"{gap:.2e} (> {tolerance:g}): does it serve the trainer's base weights and dtype?",
+                          RuntimeWarning, stacklevel=3)
+        return gap
 
     def on_step(self, state, record: dict | None = None) -> None:
         """``grpo_train``'s ``on_step`` callback: pushes the step's weights (``state.step``)."""
@@ -207,6 +229,31 @@ class WeightSync:
                       key: jax.Array) -> list[Completion]:
         """``Engine.generate_chat`` on the latest pushed version."""
         return self.engine().generate_chat(conversations, params, key)
+
+
+def connect_trainer(url: str, model, tokenizer, trainable: str, directory: str | None = None,
+                    served_model: str | None = None, verify_tolerance: float | None = 1e-3) -> WeightSync:
+    """A :class:`WeightSync` for training ``model`` against the server at ``url``.
+
+    Args:
+      url: server root, e.g. 'http://localhost:8000'.
+      model, tokenizer: the trainer's live policy and its tokenizer.
+      trainable: the trainer's ``OptimConfig.trainable``: 'lora' pushes adapters, 'full'
+        all weights.
+      directory: where exports go (None: a temporary directory).
+      served_model: the server's name of the base model (default: the first model it lists).
+      verify_tolerance: see ``WeightSyncConfig`` (default 1e-3: warn when the server's
+        log-probs are further from the trainer's).
+    """
+    if served_model is None:
+        names = OpenAIEngine(url, "unset", tokenizer=tokenizer, check_model=False).list_models()
+        if not names:
+            raise OpenAIEngineError(f"{url} serves no model")
+        served_model = names[0]
+    engine = OpenAIEngine(url, served_model, tokenizer=tokenizer, require_token_logprobs=True)
+    config = WeightSyncConfig(mode="lora" if trainable == "lora" else "full", directory=directory,
+                              verify_tolerance=verify_tolerance)
+    return WeightSync(engine, model, config)
 
 
 def trainer_logprobs(model, prompt_ids: Sequence[int], token_ids: Sequence[int],
@@ -245,7 +292,3 @@ def served_logprob_gap(engine, model, prompts: Sequence[Sequence[int]], key: jax
     every = np.concatenate(gaps) if gaps else np.zeros((0,), np.float32)
     return {"max_abs": float(every.max()) if every.size else 0.0, "tokens": int(every.size)}
 
-
-def default_sync_directory(out_dir: str | os.PathLike | None) -> str | None:
-    """``out_dir/weight_sync`` (None without an out_dir: a temporary directory)."""
-    return None if out_dir is None else os.path.join(os.fspath(out_dir), "weight_sync")

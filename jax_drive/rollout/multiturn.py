@@ -30,7 +30,7 @@ turn's advantage.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -191,6 +191,7 @@ def run_rollouts(
     pdm_config=None,
     prompts: Sequence[str] | None = None,
     progress=None,
+    on_finished: Callable[[list[int], list[Transcript]], None] | None = None,
 ) -> RolloutResult:
     """Runs G multi-turn rollouts for each of S scenes.
 
@@ -209,6 +210,10 @@ def run_rollouts(
       pdm_config: PDMConfig for the scorer (default NAVSIM v1.1).
       prompts: S turn-1 user prompts (default :func:`scene_prompts`).
       progress: optional callable(turn, active_rows) for progress reporting.
+      on_finished: optional callable(rows, transcripts) given the rows (r = s * G + g) that
+        stopped and their final transcripts as soon as they stop (after each turn; rows that
+        cannot start, before the first), so a learner can process them while the others
+        still generate (:mod:`jax_drive.rl.streaming`). Every row is reported once.
     Returns:
       RolloutResult.
     """
@@ -241,6 +246,11 @@ def run_rollouts(
     active = np.array([len(log.tokens) + sampling.max_new_tokens <= config.max_context_tokens for log in logs])
     stop[~active.reshape(num_scenes, g_)] = "context"
 
+    def report(rows) -> None:
+        if on_finished is not None and len(rows):
+            on_finished([int(r) for r in rows], [logs[r].transcript() for r in rows])
+
+    report(np.flatnonzero(~active))
     for j in range(n_):
         live = np.flatnonzero(active)
         if live.size == 0:
@@ -285,6 +295,7 @@ def run_rollouts(
                     stop[s, g], active[r] = "context", False
                 else:
                     log.extend(extra, -1)
+        report([r for r in live if not active[r]])
 
     transcripts = np.empty((num_scenes, g_), dtype=object)
     for r, log in enumerate(logs):
