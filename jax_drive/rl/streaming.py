@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -122,6 +123,16 @@ def rows_to_batch(values: Sequence[np.ndarray], length: int, num_rows: int) -> n
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _programs(graphdef, chunk_size: int, temperature: float):
+    """Jitted ``(prefix(params, rest, batch), suffix(params, rest, batch))`` per model
+    structure and settings, reused by every step's RowLogprobs (as the trainer's own step)."""
+    prefix = make_eval_fn(graphdef, lambda m, b: prefix_cache(m.arrays(), m.config, b["ids"], b["mask"]))
+    suffix = make_eval_fn(graphdef, lambda m, b: suffix_logprobs(
+        m.arrays(), m.config, b["cache"], b["ids"], b["positions"], b["mask"], b["targets"], chunk_size, temperature))
+    return prefix, suffix
+
+
 # ------------------------------------------------------------------------- the class
 @dataclasses.dataclass
 class _Row:
@@ -154,10 +165,7 @@ class RowLogprobs:
         self.policies = dict(policies)
         self.config = config
         self.logp_fn = logp_fn
-        chunk, temp = config.chunk_size, config.temperature
-        self._prefix_fn = make_eval_fn(graphdef, lambda m, b: prefix_cache(m.arrays(), m.config, b["ids"], b["mask"]))
-        self._suffix_fn = make_eval_fn(graphdef, lambda m, b: suffix_logprobs(
-            m.arrays(), m.config, b["cache"], b["ids"], b["positions"], b["mask"], b["targets"], chunk, temp))
+        self._prefix_fn, self._suffix_fn = _programs(graphdef, config.chunk_size, config.temperature)
         self._values: dict[str, dict[int, np.ndarray]] = {name: {} for name in self.policies}
         self._prefixes: dict[tuple[str, int], tuple[jax.Array, jax.Array, jax.Array]] = {}
         self._pending_rows: dict[int, int] = {}  # group -> rows not scored yet
