@@ -118,7 +118,8 @@ def run_variant(model, tokenizer, start, scenes, references, args, name: str) ->
     return [{"step_seconds": r["rollout_seconds"] + r["update_seconds"], "rollout_seconds": r["rollout_seconds"],
              "update_seconds": r["update_seconds"], "turns_mean": r["turns_mean"],
              "generated_tokens": r["generated_tokens"], "padded_length": r["padded_length"],
-             "loss": r["loss"]} for r in result.history]
+             "loss": r["loss"], "logprob_seconds": r.get("logprob_seconds"),
+             "logprob_wait_seconds": r.get("logprob_wait_seconds")} for r in result.history]
 
 
 def logprob_pass(model, tokenizer, start, scenes, references, args) -> dict:
@@ -203,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, steps in runs.items():
         summary[name] = {k: statistics.mean(s[k] for s in steps)
                          for k in ("step_seconds", "rollout_seconds", "update_seconds")}
+        if steps[0]["logprob_seconds"] is not None:  # streamed / shared: scoring vs waiting
+            for k in ("logprob_seconds", "logprob_wait_seconds"):
+                summary[name][k] = statistics.mean(s[k] for s in steps)
         summary[name]["steps_timed"] = len(steps)
     base = summary["plain"]["step_seconds"]
     ratios = {name: base / s["step_seconds"] for name, s in summary.items()}

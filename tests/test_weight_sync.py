@@ -122,7 +122,8 @@ def test_lora_rl_against_jax_drive_serve_samples_the_trainers_policy(subprocess_
     assert [r.model for r in sync.history] == ["policy-v0", "policy-v1", "policy-v2"]
     assert [r.step for r in sync.history] == [None, 1, 2]
     assert engine.list_models() == [SERVED, "policy-v2"]
-    assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["v000001", "v000002"]
+    assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["history.jsonl", "v000001", "v000002"]
+    assert len((tmp_path / "sync" / "history.jsonl").read_text().splitlines()) == 3
 
 
 @pytest.mark.slow
@@ -230,4 +231,8 @@ def test_connect_trainer_finds_the_base_and_picks_the_mode(local_server, checkpo
     assert sync.base.model == SERVED and sync.base.require_token_logprobs and sync.config.mode == "lora"
     record = sync.push(step=0)
     assert record.model == "policy-v0" and record.logprob_gap is not None and record.logprob_gap < 1e-4
+    sync.push(step=1)
+    # a restarted trainer (a resumed run) starts at v0 again and drops what the last one left
+    again = connect_trainer(url, model, tokenizer, "lora", str(tmp_path / "again"))
+    assert again.engine().model == "policy-v0" and sync.base.list_models() == [SERVED, "policy-v0"]
     assert connect_trainer(url, model, tokenizer, "full", str(tmp_path), served_model=SERVED).config.mode == "full"

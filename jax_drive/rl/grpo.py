@@ -401,6 +401,8 @@ def grpo_train(
                 params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
                                                         batch, config, k_mb, precomputed)
                 jax.block_until_ready(params)
+                if rows_logp is not None:  # scoring time, and the part the trainer waited for
+                    update.update(logprob_seconds=rows_logp.compute_seconds, logprob_wait_seconds=rows_logp.wait_seconds)
             else:
                 batch, params, opt_state = None, state.params, state.opt_state
                 update = {"optimizer_steps": 0}

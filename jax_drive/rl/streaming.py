@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -173,6 +174,8 @@ class RowLogprobs:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="row-logprobs") \
             if config.background else None
         self._futures: list[concurrent.futures.Future] = []
+        self.compute_seconds = 0.0  # time spent scoring (worker or results())
+        self.wait_seconds = 0.0  # time results() blocked the caller
 
     # ------------------------------------------------------------------ intake
     def submit(self, rows: Sequence[int], transcripts: Sequence[Any]) -> None:
@@ -188,12 +191,14 @@ class RowLogprobs:
 
     def results(self) -> dict[str, dict[int, np.ndarray]]:
         """Waits for every submitted row; per policy, row index -> the row's array."""
+        t0 = time.perf_counter()
         if self._deferred:
             items, self._deferred = self._deferred, []
             self._score(items)
         for future in self._futures:
             future.result()  # re-raises a worker's exception
         self._futures = []
+        self.wait_seconds += time.perf_counter() - t0
         return {name: dict(values) for name, values in self._values.items()}
 
     def close(self) -> None:
@@ -202,6 +207,11 @@ class RowLogprobs:
 
     # ------------------------------------------------------------------- work
     def _score(self, items: list[_Row]) -> None:
+        t0 = time.perf_counter()
+        self._score_policies(items)
+        self.compute_seconds += time.perf_counter() - t0
+
+    def _score_policies(self, items: list[_Row]) -> None:
         for name, params in self.policies.items():
             if self.config.share_prefix:
                 values = self._score_shared(name, params, items)

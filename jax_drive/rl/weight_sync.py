@@ -162,13 +162,18 @@ class WeightSync:
             return base
         name = f"{cfg.adapter_name}-v{version}" if cfg.versioned else cfg.adapter_name
         base.load_lora_adapter(name, str(path), replace=True)
-        previous = self.served_model
-        if cfg.versioned and previous is not None and previous != name:
-            try:
-                base.unload_lora_adapter(previous)
-            except OpenAIEngineError as error:
-                if error.status != 404:  # already gone is fine
-                    raise
+        if cfg.versioned:
+            # the previous version, or on the first push the versions a killed run left behind
+            stale = [self.served_model] if self.served_model is not None else [
+                m for m in base.list_models() if m.startswith(f"{cfg.adapter_name}-v")]
+            for old in stale:
+                if old == name:
+                    continue
+                try:
+                    base.unload_lora_adapter(old)
+                except OpenAIEngineError as error:
+                    if error.status != 404:  # already gone is fine
+                        raise
         return base.with_model(name)
 
     def push(self, step: int | None = None) -> SyncRecord:
