@@ -22,16 +22,18 @@ from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.grpo import GRPOConfig, grpo_train
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
+from jax_drive.cli.train import main as train_main
 from jax_drive.rl.weight_sync import (
     WeightSync,
     WeightSyncConfig,
     connect_trainer,
+    served_base_model,
     served_logprob_gap,
     trainer_logprobs,
 )
 from jax_drive.rollout import RolloutConfig
 from jax_drive.sampling import OpenAIEngine, SamplingParams
-from jax_drive.sampling.openai_engine import UnsupportedParameterError
+from jax_drive.sampling.openai_engine import OpenAIEngineError, UnsupportedParameterError
 from jax_drive.scenes import stack_scenes, straight_road_scene
 from jax_drive.serve import PolicyRegistry, PolicyServer
 from jax_drive.serve.launch import free_port, server_process
@@ -236,3 +238,60 @@ def test_connect_trainer_finds_the_base_and_picks_the_mode(local_server, checkpo
     again = connect_trainer(url, model, tokenizer, "lora", str(tmp_path / "again"))
     assert again.engine().model == "policy-v0" and sync.base.list_models() == [SERVED, "policy-v0"]
     assert connect_trainer(url, model, tokenizer, "full", str(tmp_path), served_model=SERVED).config.mode == "full"
+
+
+def test_train_cli_checks_the_engine_server_before_training(local_server, tmp_path, capsys):
+    url, _, _ = local_server
+    assert served_base_model(url) == SERVED and served_base_model(url, SERVED) == SERVED
+    with pytest.raises(OpenAIEngineError, match="does not serve 'nope'"):
+        served_base_model(url, "nope")
+    out = tmp_path / "run"
+    common = ["--preset", "smoke", "--out", str(out), "--no-progress"]
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert train_main([*common, "--engine-url", nobody]) == 2
+    assert train_main([*common, "--engine-url", url, "--engine-model", "nope"]) == 2
+    assert train_main([*common, "--engine-model", SERVED]) == 2
+    assert train_main([*common, "--engine-url", url, "--skip-rl"]) == 2
+    err = capsys.readouterr().err
+    assert f"--engine-url {nobody}:" in err and "does not serve 'nope'" in err
+    assert "give --engine-url" in err and "--skip-rl skips RL" in err
+    assert not out.exists()  # refused before the run started (no SFT spent on a dead server)
+
+
+# ------------------------------------------------------------- llama.cpp (real server)
+@pytest.mark.server
+def test_weight_sync_against_llama_cpp_is_refused_with_the_reason(llama_cpp_server, tmp_path):
+    """llama.cpp's server has neither runtime LoRA loading nor a weight reload endpoint: a
+    trainer pointed at it fails at its first push, saying why, instead of training on a
+    policy the server never sees."""
+    engine = OpenAIEngine(llama_cpp_server.base_url, llama_cpp_server.model)
+    model, _, _ = tiny_policy(lora_rank=2)
+    with pytest.raises(UnsupportedParameterError, match="runtime LoRA loading needs a vLLM .* llama.cpp"):
+        WeightSync(engine, model, WeightSyncConfig(directory=str(tmp_path / "lora"))).engine()
+    with pytest.raises(UnsupportedParameterError, match="needs jax-drive serve.* llama.cpp"):
+        WeightSync(engine, model, WeightSyncConfig(mode="full", directory=str(tmp_path / "full"))).push()
+    assert engine.list_models() == [llama_cpp_server.model]  # nothing changed on the server
+
+
+# ---------------------------------------------------------------------- vLLM only
+@pytest.mark.server
+def test_lora_sync_against_vllm(tmp_path):
+    """Needs JAX_DRIVE_VLLM_URL: a vLLM server of HuggingFaceTB/SmolLM2-135M-Instruct started
+    with --enable-lora (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) on this machine's file system.
+    Its weights are bf16, the trainer's float32: the gap tolerance is bf16's, not 1e-4."""
+    from test_engine_openai import _vllm_engine
+
+    served = _vllm_engine()  # skips (with the reason) before the model is loaded
+    model, _, tokenizer = load_pretrained("smollm2-135m-instruct")
+    engine = OpenAIEngine(served.base_url, served.model, served.api_key, tokenizer=tokenizer,
+                          require_token_logprobs=True)
+    apply_lora(model, rank=8, alpha=16.0, rngs=nnx.Rngs(0))
+    probes = [list(tokenizer.encode("The light ahead turns red. What do you do?"))]
+    sync = WeightSync(engine, model, WeightSyncConfig(directory=str(tmp_path)))
+    for step in range(2):
+        p = model.layers.q_proj
+        p.lora_b.set_value(jax.random.normal(jax.random.key(step), p.lora_b.shape) * 0.05)
+        sync.push(step)
+        assert served_logprob_gap(sync, model, probes, jax.random.key(step))["max_abs"] < 5e-2
+    assert "policy-v1" in engine.list_models() and "policy-v0" not in engine.list_models()
+    engine.unload_lora_adapter("policy-v1")

@@ -88,6 +88,18 @@ def run(args: argparse.Namespace) -> int:
             preset = with_seed(preset, args.seed)
     except ValueError as error:
         return _usage_error(str(error))
+    if args.engine_model is not None and args.engine_url is None:
+        return _usage_error("--engine-model names a model of the --engine-url server; give --engine-url")
+    if args.engine_url is not None:
+        if args.skip_rl:
+            return _usage_error("--engine-url serves the RL rollouts; --skip-rl skips RL")
+        from jax_drive.rl.weight_sync import served_base_model
+        from jax_drive.sampling.openai_engine import OpenAIEngineError
+
+        try:  # before SFT, not after it: a wrong URL or name fails in seconds
+            served_base_model(args.engine_url, args.engine_model)
+        except (OpenAIEngineError, ValueError) as error:
+            return _usage_error(f"--engine-url {args.engine_url}: {error}")
     out = args.out or os.path.join("runs", f"mtdrive_{args.preset.replace('-', '_')}_s{preset.seed}")
     try:
         results = run_mtdrive(preset, out, advantage=args.advantage, skip_rl=args.skip_rl, sft_from=args.sft_from,

@@ -236,6 +236,24 @@ class WeightSync:
         return self.engine().generate_chat(conversations, params, key)
 
 
+def served_base_model(url: str, served_model: str | None = None) -> str:
+    """The server's name of the base model to train against: ``served_model`` once checked
+    to be served, or (None) the first model the server lists.
+
+    Raises:
+      OpenAIEngineError: the server cannot be reached (after the engine's retries), serves
+        nothing, or does not serve ``served_model``.
+    """
+    names = OpenAIEngine(url, "unset", check_model=False).list_models()
+    if not names:
+        raise OpenAIEngineError(f"{url} serves no model")
+    if served_model is None:
+        return names[0]
+    if served_model not in names:
+        raise OpenAIEngineError(f"{url} does not serve {served_model!r} (served: {names})")
+    return served_model
+
+
 def connect_trainer(url: str, model, tokenizer, trainable: str, directory: str | None = None,
                     served_model: str | None = None, verify_tolerance: float | None = 1e-3) -> WeightSync:
     """A :class:`WeightSync` for training ``model`` against the server at ``url``.
@@ -250,11 +268,7 @@ def connect_trainer(url: str, model, tokenizer, trainable: str, directory: str |
       verify_tolerance: see ``WeightSyncConfig`` (default 1e-3: warn when the server's
         log-probs are further from the trainer's).
     """
-    if served_model is None:
-        names = OpenAIEngine(url, "unset", tokenizer=tokenizer, check_model=False).list_models()
-        if not names:
-            raise OpenAIEngineError(f"{url} serves no model")
-        served_model = names[0]
+    served_model = served_base_model(url, served_model)
     engine = OpenAIEngine(url, served_model, tokenizer=tokenizer, require_token_logprobs=True)
     config = WeightSyncConfig(mode="lora" if trainable == "lora" else "full", directory=directory,
                               verify_tolerance=verify_tolerance)
