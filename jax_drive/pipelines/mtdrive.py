@@ -363,6 +363,11 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
                                 references=rl_refs, out_dir=rl_dir, resume=resume, progress=progress,
                                 on_step=on_step)
             holding = "rl"
+            if engine_url is not None:
+                gaps = [r.logprob_gap for r in rl_engine.history if r.logprob_gap is not None]
+                log(f"[{preset.name}] RL rollouts on {engine_url}: {len(rl_engine.history)} pushes "
+                    f"({rl_engine.served_model}), served-vs-trainer log-prob gap <= "
+                    f"{max(gaps) if gaps else float('nan'):.1e} (rl/weight_sync/history.jsonl)")
             return None, {"steps": int(result.state.step)}, None
 
         stage("rl", run_rl)
