@@ -29,53 +29,46 @@ on one rollout.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
 import statistics
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_json
 
-from jax_drive.pipelines.presets import COMPACT_CAPTION, TEXT_PROMPT  # noqa: E402
-from jax_drive.rl.advantages import AdvantageConfig  # noqa: E402
-from jax_drive.rl.grpo import GRPOConfig, _compiled, batch_logprobs, build_train_batch, grpo_train  # noqa: E402
-from jax_drive.rl.loss import LossConfig  # noqa: E402
-from jax_drive.rl.optim import OptimConfig, copy_tree, split_model, write_back  # noqa: E402
-from jax_drive.rl.streaming import RowLogprobs, StreamConfig  # noqa: E402
-from jax_drive.rollout import RolloutConfig, run_rollouts  # noqa: E402
-from jax_drive.runinfo import add_output_args, run_main, run_metadata, write_json  # noqa: E402
-from jax_drive.sampling import Completion, JaxEngine, SamplingParams  # noqa: E402
-from jax_drive.scenes import stack_scenes, straight_road_scene  # noqa: E402
-from jax_drive.text import format_trajectory  # noqa: E402
+script_environment()
 
 VARIANTS = {"plain": (False, False), "iptc": (False, True), "ipss": (True, False), "ipss+iptc": (True, True)}
 SPEED = 10.0
-# a straight answer along the lane at the ego speed: no violation on a straight road
-GOOD = format_trajectory(np.stack([SPEED * 0.5 * np.arange(1, 9), np.zeros(8), np.zeros(8)], -1))
+
+
+def good_answer() -> str:
+    """A straight answer along the lane at the ego speed: no violation on a straight road."""
+    import numpy as np
+
+    from jax_drive.text import format_trajectory
+
+    return format_trajectory(np.stack([SPEED * 0.5 * np.arange(1, 9), np.zeros(8), np.zeros(8)], -1))
 
 
 class EarlyFinish:
-    """Engine wrapper: at turn 1, rows g < ``forced`` of every group answer GOOD (and stop,
+    """Engine wrapper: at turn 1, rows g < ``forced`` of every group answer ``good_answer()`` (and stop,
     having no violation); every other completion is the policy's own sample."""
 
     supports_sessions = False
 
     def __init__(self, inner, tokenizer, group_size: int, forced: int):
         self.inner, self.tok, self.group, self.forced = inner, tokenizer, group_size, forced
-        self.answer = tuple(tokenizer.encode(GOOD) + [tokenizer.eos_token_ids[0]])
+        self.text = good_answer()
+        self.answer = tuple(tokenizer.encode(self.text) + [tokenizer.eos_token_ids[0]])
 
     def generate(self, prompts, params, key):
+        from jax_drive.sampling import Completion
+
         out = self.inner.generate(prompts, params, key)
         first_turn = [self.tok.decode(list(p), skip_special_tokens=False).count("<|im_start|>assistant") == 1
                       for p in prompts]
-        return [Completion(tuple(p), self.answer, GOOD, (0.0,) * len(self.answer), "stop")
+        return [Completion(tuple(p), self.answer, self.text, (0.0,) * len(self.answer), "stop")
                 if first and i % self.group < self.forced else c
                 for i, (p, c, first) in enumerate(zip(prompts, out, first_turn))]
 
@@ -84,11 +77,14 @@ class EarlyFinish:
 
 
 def load(model_name: str, lora_rank: int):
+    """(model with LoRA adapters, tokenizer)."""
     if model_name == "tiny":
         from jax_drive.models.tiny import tiny_policy
 
         model, _, tokenizer = tiny_policy(seed=0, lora_rank=lora_rank)
         return model, tokenizer
+    from flax import nnx
+
     from jax_drive.models import load_pretrained
     from jax_drive.models.lora import apply_lora
 
@@ -99,6 +95,14 @@ def load(model_name: str, lora_rank: int):
 
 def grpo_config(args, stream: bool, share: bool) -> GRPOConfig:
     """MTDrive's trainer defaults (recomputed pi_old, K3 KL 0.01) at a CPU size."""
+    from jax_drive.pipelines.presets import COMPACT_CAPTION, TEXT_PROMPT
+    from jax_drive.rl.advantages import AdvantageConfig
+    from jax_drive.rl.grpo import GRPOConfig
+    from jax_drive.rl.loss import LossConfig
+    from jax_drive.rl.optim import OptimConfig
+    from jax_drive.rollout import RolloutConfig
+    from jax_drive.sampling import SamplingParams
+
     rollout = RolloutConfig(group_size=args.group, max_turns=args.turns, prompt=TEXT_PROMPT, caption=COMPACT_CAPTION,
                             sampling=SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0))
     return GRPOConfig(rollout=rollout, advantage=AdvantageConfig(mode="mtgrpo_cross"), loss=LossConfig(kl_coef=0.01),
@@ -110,6 +114,10 @@ def grpo_config(args, stream: bool, share: bool) -> GRPOConfig:
 
 def run_variant(model, tokenizer, start, scenes, references, args, name: str) -> list[dict]:
     """One training run of ``args.steps`` steps from the initial weights; per-step timings."""
+    from jax_drive.rl.grpo import grpo_train
+    from jax_drive.rl.optim import copy_tree, write_back
+    from jax_drive.sampling import JaxEngine
+
     write_back(model, copy_tree(start))
     stream, share = VARIANTS[name]
     engine = EarlyFinish(JaxEngine(model, tokenizer), tokenizer, args.group, args.finish_early)
@@ -124,6 +132,16 @@ def run_variant(model, tokenizer, start, scenes, references, args, name: str) ->
 
 def logprob_pass(model, tokenizer, start, scenes, references, args) -> dict:
     """The pi_old + pi_ref log-prob pass alone on one rollout: plain batch vs shared prompts."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_drive.rl.grpo import _compiled, batch_logprobs, build_train_batch
+    from jax_drive.rl.optim import copy_tree, split_model, write_back
+    from jax_drive.rl.streaming import RowLogprobs, StreamConfig
+    from jax_drive.rollout import run_rollouts
+    from jax_drive.sampling import JaxEngine
+
     write_back(model, copy_tree(start))
     cfg = grpo_config(args, False, False)
     engine = EarlyFinish(JaxEngine(model, tokenizer), tokenizer, args.group, args.finish_early)
@@ -174,11 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per variant")
     parser.add_argument("--bucket", type=int, default=64, help="padded lengths are multiples of this")
     parser.add_argument("--seed", type=int, default=0)
-    add_output_args(parser)
+    add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
-    if not 0 <= args.finish_early <= args.group:
+    require_min(1, lora_rank=args.lora_rank, scenes=args.scenes, group=args.group, turns=args.turns,
+                max_new_tokens=args.max_new_tokens, steps=args.steps, repeats=args.repeats, bucket=args.bucket)
+    require_min(0, finish_early=args.finish_early)
+    if args.finish_early > args.group:
         parser.error("--finish-early must lie in [0, --group]")
 
+    import numpy as np  # heavy imports only after the arguments are checked
+
+    from jax_drive.rl.optim import copy_tree, split_model
+    from jax_drive.scenes import stack_scenes, straight_road_scene
+
+    meta = run_metadata(benchmark="bench_ipss")  # before any timed call
     model, tokenizer = load(args.model, args.lora_rank)
     _, start, _ = split_model(model, "lora")
     start = copy_tree(start)
@@ -220,16 +247,15 @@ def main(argv: list[str] | None = None) -> int:
         "logprob_pass": logprob_pass(model, tokenizer, start, scenes, references, args),
         "warmup_seconds": warmup,
         "runs": runs,
-        "meta": run_metadata(),
+        "meta": meta,
     }
     print(f"step time (s): " + ", ".join(f"{k} {v['step_seconds']:.2f}" for k, v in summary.items()))
     print(f"ratio plain / variant: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     lp = payload["logprob_pass"]
     print(f"log-prob pass alone: plain {lp['plain_seconds']:.2f} s, shared prompt {lp['shared_prompt_seconds']:.2f} s "
           f"({lp['speedup']:.2f}x; {lp['prompt_tokens']} of {lp['real_tokens']} row tokens are prompt)")
-    if args.json:
-        write_json(args.json, payload)
-        print(f"wrote {args.json}")
+    write_json(args.json, payload)
+    print(f"wrote {args.json}")
     return 0
 
 

@@ -146,3 +146,13 @@ def test_a_grpo_step_with_ipss_and_iptc_makes_the_plain_update():
         assert np.linalg.norm(update - plain) <= 1e-4 * np.linalg.norm(plain)  # measured: 1.6e-5
         for key in ("loss", "kl", "pg_loss", "logp_mismatch", "ratio_mean"):
             assert record[key] == pytest.approx(records[0][key], abs=1e-5), key
+
+
+def test_streaming_refuses_prompts_with_images():
+    from jax_drive.text.prompts import PromptConfig
+
+    rollout = RolloutConfig(prompt=PromptConfig(perception="image"))
+    for flags in ({"stream_logprobs": True}, {"share_prompt_prefix": True}):
+        with pytest.raises(ValueError, match="text rows only"):
+            GRPOConfig(rollout=rollout, **flags)
+    assert not GRPOConfig(rollout=rollout).stream_logprobs  # the plain pass takes images

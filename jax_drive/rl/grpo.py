@@ -31,7 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
-from jax_drive.rl.batching import TokenRow, bucket_length, pad_rows
+from jax_drive.rl.batching import TokenRow, add_images, batch_token_logprobs, bucket_length, pad_rows
 from jax_drive.rl.checkpoint import Checkpointer, RunState
 from jax_drive.rl.faults import pause_point
 from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
@@ -93,7 +93,8 @@ class GRPOConfig:
         generates (:mod:`jax_drive.rl.streaming`); default False (after the rollout).
       share_prompt_prefix: MTDrive's IPTC in our setting: each group's prompt is run once per
         model and its keys / values reused by the group's G rows; default False. Either
-        option gives the log-probs of the default path up to float rounding.
+        option gives the log-probs of the default path up to float rounding (text prompts
+        only: with images in the prompts, either option is an error).
     """
 
     rollout: RolloutConfig = RolloutConfig()
@@ -126,6 +127,9 @@ class GRPOConfig:
                     f"with recompute_old_logprobs=False and sampling temperature {sampling.temperature}, "
                     "the sampler's log-probs must be the trainer's softmax(logits / T): set "
                     "SamplingParams(logprobs_mode='processed') with top_k=0 and top_p=1.0")
+        if (self.stream_logprobs or self.share_prompt_prefix) and self.rollout.prompt.uses_images:
+            raise ValueError("stream_logprobs / share_prompt_prefix score text rows only; prompts with images "
+                             "(PromptConfig perception='image') need the plain log-prob pass")
 
     @property
     def logprob_temperature(self) -> float:
@@ -136,7 +140,7 @@ class GRPOConfig:
 
 # ----------------------------------------------------------------------------- batches
 def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucket_size: int = 128,
-                      multiple_of: int = 1) -> dict[str, np.ndarray]:
+                      multiple_of: int = 1, model=None) -> dict[str, np.ndarray]:
     """Padded training arrays from rollouts.
 
     Args:
@@ -145,15 +149,17 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
       pad_id: padding token.
       bucket_size: the padded length is a multiple of this.
       multiple_of: the row count is padded (with empty rows) to a multiple of this.
+      model: the policy, needed when the rollouts' prompts hold images (see
+        :func:`jax_drive.rl.batching.add_images`).
     Returns:
       dict of (R', L) arrays: input_ids, targets, positions, attention_mask, loss_mask
       (1 on generated tokens), old_logp (sampling log-probs), advantages (the token's turn
-      advantage), turn_id (float, -1 off-loss).
+      advantage), turn_id (float, -1 off-loss); with images, positions (R', 3, L) and vision.
     """
     adv = np.asarray(advantages, np.float32)
     if adv.shape[:2] != result.pdms.shape[:2]:
         raise ValueError(f"advantages {adv.shape} do not match the rollouts {result.pdms.shape}")
-    rows = [TokenRow(ids, (tid >= 0).astype(np.float32)) for ids, tid in zip(result.tokens, result.turn_ids)]
+    rows = [TokenRow(t.tokens, (t.turn_ids >= 0).astype(np.float32), t.images) for t in result.rows]
     length = bucket_length(max(len(r) for r in rows) - 1, bucket_size)
     num_rows = -(-len(rows) // multiple_of) * multiple_of
     batch = pad_rows(rows, length, pad_id, num_rows=num_rows,
@@ -164,13 +170,12 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
     row_adv[:len(rows)] = adv.reshape(len(rows), -1)
     batch["turn_id"] = turn_id
     batch["advantages"] = np.asarray(token_advantages(row_adv, turn_id))
-    return batch
+    return add_images(batch, rows, model)
 
 
 def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
     def loss_fn(model, batch):
-        logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
+        logp = batch_token_logprobs(model, batch, chunk_size, temperature)
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
                            ref_logp=batch.get("ref_logp"), config=loss_config)
 
@@ -179,8 +184,7 @@ def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
 
 def _logp_fn(chunk_size: int, temperature: float):
     def fn(model, batch):
-        return model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
+        return batch_token_logprobs(model, batch, chunk_size, temperature)
 
     return fn
 
@@ -193,19 +197,21 @@ def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimCo
     return step, logp
 
 
-_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask")
+_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask", "vision")
 
 
 def _rows(batch: dict, index) -> dict:
-    return {k: v[index] for k, v in batch.items()}
+    """The rows ``index`` of every entry (a per-row vision layout included)."""
+    return jax.tree.map(lambda v: v[index], batch)
 
 
 def batch_logprobs(logp_fn, params, rest, batch: dict, rows_per_call: int) -> jax.Array:
     """Log-probs of the batch's targets, ``rows_per_call`` rows at a time (bounded memory)."""
     n = batch["input_ids"].shape[0]
     parts = []
+    model_inputs = {k: batch[k] for k in _MODEL_KEYS if k in batch}
     for start in range(0, n, rows_per_call):
-        sub = {k: batch[k][start:start + rows_per_call] for k in _MODEL_KEYS}
+        sub = _rows(model_inputs, slice(start, start + rows_per_call))
         parts.append(logp_fn(params, rest, sub))
     return jnp.concatenate(parts, axis=0)
 
@@ -228,7 +234,7 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
     """
     step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim,
                                  config.logprob_temperature)
-    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    batch = jax.tree.map(jnp.asarray, batch)
     rows = batch["input_ids"].shape[0]
     mbs = min(config.minibatch_size, rows)
     mask = batch["loss_mask"]
@@ -394,7 +400,8 @@ def grpo_train(
             kept = train_adv.shape[0]
             if kept:
                 multiple = min(rows_multiple, kept * config.rollout.group_size)
-                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple)
+                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
+                                          model=model)
                 precomputed = None
                 if rows_logp is not None:
                     precomputed = _precomputed(rows_logp, result, keep, config.rollout.group_size, batch)

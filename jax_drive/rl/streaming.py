@@ -40,9 +40,8 @@ import numpy as np
 
 from jax_drive.models.transformer import (
     KVCache,
-    chunked_token_logprobs,
     forward_hidden,
-    head_matrix,
+    head_token_logprobs,
     init_cache,
     positions_from_mask,
 )
@@ -60,7 +59,7 @@ class StreamConfig:
       share_prefix: compute each group's prompt once per model (IPTC); False: whole rows.
       group_size: G, rows per group (row r belongs to group r // G).
       bucket_size: padded lengths are multiples of this (prompt and suffix separately).
-      chunk_size: tokens per LM-head chunk (``chunked_token_logprobs``).
+      chunk_size: tokens per LM-head chunk (``head_token_logprobs``).
       temperature: log-probs under softmax(logits / T) (the rollout's sampling temperature).
     """
 
@@ -111,7 +110,7 @@ def suffix_logprobs(params: dict, config, cache: KVCache, ids: jax.Array, positi
     grow = ((0, 0), (0, 0), (0, l), (0, 0), (0, 0))
     cache = KVCache(k=jnp.pad(cache.k, grow), v=jnp.pad(cache.v, grow), mask=jnp.pad(cache.mask, ((0, 0), (0, l))))
     hidden, _ = forward_hidden(params, config, ids, positions, mask, cache, jnp.int32(p))
-    return chunked_token_logprobs(hidden, targets, head_matrix(params), chunk_size, temperature)
+    return head_token_logprobs(params, hidden, targets, chunk_size, temperature)
 
 
 def rows_to_batch(values: Sequence[np.ndarray], length: int, num_rows: int) -> np.ndarray:
