@@ -252,7 +252,9 @@ def test_train_cli_checks_the_engine_server_before_training(local_server, tmp_pa
     assert train_main([*common, "--engine-url", url, "--engine-model", "nope"]) == 2
     assert train_main([*common, "--engine-model", SERVED]) == 2
     assert train_main([*common, "--engine-url", url, "--skip-rl"]) == 2
+    assert train_main(["--preset", "smoke-vlm", "--out", str(out), "--engine-url", url]) == 2
     err = capsys.readouterr().err
+    assert "remote rollouts are text only" in err
     assert f"--engine-url {nobody}:" in err and "does not serve 'nope'" in err
     assert "give --engine-url" in err and "--skip-rl skips RL" in err
     assert not out.exists()  # refused before the run started (no SFT spent on a dead server)

@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if args.engine_url is not None:
         if args.skip_rl:
             return _usage_error("--engine-url serves the RL rollouts; --skip-rl skips RL")
+        if preset.prompt.uses_images:
+            return _usage_error(f"--engine-url: preset {preset.name!r} prompts with images; remote rollouts are "
+                                "text only (OpenAIEngine sends no images)")
         from jax_drive.rl.weight_sync import served_base_model
         from jax_drive.sampling.openai_engine import OpenAIEngineError
 

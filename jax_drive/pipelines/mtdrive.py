@@ -300,13 +300,15 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         ``rl/weight_sync``). None: the in-process sampler. ``engine_model``: the server's
         name of the base model (default: the first it lists).
     Raises:
-      ValueError for an unknown stage; :class:`jax_drive.pipelines.journal.RunDirError`
-      when ``out_dir`` cannot be used as asked.
+      ValueError for an unknown stage or an image preset with ``engine_url``;
+      :class:`jax_drive.pipelines.journal.RunDirError` when ``out_dir`` cannot be used as asked.
     """
     log = log or (lambda msg: print(msg, flush=True))
     unknown = set(evaluate) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    if engine_url is not None and preset.prompt.uses_images:
+        raise ValueError(f"preset {preset.name!r} prompts with images; remote rollouts (engine_url) are text only")
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     journal = RunJournal(out_dir, run_identity(preset, advantage, sft_from), resume)
