@@ -7,6 +7,9 @@ Imported by conftest.py, so the fixtures are visible to every test module.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -36,3 +39,27 @@ def llama_cpp_server() -> Iterator[RunningServer]:
     with server_process(command, port, LLAMA_CPP_MODEL_NAME, "llama-cpp-server") as server:
         yield server
 
+
+
+@contextlib.contextmanager
+def inprocess_server(server) -> Iterator[str]:
+    """Serves a ``jax_drive.serve.PolicyServer`` with uvicorn on 127.0.0.1 in a thread;
+    yields its root URL."""
+    import uvicorn
+
+    from jax_drive.serve import create_app
+
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port,
+                                       log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)

@@ -81,6 +81,7 @@ def test_cli_argparse_errors_exit_2(capsys):
 # ------------------------------------------------------------------ experiments/ scripts
 # script -> arguments that are bad before anything heavy is imported, and the message.
 SCRIPTS = {
+    "bench_ipss": (["--group", "0"], "--group must be >= 1, got 0"),
     "bench_matmul": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "bench_negotiation": (["--groups", "0"], "--groups must be >= 1, got 0"),
     "interdrive": (["--engine", "openai"], "--engine openai needs --url"),

@@ -32,7 +32,7 @@ from jax_drive.sampling import Completion, Engine, OpenAIEngine, OpenAIEngineErr
 from jax_drive.models.tiny import byte_tokenizer
 from jax_drive.sampling.openai_engine import (
     DIALECTS,
-    RemoteCompletion,
+    RemoteMetadata,
     TokenPieces,
     UnsupportedParameterError,
     build_chat_request,
@@ -174,7 +174,7 @@ def test_check_sampling_params_refuses_what_the_server_cannot_honour():
 def test_parse_vllm_answer_ids_from_token_id_strings_and_field():
     c = parse_completion_choice(VLLM_ANSWER, chat=False, dialect=VLLM, logprobs_mode="raw",
                                 prompt_ids=[1, 2, 3], sent_token_ids=True, seed=9)
-    assert isinstance(c, RemoteCompletion) and isinstance(c, Completion)
+    assert type(c) is Completion and isinstance(c.metadata, RemoteMetadata)
     assert (c.prompt_token_ids, c.token_ids, c.text, c.logprobs, c.finish_reason) == (
         (1, 2, 3), (7042, 30, 2), " Paris.", (-0.1, -0.2, -0.3), "stop")
     m = c.metadata

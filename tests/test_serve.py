@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import sys
-import threading
 import time
 
 import jax
@@ -15,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
-import uvicorn
 from flax import nnx
 from pydantic import ValidationError
 
@@ -32,9 +30,8 @@ from jax_drive.serve import (
     PolicyServer,
     RequestBatcher,
     ServeConfig,
-    create_app,
 )
-from jax_drive.serve.batcher import batch_key, group_jobs
+from jax_drive.serve.batcher import batch_keys, group_jobs, request_keys
 from jax_drive.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -42,6 +39,7 @@ from jax_drive.serve.protocol import (
     truncate_at_stop,
 )
 from jax_drive.serve.launch import free_port, server_process
+from servers import inprocess_server
 
 MODEL = "tiny-policy"
 
@@ -79,18 +77,8 @@ def served(base_model, tokenizer):
     """(base_url, PolicyServer) of an in-process server on 127.0.0.1 (batch wait 50 ms)."""
     registry = PolicyRegistry(base_model, tokenizer, MODEL)
     server = PolicyServer(registry, ServeConfig(BatcherConfig(max_batch_rows=16, max_wait_s=0.05)))
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port,
-                                       log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", server
-    uv.should_exit = True
-    thread.join(timeout=30)
+    with inprocess_server(server) as url:
+        yield url, server
 
 
 @pytest.fixture(scope="module")
@@ -210,12 +198,17 @@ def test_batcher_hands_engine_errors_to_every_job_of_the_batch():
         batcher.submit(GenerationJob("m", [[1]], SamplingParams()))
 
 
-def test_batch_key_is_the_seed_alone_and_deterministic_in_company():
+def test_batch_keys_give_each_row_its_requests_key_whatever_the_company():
     rng = np.random.default_rng(0)
-    same = jax.random.key_data
-    assert (same(batch_key([5], rng)) == same(jax.random.key(5))).all()
-    assert (same(batch_key([5, 6], rng)) == same(batch_key([5, 6], rng))).all()
-    assert not (same(batch_key([5, 6], rng)) == same(batch_key([6, 5], rng))).all()
+    data = jax.random.key_data
+    params = SamplingParams()
+    alone = batch_keys([GenerationJob("m", [[1]] * 2, params, seed=5)], rng)
+    assert alone.shape == (2,) and (data(alone) == data(request_keys(5, 2))).all()
+    mixed = batch_keys([GenerationJob("m", [[1]], params, seed=6), GenerationJob("m", [[1]] * 2, params, seed=5),
+                        GenerationJob("m", [[2]], params)], rng)
+    assert mixed.shape == (4,) and (data(mixed[1:3]) == data(alone)).all()
+    assert (data(mixed[0]) == data(request_keys(6, 1)[0])).all()
+    assert len({tuple(np.asarray(data(k)).tolist()) for k in mixed}) == 4  # distinct rows
 
 
 # ----------------------------------------------------------------------------- registry
@@ -252,14 +245,15 @@ def test_models_endpoint(client):
 
 
 def test_completions_match_the_in_process_engine(client, base_model, tokenizer):
-    """A seeded request alone in its batch samples exactly what JaxEngine samples with
-    jax.random.key(seed) on the same rows: the server adds no change to the distribution."""
+    """A seeded request samples exactly what JaxEngine samples with its row keys
+    (``request_keys(seed, rows)``) on the same rows: the server adds no change to the
+    distribution."""
     answer = client.completions.create(model=MODEL, prompt="turn left", max_tokens=6, n=3,
                                        logprobs=1, seed=11, temperature=1.0)
     assert len(answer.choices) == 3 and answer.usage.completion_tokens > 0
     ids = tokenizer.encode("turn left")
     reference = JaxEngine(base_model, tokenizer).generate(
-        [ids] * 3, SamplingParams(max_new_tokens=6), jax.random.key(11))
+        [ids] * 3, SamplingParams(max_new_tokens=6), request_keys(11, 3))
     for choice, ref in zip(answer.choices, reference):
         extra = choice.model_extra
         assert tuple(extra["token_ids"]) == ref.token_ids and extra["prompt_token_ids"] == ids
@@ -296,7 +290,7 @@ def test_chat_completions_with_logprobs(client, base_model, tokenizer):
     prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     assert answer.model_extra["prompt_token_ids"] == prompt
     ref = JaxEngine(base_model, tokenizer).generate([prompt] * 2, SamplingParams(max_new_tokens=5),
-                                                    jax.random.key(4))
+                                                    request_keys(4, 2))
     for choice, r in zip(answer.choices, ref):
         assert choice.message.role == "assistant" and choice.message.content == r.text
         np.testing.assert_allclose([c.logprob for c in choice.logprobs.content], r.logprobs, atol=1e-6)
@@ -329,10 +323,33 @@ def test_concurrent_http_requests_share_one_sampler_call(served, client):
     assert sum(sizes) == 4 and max(sizes) >= 2, sizes  # at least two requests were merged
 
 
+def test_seeded_requests_follow_their_own_seed_when_batched(served, client, base_model, tokenizer):
+    """Concurrent seeded requests (different prompts, lengths and n) merged into one sampler
+    call each sample exactly what their seed gives in process."""
+    _, server = served
+    before = len(server.batcher.batch_sizes)
+    asks = [([4, 9, 2], 2, 21), ([7, 7, 1, 3, 5], 1, 22), ([30, 31], 1, 23), ([4, 9, 2], 1, 24)]
+
+    def ask(item):
+        prompt, n, seed = item
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, n=n, seed=seed,
+                                         logprobs=1, temperature=1.0)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, asks))
+    assert max(server.batcher.batch_sizes[before:]) >= 2  # some requests shared a call
+    local = JaxEngine(base_model, tokenizer)
+    for (prompt, n, seed), answer in zip(asks, answers):
+        ref = local.generate([prompt], SamplingParams(max_new_tokens=6, n=n), request_keys(seed, n))
+        for choice, r in zip(answer.choices, ref):
+            assert tuple(choice.model_extra["token_ids"]) == r.token_ids
+            np.testing.assert_allclose(choice.logprobs.token_logprobs, r.logprobs, atol=1e-5)
+
+
 # ---------------------------------------------------------- HTTP: OpenAIEngine + LoRA
 def test_openai_engine_against_serve(served, base_model, tokenizer):
     url, _ = served
-    # one request at a time, so each is alone in its batch and replayable from its seed
+    # each row is its own seeded request, replayable in process from its seed
     engine = OpenAIEngine(url, MODEL, tokenizer=tokenizer, require_token_logprobs=True,
                           max_concurrency=1)
     assert engine.dialect.name == "jax-drive"
@@ -344,7 +361,7 @@ def test_openai_engine_against_serve(served, base_model, tokenizer):
     for c in out:  # each row was its own seeded request: replay it in process
         assert c.metadata.exact and c.metadata.logprobs_mode == "processed"
         ref = local.generate([list(c.prompt_token_ids)], params.replace(n=1),
-                             jax.random.key(c.metadata.seed))[0]
+                             request_keys(c.metadata.seed, 1))[0]
         assert c.token_ids == ref.token_ids
         np.testing.assert_allclose(c.logprobs, ref.logprobs, atol=1e-6)
     assert len({c.metadata.seed for c in out}) == 4
@@ -365,7 +382,7 @@ def test_lora_adapters_pushed_over_http_are_sampled(served, base_model, tokenize
             engine.load_lora_adapter("policy", str(path), replace=True)
             served_c = engine.with_model("policy").generate(prompt, params, key)[0]
             local = JaxEngine(policy, tokenizer).generate(
-                prompt, params, jax.random.key(served_c.metadata.seed))[0]
+                prompt, params, request_keys(served_c.metadata.seed, 1))[0]
             assert served_c.token_ids == local.token_ids
             np.testing.assert_allclose(served_c.logprobs, local.logprobs, atol=1e-5)
         assert "policy" in engine.list_models()

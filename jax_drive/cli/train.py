@@ -2,7 +2,7 @@
 
     jax-drive train --preset cpu-demo [--out DIR] [--json OUT] [--resume] [--seed S]
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
-        [--sft-steps N] [--evaluate STAGE ...] [--no-progress]
+        [--sft-steps N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
 flags). ``--out`` is the run directory (default ``runs/mtdrive_<preset>_s<seed>``): the
@@ -10,7 +10,10 @@ journal of finished stages, SFT / RL metrics (``metrics.jsonl``, TensorBoard) an
 checkpoints, ``results.json`` and the plots. ``--json OUT`` also writes the results to OUT
 and the plots beside it (``<OUT without .json>_<plot>.png``). ``--resume`` continues a run
 killed in ``--out`` at the stage and step where it died; without it, ``--out`` must not
-hold a run. Exit status: 0 done, 2 bad usage or input, 1 a failure while running.
+hold a run. ``--engine-url`` has an OpenAI-compatible server (``jax-drive serve`` or vLLM,
+serving the preset's base model) generate the RL rollouts; the trainer pushes its policy to
+it after every step (LoRA adapter or full weights). Exit status: 0 done, 2 bad usage or
+input, 1 a failure while running.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-from", default=None, help="reuse the SFT checkpoint of an earlier run directory")
     parser.add_argument("--sft-steps", type=int, default=None, help="override the preset's SFT step budget")
     parser.add_argument("--evaluate", nargs="+", default=None, metavar="STAGE", help=STAGE_HELP)
+    parser.add_argument("--engine-url", default=None,
+                        help="generate RL rollouts on this OpenAI-compatible server (jax-drive serve, vLLM), "
+                             "pushing the policy after every step")
+    parser.add_argument("--engine-model", default=None,
+                        help="the server's name of the base model (default: the first it lists)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -80,10 +88,26 @@ def run(args: argparse.Namespace) -> int:
             preset = with_seed(preset, args.seed)
     except ValueError as error:
         return _usage_error(str(error))
+    if args.engine_model is not None and args.engine_url is None:
+        return _usage_error("--engine-model names a model of the --engine-url server; give --engine-url")
+    if args.engine_url is not None:
+        if args.skip_rl:
+            return _usage_error("--engine-url serves the RL rollouts; --skip-rl skips RL")
+        if preset.prompt.uses_images:
+            return _usage_error(f"--engine-url: preset {preset.name!r} prompts with images; remote rollouts are "
+                                "text only (OpenAIEngine sends no images)")
+        from jax_drive.rl.weight_sync import served_base_model
+        from jax_drive.sampling.openai_engine import OpenAIEngineError
+
+        try:  # before SFT, not after it: a wrong URL or name fails in seconds
+            served_base_model(args.engine_url, args.engine_model)
+        except (OpenAIEngineError, ValueError) as error:
+            return _usage_error(f"--engine-url {args.engine_url}: {error}")
     out = args.out or os.path.join("runs", f"mtdrive_{args.preset.replace('-', '_')}_s{preset.seed}")
     try:
         results = run_mtdrive(preset, out, advantage=args.advantage, skip_rl=args.skip_rl, sft_from=args.sft_from,
-                              evaluate=evaluate, resume=args.resume, progress=not args.no_progress)
+                              evaluate=evaluate, resume=args.resume, progress=not args.no_progress,
+                              engine_url=args.engine_url, engine_model=args.engine_model)
     except RunDirError as error:
         return _usage_error(f"{error} (--resume continues it)")
     write_results(results, os.path.join(out, "results.json"))

@@ -88,6 +88,13 @@ class GRPOConfig:
         gradient, only the KL term when beta > 0, so this saves their forward/backward.
       checkpoint_every: steps between checkpoints (None: only at the end; needs out_dir).
       log_every: steps between metric records.
+      stream_logprobs: MTDrive's IPSS in our setting: the pi_old / pi_ref log-probs of the
+        rows that finished at turn j are computed in a worker thread while turn j + 1
+        generates (:mod:`jax_drive.rl.streaming`); default False (after the rollout).
+      share_prompt_prefix: MTDrive's IPTC in our setting: each group's prompt is run once per
+        model and its keys / values reused by the group's G rows; default False. Either
+        option gives the log-probs of the default path up to float rounding (text prompts
+        only: with images in the prompts, either option is an error).
     """
 
     rollout: RolloutConfig = RolloutConfig()
@@ -105,6 +112,8 @@ class GRPOConfig:
     drop_degenerate_groups: bool = False
     checkpoint_every: int | None = 50
     log_every: int = 1
+    stream_logprobs: bool = False
+    share_prompt_prefix: bool = False
 
     def __post_init__(self):
         if min(self.prompts_per_step, self.minibatch_size, self.ppo_epochs, self.bucket_size) < 1:
@@ -118,6 +127,9 @@ class GRPOConfig:
                     f"with recompute_old_logprobs=False and sampling temperature {sampling.temperature}, "
                     "the sampler's log-probs must be the trainer's softmax(logits / T): set "
                     "SamplingParams(logprobs_mode='processed') with top_k=0 and top_p=1.0")
+        if (self.stream_logprobs or self.share_prompt_prefix) and self.rollout.prompt.uses_images:
+            raise ValueError("stream_logprobs / share_prompt_prefix score text rows only; prompts with images "
+                             "(PromptConfig perception='image') need the plain log-prob pass")
 
     @property
     def logprob_temperature(self) -> float:
@@ -205,7 +217,7 @@ def batch_logprobs(logp_fn, params, rest, batch: dict, rows_per_call: int) -> ja
 
 
 def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, config: GRPOConfig,
-                key: jax.Array):
+                key: jax.Array, precomputed: dict | None = None):
     """mu epochs of mini-batch steps on one step's rollouts.
 
     Args:
@@ -213,6 +225,9 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
       opt_state: optax state. ref_params: frozen reference trainable state (or None).
       batch: :func:`build_train_batch` output (numpy or jax arrays).
       config: GRPOConfig. key: mini-batch shuffling key.
+      precomputed: optional 'old_logp' / 'ref_logp' arrays shaped like the batch, already
+        computed under params / ref_params (:class:`jax_drive.rl.streaming.RowLogprobs`);
+        they replace the recomputation here.
     Returns:
       (params, opt_state, metrics) with metrics averaged over the mini-batch steps, plus
       ``logp_mismatch`` (mean |sampler - trainer| log-prob on generated tokens).
@@ -224,15 +239,18 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
     mbs = min(config.minibatch_size, rows)
     mask = batch["loss_mask"]
     extra = {}
+    precomputed = precomputed or {}
     if config.recompute_old_logprobs:
-        old = batch_logprobs(logp_fn, params, rest, batch, mbs)
+        old = (jnp.asarray(precomputed["old_logp"]) if "old_logp" in precomputed
+               else batch_logprobs(logp_fn, params, rest, batch, mbs))
         n = jnp.maximum(mask.sum(), 1.0)
         extra["logp_mismatch"] = jnp.sum(jnp.abs(old - batch["old_logp"]) * mask) / n
         batch["old_logp"] = old
     if config.loss.uses_reference:
         if ref_params is None:
             raise ValueError("the loss uses a reference model but ref_params is None")
-        batch["ref_logp"] = batch_logprobs(logp_fn, ref_params, rest, batch, mbs)
+        batch["ref_logp"] = (jnp.asarray(precomputed["ref_logp"]) if "ref_logp" in precomputed
+                             else batch_logprobs(logp_fn, ref_params, rest, batch, mbs))
     history = []
     for epoch in range(config.ppo_epochs):
         for index in minibatch_indices(jax.random.fold_in(key, epoch), rows, mbs):
@@ -242,6 +260,43 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
     metrics.update({k: float(v) for k, v in extra.items()})
     metrics["optimizer_steps"] = len(history)
     return params, opt_state, metrics
+
+
+# ----------------------------------------------------------------------------- IPSS / IPTC
+def _row_logprobs(graphdef, rest, params, ref_params, config: GRPOConfig):
+    """A RowLogprobs for the step's pi_old / pi_ref log-probs when streaming or prefix
+    sharing is on and the step needs them; None otherwise (the plain path)."""
+    if not (config.stream_logprobs or config.share_prompt_prefix):
+        return None
+    from jax_drive.rl.streaming import RowLogprobs, StreamConfig
+
+    policies = {}
+    if config.recompute_old_logprobs:
+        policies["old_logp"] = params
+    if config.loss.uses_reference:
+        if ref_params is None:
+            raise ValueError("the loss uses a reference model but ref_params is None")
+        policies["ref_logp"] = ref_params
+    if not policies:
+        return None
+    _, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim, config.logprob_temperature)
+    stream = StreamConfig(background=config.stream_logprobs, share_prefix=config.share_prompt_prefix,
+                          group_size=config.rollout.group_size, bucket_size=config.bucket_size,
+                          chunk_size=config.chunk_size, temperature=config.logprob_temperature)
+    return RowLogprobs(graphdef, rest, policies, stream, logp_fn)
+
+
+def _precomputed(rows_logp, result: RolloutResult, keep: np.ndarray, group_size: int, batch: dict) -> dict:
+    """The RowLogprobs values of the kept scenes' rows, laid out like ``batch``."""
+    from jax_drive.rl.streaming import rows_to_batch
+
+    if not rows_logp.config.background:  # deferred: everything is scored now
+        rows_logp.submit(range(len(result.rows)), result.rows)
+    values = rows_logp.results()
+    rows_logp.close()
+    rows = [int(s) * group_size + g for s in keep for g in range(group_size)]
+    shape = batch["input_ids"].shape
+    return {name: rows_to_batch([by_row[r] for r in rows], shape[1], shape[0]) for name, by_row in values.items()}
 
 
 # ----------------------------------------------------------------------------- data
@@ -329,13 +384,16 @@ def grpo_train(
         while state.step < config.steps:
             rng, k_roll, k_mb = jax.random.split(state.rng, 3)
             idx = scene_order(n, config.seed, state.data_position, config.prompts_per_step)
+            rows_logp = _row_logprobs(graphdef, rest, state.params, ref_params, config)
             t0 = time.perf_counter()
             result = run_rollouts(engine, tokenizer, index_scene(scenes, idx), k_roll, config.rollout,
-                                  reference=references[idx], pdm_config=pdm_config, prompts=[prompts[i] for i in idx])
+                                  reference=references[idx], pdm_config=pdm_config, prompts=[prompts[i] for i in idx],
+                                  on_finished=rows_logp.submit if rows_logp and config.stream_logprobs else None)
             t1 = time.perf_counter()
             pause_point("grpo_step", state.step + 1)  # test hook: rollouts done, no update yet
             adv = compute_advantages_jit(result.reward, result.turn_mask, config.advantage)
             train_result, train_adv = result, np.asarray(adv)
+            keep = np.arange(train_adv.shape[0])
             if config.drop_degenerate_groups:
                 keep = np.flatnonzero(np.any(train_adv != 0.0, axis=(1, 2)))
                 train_result, train_adv = select_scenes(result, keep), train_adv[keep]
@@ -344,12 +402,19 @@ def grpo_train(
                 multiple = min(rows_multiple, kept * config.rollout.group_size)
                 batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
                                           model=model)
+                precomputed = None
+                if rows_logp is not None:
+                    precomputed = _precomputed(rows_logp, result, keep, config.rollout.group_size, batch)
                 params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
-                                                        batch, config, k_mb)
+                                                        batch, config, k_mb, precomputed)
                 jax.block_until_ready(params)
+                if rows_logp is not None:  # scoring time, and the part the trainer waited for
+                    update.update(logprob_seconds=rows_logp.compute_seconds, logprob_wait_seconds=rows_logp.wait_seconds)
             else:
                 batch, params, opt_state = None, state.params, state.opt_state
                 update = {"optimizer_steps": 0}
+                if rows_logp is not None:
+                    rows_logp.close()
             update = {**update, "skipped_update": float(not kept), "groups_kept": kept}
             t2 = time.perf_counter()
             state = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,

@@ -39,7 +39,7 @@ turn's advantage.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -241,6 +241,7 @@ def run_rollouts(
     prompts: Sequence[str] | None = None,
     progress=None,
     images: Sequence[Sequence[Any]] | None = None,
+    on_finished: Callable[[list[int], list[Transcript]], None] | None = None,
 ) -> RolloutResult:
     """Runs G multi-turn rollouts for each of S scenes.
 
@@ -264,6 +265,10 @@ def run_rollouts(
         (default: the front camera when ``config.prompt.uses_images``, else none); they need
         an image tokenizer (``jax_drive.models.qwen2_5_vl.ImageTokenizer``) and an engine
         whose ``generate`` takes ``images``.
+      on_finished: optional callable(rows, transcripts) given the rows (r = s * G + g) that
+        stopped and their final transcripts as soon as they stop (after each turn; rows that
+        cannot start, before the first), so a learner can process them while the others
+        still generate (:mod:`jax_drive.rl.streaming`). Every row is reported once.
     Returns:
       RolloutResult.
     """
@@ -297,6 +302,11 @@ def run_rollouts(
     active = np.array([len(log.tokens) + sampling.max_new_tokens <= config.max_context_tokens for log in logs])
     stop[~active.reshape(num_scenes, g_)] = "context"
 
+    def report(rows) -> None:
+        if on_finished is not None and len(rows):
+            on_finished([int(r) for r in rows], [logs[r].transcript() for r in rows])
+
+    report(np.flatnonzero(~active))
     generate = _TurnGenerator(engine, sampling, config.use_sessions, with_images=any(scene_images))
     appended: dict[int, list[int]] = {}  # row -> ids added after its last answer
     try:
@@ -345,6 +355,7 @@ def run_rollouts(
                     else:
                         log.extend(extra, -1)
                         appended[int(r)] = extra
+            report([r for r in live if not active[r]])
     finally:
         generate.close()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Literal, Protocol, Union, runtime_checkable
+from typing import Any, Literal, Protocol, Union, runtime_checkable
 
 import jax
 
@@ -38,6 +38,9 @@ class Completion:
       logprobs: one float per entry of ``token_ids`` (see ``SamplingParams.logprobs_mode``).
       finish_reason: ``"stop"`` (a stop token was produced) or ``"length"``
         (``max_new_tokens`` reached).
+      metadata: how the engine obtained the fields, or None (``JaxEngine``: they are the
+        sampler's own). ``OpenAIEngine`` sets a ``RemoteMetadata`` (where the ids and
+        log-probs came from, whether they are exact, the request's seed).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -45,6 +48,7 @@ class Completion:
     text: str
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    metadata: Any = None
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.token_ids):
@@ -68,6 +72,7 @@ class Engine(Protocol):
     ``generate`` returns ``len(prompts) * params.n`` completions ordered prompt-major
     (prompt 0 sample 0..n-1, then prompt 1, ...). ``key`` is a JAX PRNG key; engines
     are deterministic given the key (a remote server only as far as it honours seeds).
+    ``JaxEngine`` also takes one key per completion row (a (len(prompts) * n,) key array).
     """
 
     def generate(

@@ -24,6 +24,7 @@ from jax_drive.sampling.sampler import (
     SamplerOutput,
     check_token_ids,
     decode,
+    row_keys,
     start_decode,
 )
 from jax_drive.sampling.session import Session, SessionGroup
@@ -134,14 +135,18 @@ class JaxEngine:
                 raise TypeError("sessions need a CausalLM-like model (with arrays())")
         graph_and_state = nnx.split(self.model)
         chunk = self.max_batch_size or len(rows)
+        keys = row_keys(key, len(rows))
         completions: list[Completion] = []
         groups: list[SessionGroup] = []
         shift: list[int] = []  # per row, the last prompt token's position minus its index
         steps = 0
         for c, start in enumerate(range(0, len(rows), chunk)):
             part = rows[start : start + chunk]
-            loop, n, plen = start_decode(self.model, part, jax.random.fold_in(key, c) if chunk < len(rows) else key,
-                                         request, config, graph_and_state, weights,
+            if keys is not None:
+                part_key = keys[start : start + chunk]
+            else:
+                part_key = jax.random.fold_in(key, c) if chunk < len(rows) else key
+            loop, n, plen = start_decode(self.model, part, part_key, request, config, graph_and_state, weights,
                                          None if images is None else images[start : start + chunk])
             if keep_caches:
                 last = np.asarray(loop.position)[:n] if images is not None else [len(p) - 1 for p in part]
@@ -162,6 +167,8 @@ class JaxEngine:
     ) -> list[Completion]:
         """Completes each prompt ``params.n`` times; see ``Engine.generate``.
 
+        ``key`` may also be one key per completion row (a (len(prompts) * n,) key array):
+        each row then samples from its own key, whatever else is in the call.
         images: for a vision-language model, per prompt its processed images (see
         ``generate_tokens``); the prompts are then token ids with the image pads expanded.
         """

@@ -28,7 +28,8 @@ as a plain OpenAI server) and then:
   (``TokenPieces``: exact when no token ends inside a UTF-8 character, "pieces");
   otherwise the completion text is re-tokenized with the local tokenizer ("retokenized":
   not guaranteed to be the sampled ids, log-probs unavailable). Where ids
-  came from and whether the log-probs belong to them is in ``RemoteCompletion.metadata``.
+  came from and whether the log-probs belong to them is in ``Completion.metadata``
+  (a ``RemoteMetadata``).
   With ``require_token_logprobs=True`` (RL training) any completion whose ids or log-probs
   are not exact raises instead.
 
@@ -200,13 +201,6 @@ class RemoteMetadata:
             and self.logprobs_source == "server"
             and self.prompt_tokens_match is not False
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteCompletion(Completion):
-    """A ``Completion`` from a server, with ``metadata`` on how its fields were obtained."""
-
-    metadata: RemoteMetadata
 
 
 # ------------------------------------------------------------------ protocol (pure)
@@ -507,7 +501,7 @@ def parse_completion_choice(
     tokenizer=None,
     pieces: TokenPieces | None = None,
     seed: int | None = None,
-) -> RemoteCompletion:
+) -> Completion:
     """The completion in a one-choice answer of /v1/completions (``chat=False``) or
     /v1/chat/completions (``chat=True``).
 
@@ -571,7 +565,7 @@ def parse_completion_choice(
         prompt_tokens_match=match,
         seed=seed,
     )
-    return RemoteCompletion(pids, ids, text, lps, finish, metadata)
+    return Completion(pids, ids, text, lps, finish, metadata)
 
 
 def parse_prompt_logprobs(answer: Any, prompt_ids: Sequence[int]) -> list[float]:
@@ -709,15 +703,17 @@ class OpenAIEngine:
         return headers
 
     def request(self, method: str, path: str, payload: dict | None = None,
-                expect_json: bool = True) -> Any:
+                expect_json: bool = True, root: bool = False) -> Any:
         """Sends one JSON request with retries; returns the decoded JSON answer (the text
         of a 2xx answer when ``expect_json`` is False: vLLM's LoRA endpoints answer text).
+        ``path`` is under ``/v1``, or under the server root with ``root=True``.
 
         Raises:
           OpenAIEngineError: a non-retryable status (with the server's message), a read
             timeout, retries exhausted, or a non-JSON body.
         """
-        url = f"{self.base_url}/{path.lstrip('/')}"
+        base = self.base_url[: -len("/v1")] if root else self.base_url
+        url = f"{base}/{path.lstrip('/')}"
         body = None if payload is None else json.dumps(payload).encode("utf-8")
         last = ""
         status: int | None = None
@@ -839,6 +835,17 @@ class OpenAIEngine:
         self.request("POST", "unload_lora_adapter", {"lora_name": name}, expect_json=False)
         self._models = None
 
+    def update_weights_from_disk(self, path: str) -> None:
+        """Has the server reload its base model's weights from an HF directory it can read
+        (config.json + safetensors, e.g. ``jax_drive.models.export.save_safetensors``):
+        ``POST /update_weights_from_disk`` (SGLang's endpoint; ``jax-drive serve`` only here:
+        vLLM updates full weights over NCCL, not from disk over HTTP)."""
+        if self.dialect.name != "jax-drive":
+            raise UnsupportedParameterError(
+                f"reloading full weights needs jax-drive serve (POST /update_weights_from_disk); "
+                f"this is {self.dialect.name}")
+        self.request("POST", "update_weights_from_disk", {"model_path": str(path)}, root=True)
+
     def with_model(self, model: str) -> "OpenAIEngine":
         """The same server and settings, another model / adapter name."""
         clone = object.__new__(OpenAIEngine)
@@ -878,7 +885,7 @@ class OpenAIEngine:
             return params.logprobs_mode
         return self.server_logprobs_mode
 
-    def _checked(self, completions: list[RemoteCompletion]) -> list[RemoteCompletion]:
+    def _checked(self, completions: list[Completion]) -> list[Completion]:
         mismatched = [c for c in completions if c.metadata.prompt_tokens_match is False]
         if self.require_token_logprobs:
             bad = [c.metadata for c in completions if not c.metadata.exact]
@@ -893,7 +900,7 @@ class OpenAIEngine:
         elif mismatched:
             warnings.warn(
                 f"{len(mismatched)} prompts were tokenized differently by the server than by "
-                "the local tokenizer (RemoteCompletion.metadata.prompt_tokens_match is False)",
+                "the local tokenizer (Completion.metadata.prompt_tokens_match is False)",
                 RuntimeWarning, stacklevel=3,
             )
         return completions
@@ -932,7 +939,7 @@ class OpenAIEngine:
         seeds = row_seeds(key, len(rows))
         mode = self._logprobs_mode(params, dialect)
 
-        def run(i: int) -> RemoteCompletion:
+        def run(i: int) -> Completion:
             p = rows[i]
             body = build_completion_request(wire[p], params, self.model, seeds[i], dialect)
             answer = self.request("POST", "completions", body)
@@ -960,7 +967,7 @@ class OpenAIEngine:
         seeds = row_seeds(key, len(rows))
         mode = self._logprobs_mode(params, dialect)
 
-        def run(i: int) -> RemoteCompletion:
+        def run(i: int) -> Completion:
             body = build_chat_request(conversations[rows[i]], params, self.model, seeds[i], dialect)
             return parse_completion_choice(
                 self.request("POST", "chat/completions", body), chat=True, dialect=dialect,

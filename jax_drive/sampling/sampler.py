@@ -27,6 +27,10 @@ Layout of one call (``generate_tokens``):
    tokens per row in one forward pass (``jax_drive.sampling.speculative``); rows then advance
    by different numbers of tokens, each at its own cache slot.
 
+Randomness: one PRNG key for the call (split at every step), or one key per row (a (R,) key
+array): each row then draws only from its own key, so its sample does not depend on which
+other rows share the call (``jax-drive serve`` batches seeded requests this way).
+
 Sampling-only settings (temperature, top-k/p values, stop ids, min/max new tokens, pad id)
 are traced values, so changing them never recompiles; greedy vs sampled, filtering on/off,
 the log-prob mode and the prompt-lookup settings are static.
@@ -245,6 +249,34 @@ def check_token_ids(rows: Sequence[Sequence[int]], vocab: int, what: str = "prom
             raise ValueError(f"{what} token ids must lie in [0, {vocab}), got {min(r)}..{max(r)}")
 
 
+def row_keys(key: jax.Array, rows: int) -> jax.Array | None:
+    """``key`` as one typed PRNG key per row ((rows,) key array), or None for a single key.
+
+    A single key is a typed key of shape () or a raw uint32 key of shape (2,); one key per
+    row is a typed (rows,) key array or raw (rows, 2) data.
+
+    Raises:
+      ValueError: a key array whose length is not ``rows``.
+    """
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if key.ndim == (0 if typed else 1):
+        return None
+    keys = key if typed else jax.random.wrap_key_data(key)
+    if keys.ndim != 1 or keys.shape[0] != rows:
+        raise ValueError(f"one PRNG key per row needs {rows} keys, got key shape {tuple(key.shape)}")
+    return keys
+
+
+def split_keys(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(next key, subkey) of one key (shape ()) or of one key per row ((B,): row-wise)."""
+    if key.ndim == 0:
+        key, sub = jax.random.split(key)
+        return key, sub
+    pairs = jax.vmap(jax.random.split)(key)  # (B, 2)
+    return pairs[:, 0], pairs[:, 1]
+
+
 # ----------------------------------------------------------------------- decode weights
 @jax.jit
 def _unroll(arrays: dict) -> dict:
@@ -330,7 +362,7 @@ class DecodeState:
     differently); step () int32: loop iterations so far; done (B,) bool; tokens (B, W) int32
     and logprobs (B, W) float32: outputs (pad / 0 after a stop); lengths (B,) int32:
     generated tokens per row (stop token included); stopped (B,) bool: a stop token was
-    produced; key: PRNG key; history (B, T) int32 and history_len (B,) int32: each row's
+    produced; key: PRNG key, or (B,) keys (one per row); history (B, T) int32 and history_len (B,) int32: each row's
     context with its outputs (prompt lookup only, else None).
     """
 
@@ -417,7 +449,7 @@ def _plain_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
     def body(s: DecodeState) -> DecodeState:
         logits, cache = step_fn(s.cache, s.token[:, None], s.position[:, None], s.index)
         logits = logits[:, 0].astype(jnp.float32)  # (B, V)
-        key, sub = jax.random.split(s.key)
+        key, sub = split_keys(s.key)
         masked = jnp.where((s.step < settings.min_new_tokens) & is_stop_vocab[None, :], NEG_INF, logits)
         token, processed = select_tokens(masked, sub, settings.temperature, settings.top_k,
                                          settings.top_p, greedy=mode.greedy, use_filter=mode.use_filter)
@@ -459,13 +491,18 @@ def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode
         offsets = jnp.arange(k + 1)
         logits, cache = step_fn(s.cache, feed, s.position[:, None] + offsets, s.index)
         logits = logits.astype(jnp.float32)  # (B, K + 1, V)
-        key, sub = jax.random.split(s.key)
+        key, sub = split_keys(s.key)
         generated = s.lengths[:, None] + offsets  # index of the token each position predicts
         masked = jnp.where((generated < settings.min_new_tokens)[..., None] & is_stop_vocab,
                            NEG_INF, logits)
-        tokens, accepted, processed = accept_drafts(
-            masked, drafts, num_valid, sub, settings.temperature, settings.top_k, settings.top_p,
-            greedy=mode.greedy, use_filter=mode.use_filter)
+        accept = functools.partial(accept_drafts, temperature=settings.temperature, top_k=settings.top_k,
+                                   top_p=settings.top_p, greedy=mode.greedy, use_filter=mode.use_filter)
+        if sub.ndim == 0:
+            tokens, accepted, processed = accept(masked, drafts, num_valid, sub)
+        else:  # one key per row: verify each row on its own
+            tokens, accepted, processed = jax.vmap(
+                lambda lg, d, n, kk: jax.tree.map(lambda x: x[0], accept(lg[None], d[None], n[None], kk))
+            )(masked, drafts, num_valid, sub)
         logprobs = processed if mode.processed_logprobs else gather_logprob(logits, tokens)
         # emitted: tokens[:, :count], cut after the first stop token and at max_new_tokens
         is_stop = jnp.any(tokens[..., None] == settings.stop_ids, axis=-1) & (offsets <= accepted[:, None])
@@ -605,8 +642,9 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
                  config: SamplerConfig, graph_and_state=None, weights=None, images=None):
     """Prefill of a call: (loop state before step 0, rows R, prompt bucket P).
 
-    ``weights`` selects the unrolled path (LayerCache); None the generic one (KVCache).
-    ``images``: see :func:`generate_tokens`.
+    ``key``: one PRNG key or one per prompt (see :func:`row_keys`). ``weights`` selects the
+    unrolled path (LayerCache); None the generic one (KVCache). ``images``: see
+    :func:`generate_tokens`.
     """
     check_images(model, prompts, images)
     mcfg = model.config
@@ -621,10 +659,13 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
                           "max_new_tokens")
     rows = len(prompts)
     batch = config.batch_size(rows)
+    keys = row_keys(key, rows)
+    if keys is not None:  # dummy rows reuse the first row's key (their draws are discarded)
+        key = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (batch - rows,))])
     # rows share a prefill when their tokens and their image objects are the same
-    keys = prompts if images is None else [p + [id(im) for im in (row or ())] + [len(row or ())]
-                                           for p, row in zip(prompts, images)]
-    unique, source = unique_rows(keys) if config.share_prefix else (prompts, None)
+    prefill = prompts if images is None else [p + [id(im) for im in (row or ())] + [len(row or ())]
+                                              for p, row in zip(prompts, images)]
+    unique, source = unique_rows(prefill) if config.share_prefix else (prompts, None)
     if source is not None and len(unique) < rows:
         first = np.unique(source, return_index=True)[1]  # the first row of each distinct prompt
         ids, mask, _ = left_pad([prompts[i] for i in first], plen, config.batch_size(len(unique)),
@@ -689,7 +730,8 @@ def generate_tokens(
     Args:
       model: a ``jax_drive.models.CausalLM`` (nnx module with a ``config``).
       prompts: R non-empty token-id lists (any lengths; left-padded here).
-      key: PRNG key; equal keys and inputs give equal outputs.
+      key: PRNG key, or R keys (a (R,) key array): row r then samples from ``key[r]`` only,
+        whatever the other rows. Equal keys and inputs give equal outputs.
       max_new_tokens, temperature, top_p, top_k, stop_token_ids, min_new_tokens,
       logprobs_mode: see ``SamplingParams`` (temperature 0 = greedy).
       pad_id: token id used for padding (inputs and outputs).

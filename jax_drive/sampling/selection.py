@@ -49,16 +49,24 @@ def select_tokens(
 ) -> tuple[jax.Array, jax.Array]:
     """Picks one token per row.
 
-    logits (B, V) float32 (any masking already applied). ``greedy`` and ``use_filter`` are
-    static. Returns token (B,) int32 and the processed log-prob (B,) float32 of the token
+    logits (B, V) float32 (any masking already applied); key: one PRNG key, or (B,) keys
+    (one per row, see :func:`categorical_rows`). ``greedy`` and ``use_filter`` are static. Returns token (B,) int32 and the processed log-prob (B,) float32 of the token
     (log-softmax of the temperature-scaled, filtered logits; 0 when greedy).
     """
     if greedy:
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         return token, jnp.zeros(token.shape, jnp.float32)
     scaled = processed_logits(logits, temperature, top_k, top_p, use_filter=use_filter)
-    token = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    token = categorical_rows(key, scaled).astype(jnp.int32)
     return token, gather_logprob(scaled, token)
+
+
+def categorical_rows(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row of logits (B, V): all rows from one key (shape ()), or row b from
+    ``key[b]`` (a (B,) key array), so a row's draw does not depend on the other rows."""
+    if key.ndim == 0:
+        return jax.random.categorical(key, logits, axis=-1)
+    return jax.vmap(lambda k, row: jax.random.categorical(k, row, axis=-1))(key, logits)
 
 
 def take_token(values: jax.Array, token: jax.Array) -> jax.Array:

@@ -41,6 +41,7 @@ from jax_drive.sampling.sampler import (
     new_decode_state,
     next_power_of_two,
     right_pad,
+    row_keys,
 )
 
 
@@ -130,6 +131,8 @@ class Session:
             raise ValueError(f"appended has {len(appended)} entries for {self.num_rows} rows")
         if params.n != 1:
             raise ValueError("extend samples one continuation per row (params.n must be 1)")
+        if row_keys(key, self.num_rows) is not None:
+            raise ValueError("extend takes one PRNG key (rows of a group split it), not one per row")
         engine = self._engine
         model = engine.model
         vocab = model.config.vocab_size

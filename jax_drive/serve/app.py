@@ -8,7 +8,10 @@ Endpoints (vLLM's paths and bodies):
   POST /v1/chat/completions        chat template of the served tokenizer, same settings
   POST /v1/load_lora_adapter       {lora_name, lora_path, load_inplace} (PEFT directory)
   POST /v1/unload_lora_adapter     {lora_name}
+  POST /update_weights_from_disk   {model_path}: reload the base weights from an HF directory
+                                   (SGLang's endpoint; for full fine-tuning trainers)
   GET  /health                     200 when up, with the batcher's counts (engine calls, rows)
+                                   and where the base weights were last reloaded from
 
 Every answer choice carries ``token_ids`` (and completions ``prompt_token_ids``), as vLLM's
 ``return_token_ids`` does. Concurrent requests are batched into one sampler call
@@ -31,6 +34,7 @@ from jax_drive.serve.protocol import (
     InvalidRequest,
     LoadLoRARequest,
     UnloadLoRARequest,
+    UpdateWeightsRequest,
     answer,
     chat_choice,
     completion_choice,
@@ -171,9 +175,17 @@ class PolicyServer:
                                    request.lora_path, request.load_inplace)
         return {"status": "ok", "message": f"Success: LoRA adapter '{request.lora_name}' added successfully."}
 
-    def unload_lora(self, request: UnloadLoRARequest) -> dict:
-        self.registry.unload_adapter(request.lora_name)
+    async def unload_lora(self, request: UnloadLoRARequest) -> dict:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.registry.unload_adapter, request.lora_name)
         return {"status": "ok", "message": f"Success: LoRA adapter '{request.lora_name}' removed successfully."}
+
+    async def update_weights(self, request: UpdateWeightsRequest) -> dict:
+        """Reloads the base weights; requests answered after this returns use them (a batch
+        already running finishes on the old ones)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.registry.load_weights, request.model_path)
+        return {"success": True, "message": f"Succeeded to update model weights from {request.model_path}."}
 
 
 def create_app(server: PolicyServer):
@@ -216,7 +228,8 @@ def create_app(server: PolicyServer):
     @app.get("/health")
     async def health():
         sizes = list(server.batcher.batch_sizes)
-        return {"status": "ok", "engine_calls": len(sizes), "rows": int(sum(sizes))}
+        return {"status": "ok", "engine_calls": len(sizes), "rows": int(sum(sizes)),
+                "weights_path": server.registry.weights_path}
 
     @app.get("/v1/models")
     async def models():
@@ -236,7 +249,11 @@ def create_app(server: PolicyServer):
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora(request: UnloadLoRARequest):
-        return server.unload_lora(request)
+        return await server.unload_lora(request)
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(request: UpdateWeightsRequest):
+        return await server.update_weights(request)
 
     return app
 

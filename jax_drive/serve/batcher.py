@@ -7,10 +7,11 @@ and runs one ``engine.generate`` per group, so concurrent RL rollout requests wi
 settings share one jitted sampler call. The worker is the only caller of the engines, so
 nothing else touches the models while they sample.
 
-Seeds: the batch key is ``jax.random.key(seed)`` for a job alone in its batch, and a hash of
-all seeds otherwise, so a seeded request is reproducible when it is batched alone (e.g.
-sent while the server is idle) or with the same companions. Rows of one batch are
-independent samples (one key, distinct rows).
+Seeds: every row gets its own PRNG key (the engines take one key per row, as
+``JaxEngine`` does): the rows of a request with seed s use ``request_keys(s, rows)``, those
+of an unseeded request keys drawn from the batcher's generator. A row samples only from its
+own key, so a seeded request gives the same completions alone or batched with any others
+(up to float rounding that differs between batch shapes, which can flip a near-tie).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.sampling import Completion, Engine, SamplingParams
@@ -79,21 +81,26 @@ def group_jobs(jobs: Sequence[GenerationJob]) -> list[list[GenerationJob]]:
     return list(groups.values())
 
 
-def batch_key(seeds: Sequence[int | None], rng: np.random.Generator) -> jax.Array:
-    """The PRNG key of one engine call (see the module docstring)."""
-    if any(s is None for s in seeds):
-        return jax.random.key(int(rng.integers(0, 2**31 - 1)))
-    if len(seeds) == 1:
-        return jax.random.key(int(seeds[0]) % 2**32)
-    state = np.random.SeedSequence([int(s) % 2**64 for s in seeds]).generate_state(1)[0]
-    return jax.random.key(int(state))
+def request_keys(seed: int, rows: int) -> jax.Array:
+    """(rows,) PRNG keys of the rows of a request with ``seed`` (prompt-major, n per prompt):
+    ``jax.random.split(jax.random.key(seed mod 2**32), rows)``."""
+    return jax.random.split(jax.random.key(int(seed) % 2**32), rows)
+
+
+def batch_keys(jobs: Sequence[GenerationJob], rng: np.random.Generator) -> jax.Array:
+    """One PRNG key per row of the jobs of an engine call, in row order (see the module
+    docstring); unseeded jobs draw a seed from ``rng``."""
+    parts = [request_keys(int(rng.integers(0, 2**31 - 1)) if job.seed is None else job.seed, job.rows)
+             for job in jobs]
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
 class RequestBatcher:
     """A worker thread that runs queued ``GenerationJob``s in batches.
 
     Args:
-      engine_for: model name -> Engine (raises for an unknown name; the job then fails).
+      engine_for: model name -> Engine taking one key per row, like ``JaxEngine`` (raises
+        for an unknown name; the job then fails).
       config: BatcherConfig.
       seed: seeds the keys of unseeded requests.
     """
@@ -165,7 +172,7 @@ class RequestBatcher:
         try:
             engine = self.engine_for(live[0].model)
             prompts = [row for job in live for row in job.prompts]
-            key = batch_key([job.seed for job in live], self._rng)
+            key = batch_keys(live, self._rng)
             self.batch_sizes.append(len(prompts))
             completions: list[Completion] = engine.generate(prompts, live[0].params, key)
             if len(completions) != len(prompts):

@@ -7,10 +7,17 @@ new engine first and then swaps it in under a lock, so a batch already running f
 the old weights and every request that arrives after the load answer uses the new ones:
 a trainer can export its adapter after each step (``export_peft``) and push it with
 ``load_lora_adapter(name, path, load_inplace=True)`` to sample on-policy from then on.
+
+A full fine-tuning trainer instead saves its whole model (``save_safetensors``) and has the
+base weights reloaded from that directory (``load_weights``; SGLang's
+``/update_weights_from_disk``): the new base model and its engine are built, the loaded
+adapters are applied again on top of it from their directories, and everything is swapped
+in at once. One update (adapter or weights) runs at a time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +52,9 @@ class PolicyRegistry:
         self.engine_factory = engine_factory or (lambda m: JaxEngine(m, tokenizer))
         self._engines: dict[str, Engine] = {name: self.engine_factory(model)}
         self._paths: dict[str, str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the name -> engine tables
+        self._update_lock = threading.Lock()  # one adapter / weight update at a time
+        self.weights_path: str | None = None  # where the base weights were last reloaded from
 
     @property
     def max_model_len(self) -> int:
@@ -71,11 +80,12 @@ class PolicyRegistry:
                                  "model", status=404, code="model_not_found")
         return engine
 
-    def build_adapter_engine(self, path: str | Path) -> Engine:
-        """A new engine: the base model with the PEFT adapter at ``path`` (slow part, no lock)."""
+    def build_adapter_engine(self, path: str | Path, base=None) -> Engine:
+        """A new engine: the base model (or ``base``) with the PEFT adapter at ``path`` (slow
+        part, no lock)."""
         from jax_drive.models.export import load_peft
 
-        clone = nnx.clone(self.model)
+        clone = nnx.clone(self.model if base is None else base)
         try:
             load_peft(clone, path)
         except (FileNotFoundError, ValueError, KeyError) as error:
@@ -89,23 +99,58 @@ class PolicyRegistry:
             raise InvalidRequest(f"{name!r} is the base model's name", "lora_name")
         if not Path(path).is_dir():
             raise InvalidRequest(f"LoRA adapter directory {str(path)!r} does not exist", "lora_path")
-        with self._lock:
-            exists = name in self._paths
-        if exists and not load_inplace:
-            raise InvalidRequest(f"The lora adapter '{name}' has already been loaded "
-                                 "(pass load_inplace=true to replace it)", "lora_name")
-        if not exists and len(self._paths) >= self.max_loras:
-            raise InvalidRequest(f"{self.max_loras} adapters are loaded already (max_loras)",
-                                 "lora_name")
-        engine = self.build_adapter_engine(path)
-        with self._lock:
-            self._engines[name] = engine
-            self._paths[name] = str(path)
+        with self._update_lock:
+            with self._lock:
+                exists = name in self._paths
+            if exists and not load_inplace:
+                raise InvalidRequest(f"The lora adapter '{name}' has already been loaded "
+                                     "(pass load_inplace=true to replace it)", "lora_name")
+            if not exists and len(self._paths) >= self.max_loras:
+                raise InvalidRequest(f"{self.max_loras} adapters are loaded already (max_loras)",
+                                     "lora_name")
+            engine = self.build_adapter_engine(path)
+            with self._lock:
+                self._engines[name] = engine
+                self._paths[name] = str(path)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Replaces the base model's weights by the checkpoint in ``path`` (an HF directory:
+        config.json + safetensors, as ``save_safetensors`` writes), in the served dtype.
+
+        Raises:
+          InvalidRequest: no such directory, an unreadable checkpoint, or a model config that
+            differs from the served one (only weights can change).
+        """
+        from jax_drive.models.loading import WeightLoadError, load_safetensors_dir
+
+        if not Path(path).is_dir():
+            raise InvalidRequest(f"weights directory {str(path)!r} does not exist", "model_path")
+        with self._update_lock:
+            try:
+                model, config = load_safetensors_dir(path, dtype=self.model.config.dtype)
+            except (FileNotFoundError, WeightLoadError, ValueError, KeyError) as error:
+                raise InvalidRequest(f"cannot load weights from {str(path)!r}: {error}",
+                                     "model_path") from None
+            served = self.model.config
+            if config != served:
+                changed = sorted(f.name for f in dataclasses.fields(served)
+                                 if getattr(config, f.name) != getattr(served, f.name))
+                raise InvalidRequest(f"the checkpoint in {str(path)!r} has another model config "
+                                     f"(differs in {changed}); only weights can be reloaded",
+                                     "model_path")
+            with self._lock:
+                paths = dict(self._paths)
+            engines = {self.base_name: self.engine_factory(model)}
+            engines.update({name: self.build_adapter_engine(p, model) for name, p in paths.items()})
+            with self._lock:
+                self.model = model
+                self._engines = engines
+                self.weights_path = str(path)
 
     def unload_adapter(self, name: str) -> None:
         if name == self.base_name:
             raise InvalidRequest("the base model cannot be unloaded", "lora_name")
-        with self._lock:
+        with self._update_lock, self._lock:
             if name not in self._paths:
                 raise InvalidRequest(f"The lora adapter '{name}' cannot be found", "lora_name",
                                      status=404)

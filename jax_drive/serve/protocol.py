@@ -203,6 +203,15 @@ class UnloadLoRARequest(BaseModel):
     lora_int_id: Optional[int] = None
 
 
+class UpdateWeightsRequest(BaseModel):
+    """POST /update_weights_from_disk (SGLang's body): reload the base weights from an HF
+    directory (config.json + safetensors) on the server's file system."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_path: str = Field(min_length=1)
+
+
 # ---------------------------------------------------------------------------- answers
 def truncate_at_stop(
     completion: Completion, stops: Sequence[str], decode
