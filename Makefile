@@ -38,9 +38,10 @@ install: $(STAMP)
 
 # MTDrive end to end on the embedded SmolLM2 (cpu-demo preset: SFT -> RL curation -> mtGRPO ->
 # held-out multi-turn evaluation, PDMS per turn for the untrained, SFT and RL policies):
-# 20.4 min on this 2-core CPU after installation (measured with `time make demo`).
+# 20.4 min on this 2-core CPU after installation (measured with `time make demo`). A killed
+# demo continues where it stopped (--resume); delete runs/demo_mtdrive to start over.
 demo: $(STAMP)
-	JAX_PLATFORMS=cpu $(PY) experiments/mtdrive.py --preset cpu-demo --out runs/demo_mtdrive --work runs/demo_mtdrive_work
+	JAX_PLATFORMS=cpu $(PY) experiments/mtdrive.py --preset cpu-demo --out runs/demo_mtdrive --resume
 
 # The scoring job (constant-velocity and PDM-Closed planners on 256 generated scenes): ~1 min.
 demo-score: $(STAMP)

@@ -2,17 +2,18 @@
 mtGRPO intra-group and mtGRPO cross-turn, from the same SFT checkpoint, with the same RL
 budget, seeds and held-out evaluation scenes.
 
-    python experiments/ablation_mtgrpo.py --preset cpu-demo --json experiments/results/ablation_mtgrpo.json
+    python experiments/ablation_mtgrpo.py --preset cpu-demo --json OUT.json [--out runs/ablation_mtgrpo] [--resume]
 
 For each training seed the SFT stage runs once (or is loaded with ``--sft-from``, e.g. the
-work directory of an ``experiments/mtdrive.py`` run of the same preset and seed) and is
+run directory of an ``experiments/mtdrive.py`` run of the same preset and seed) and is
 evaluated once; then each variant starts from that checkpoint, runs RL curation + RL and is
 evaluated on the same held-out scenes (greedy decoding). The JSON holds the budget, every
 row (mean and standard error over the held-out evaluation seeds) and the timings; a
-markdown table is printed.
+markdown table is printed. Every pipeline run lives in a directory under ``--out``;
+``--resume`` continues killed ones (finished ones are loaded from their journals).
 
 To avoid recomputing what an ``experiments/mtdrive.py`` run of the same preset and seed
-already measured, ``--sft-from WORK --from-results RESULTS.json`` takes the SFT row and the
+already measured, ``--sft-from RUN_DIR --from-results RESULTS.json`` takes the SFT row and the
 row of that run's own advantage variant (same SFT checkpoint, RL config and seed) from its
 results file; the JSON records which rows were taken over (``sources``).
 """
@@ -31,7 +32,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jax_drive.mtdrive import PRESETS, public, rl_config, run_mtdrive, sft_checkpoint_dir, with_seed  # noqa: E402
+from jax_drive.pipelines.journal import RunDirError  # noqa: E402
+from jax_drive.pipelines.mtdrive import run_mtdrive, sft_checkpoint_dir  # noqa: E402
+from jax_drive.pipelines.presets import PRESETS, rl_config, with_seed  # noqa: E402
+from jax_drive.pipelines.report import public  # noqa: E402
+from jax_drive.rl.atomic import atomic_write_json  # noqa: E402
+from jax_drive.rl.logging import jsonable  # noqa: E402
 
 VARIANTS = ("grpo", "mtgrpo_intra", "mtgrpo_cross")
 METRICS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
@@ -67,7 +73,8 @@ def markdown_table(table: dict) -> str:
 
 
 def write(args, preset, per_seed: dict, runs: list, sources: dict, start: float, complete: bool) -> dict:
-    """Writes the JSON (also after each variant, ``complete`` False until the last one)."""
+    """The summary; written to ``--json`` when given (also after each variant, ``complete``
+    False until the last one)."""
     table = {name: combine(rows) for name, rows in per_seed.items() if rows}
     rl = rl_config(preset)
     out = {
@@ -89,20 +96,20 @@ def write(args, preset, per_seed: dict, runs: list, sources: dict, start: float,
         "runs": runs,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=2, default=float)
+    if args.json:
+        atomic_write_json(args.json, jsonable(out))
     return out
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-demo")
-    parser.add_argument("--json", default="experiments/results/ablation_mtgrpo.json")
-    parser.add_argument("--work", default="runs/ablation_mtgrpo", help="checkpoints and metrics")
+    parser.add_argument("--json", default=None, help="write the summary JSON here")
+    parser.add_argument("--out", default="runs/ablation_mtgrpo", help="run directories (journals, checkpoints, metrics)")
+    parser.add_argument("--resume", action="store_true", help="continue the runs in --out where they stopped")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     parser.add_argument("--sft-from", default=None,
-                        help="work directory holding the SFT checkpoint (one training seed only)")
+                        help="run directory holding the SFT checkpoint (one training seed only)")
     parser.add_argument("--from-results", default=None,
                         help="results.json of the experiments/mtdrive.py run that wrote --sft-from: reuse its "
                              "SFT row and the row of its advantage variant")
@@ -113,13 +120,20 @@ def main(argv=None) -> int:
     if args.sft_from is not None and len(args.seeds) != 1:
         parser.error("--sft-from needs exactly one training seed")
     if args.from_results is not None and args.sft_from is None:
-        parser.error("--from-results needs --sft-from (the work directory of that run)")
+        parser.error("--from-results needs --sft-from (the run directory of that run)")
     previous = None
     if args.from_results is not None:
         with open(args.from_results) as f:
             previous = json.load(f)
-    sources: dict[str, str] = {}
+    try:
+        return ablate(args, parser, previous)
+    except RunDirError as error:
+        parser.error(f"{error} (--resume continues it)")
 
+
+def ablate(args, parser, previous: dict | None) -> int:
+    """Runs the SFT row and every variant of every training seed; prints and writes the table."""
+    sources: dict[str, str] = {}
     start = time.perf_counter()
     per_seed: dict[str, list[dict]] = {"sft": [], **{v: [] for v in args.variants}}
     runs = []
@@ -127,20 +141,22 @@ def main(argv=None) -> int:
         preset = with_seed(PRESETS[args.preset], seed)
         if args.rl_steps is not None:
             preset = dataclasses.replace(preset, rl=dataclasses.replace(preset.rl, steps=args.rl_steps))
-        sft_dir = args.sft_from or os.path.join(args.work, f"sft_s{seed}")
+        sft_dir = args.sft_from or os.path.join(args.out, f"sft_s{seed}")
         if previous is not None:
             check = {"preset": args.preset, "seed": seed}
             if any(previous.get(k) != v for k, v in check.items()) or previous["eval"]["seeds"] != list(preset.eval_seeds):
-                raise SystemExit(f"{args.from_results} is not a run of {check} on eval seeds {preset.eval_seeds}")
+                parser.error(f"{args.from_results} is not a run of {check} on eval seeds {preset.eval_seeds}")
             if previous["budget"]["rl_steps"] != preset.rl.steps:
-                raise SystemExit(f"{args.from_results} ran {previous['budget']['rl_steps']} RL steps, not {preset.rl.steps}")
+                parser.error(f"{args.from_results} ran {previous['budget']['rl_steps']} RL steps, not {preset.rl.steps}")
             per_seed["sft"].append(stage_row(previous["stages"]["sft"]))
             sources["sft"] = args.from_results
         elif args.sft_from is None or not os.path.isdir(sft_checkpoint_dir(sft_dir)):
-            results = run_mtdrive(preset, sft_dir, skip_rl=True, evaluate=("sft",), progress=not args.no_progress)
+            results = run_mtdrive(preset, sft_dir, skip_rl=True, evaluate=("sft",), resume=args.resume,
+                                  progress=not args.no_progress)
         else:  # evaluate the given SFT checkpoint on the same held-out scenes
-            results = run_mtdrive(preset, os.path.join(args.work, f"sft_eval_s{seed}"), skip_rl=True,
-                                  sft_from=sft_dir, evaluate=("sft",), progress=not args.no_progress)
+            results = run_mtdrive(preset, os.path.join(args.out, f"sft_eval_s{seed}"), skip_rl=True,
+                                  sft_from=sft_dir, evaluate=("sft",), resume=args.resume,
+                                  progress=not args.no_progress)
         if previous is None:
             per_seed["sft"].append(stage_row(results["stages"]["sft"]))
             runs.append({"seed": seed, "variant": "sft", "timings_s": results["timings_s"]})
@@ -152,8 +168,9 @@ def main(argv=None) -> int:
                              "rl_history": previous["rl_history"], "rl_curation": previous["rl_curation"]})
                 sources[variant] = args.from_results
                 continue
-            results = run_mtdrive(preset, os.path.join(args.work, f"{variant}_s{seed}"), advantage=variant,
-                                  sft_from=sft_dir, evaluate=("rl",), progress=not args.no_progress)
+            results = run_mtdrive(preset, os.path.join(args.out, f"{variant}_s{seed}"), advantage=variant,
+                                  sft_from=sft_dir, evaluate=("rl",), resume=args.resume,
+                                  progress=not args.no_progress)
             per_seed[variant].append(stage_row(results["stages"]["rl"]))
             runs.append({"seed": seed, "variant": variant, "timings_s": results["timings_s"],
                          "rl_history": public(results)["rl_history"], "rl_curation": results["rl_curation"]})
@@ -164,7 +181,7 @@ def main(argv=None) -> int:
     out = write(args, preset, per_seed, runs, sources, start, complete=True)
     table = out["table"]
     print(markdown_table(table))
-    print(f"wrote {args.json} in {out['seconds']} s")
+    print((f"wrote {args.json}" if args.json else "done") + f" in {out['seconds']} s")
     return 0
 
 

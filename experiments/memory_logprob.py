@@ -27,7 +27,7 @@ respect to both (full fine-tuning) or the hidden states only (LoRA), no decoder 
 Usage:
   python experiments/memory_logprob.py --json OUT [--batch 2 --length 1024 --qwen-layers 2]
       [--sections update,head]
-  python experiments/memory_logprob.py --quick   # tiny sizes, to check that it runs
+  python experiments/memory_logprob.py --quick --json OUT   # tiny sizes, to check that it runs
 """
 
 from __future__ import annotations
@@ -35,31 +35,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import datetime as dt
 import json
-import os
-import platform
+import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
-from jax_drive.models import CausalLM, ModelConfig, chunked_token_logprobs  # noqa: E402
-from jax_drive.models.lora import apply_lora  # noqa: E402
-from jax_drive.rl.loss import LossConfig, policy_loss  # noqa: E402
-from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model  # noqa: E402
-from kernels import LogprobConfig, token_logprobs  # noqa: E402
+script_environment()
 
 VARIANTS = ("full", "token_chunked", "vocab_chunked")
 LORA_RANK = 8
 
 
-def model_configs(qwen_layers: int, quick: bool) -> dict[str, ModelConfig]:
+def model_configs(qwen_layers: int, quick: bool) -> dict:
     """SmolLM2-135M (ModelConfig's defaults) and Qwen2.5-3B's shapes with fewer layers."""
+    from jax_drive.models import ModelConfig
+
     smollm2 = ModelConfig()
     qwen = ModelConfig(architecture="qwen2", vocab_size=151936, hidden_size=2048,
                        intermediate_size=11008, num_layers=qwen_layers, num_heads=16,
@@ -71,8 +65,13 @@ def model_configs(qwen_layers: int, quick: bool) -> dict[str, ModelConfig]:
     return {"smollm2-135m": smollm2, f"qwen2.5-3b-vocab-{qwen.num_layers}-layers": qwen}
 
 
-def logprob_fn(variant: str, chunk_size: int, config: LogprobConfig):
+def logprob_fn(variant: str, chunk_size: int, config):
     """(model, batch) -> (B, L) log-probs of batch['targets'] by one of the VARIANTS."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels import token_logprobs
+
     def fn(model, batch):
         ids, pos, mask, targets = (batch[k] for k in ("input_ids", "positions", "attention_mask", "targets"))
         if variant == "full":
@@ -92,6 +91,9 @@ def logprob_fn(variant: str, chunk_size: int, config: LogprobConfig):
 
 
 def abstract_batch(b: int, l: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
     ints = jax.ShapeDtypeStruct((b, l), jnp.int32)
     floats = jax.ShapeDtypeStruct((b, l), jnp.float32)
     return {"input_ids": ints, "targets": ints, "positions": ints,
@@ -99,9 +101,16 @@ def abstract_batch(b: int, l: int) -> dict:
             "old_logp": floats, "ref_logp": floats, "advantages": floats}
 
 
-def step_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: int,
-                chunk_size: int, logprob_config: LogprobConfig) -> dict:
+def step_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int, logprob_config) -> dict:
     """memory_analysis() of one compiled update; weights and optimiser state are abstract."""
+    import jax
+    from flax import nnx
+
+    from jax_drive.models import CausalLM
+    from jax_drive.models.lora import apply_lora
+    from jax_drive.rl.loss import LossConfig, policy_loss
+    from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model
+
     def build():
         model = CausalLM(config, rngs=nnx.Rngs(0))
         if trainable == "lora":
@@ -130,9 +139,14 @@ def step_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: in
             "compile_s": round(time.perf_counter() - start, 2)}
 
 
-def head_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: int,
-                chunk_size: int, logprob_config: LogprobConfig) -> dict:
+def head_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int, logprob_config) -> dict:
     """memory_analysis() of d/d(hidden[, head]) sum(w * logp) for one way to get logp."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.models import chunked_token_logprobs
+    from kernels import token_logprobs
+
     d, v = config.hidden_size, config.vocab_size
     hidden = jax.ShapeDtypeStruct((b, l, d), jnp.float32)
     head = jax.ShapeDtypeStruct((v, d), jnp.float32)  # a tied embedding, as stored
@@ -163,9 +177,9 @@ def head_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: in
 SECTIONS = {"update": step_memory, "head": head_memory}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here (default: print only)")
+    add_output_args(parser, json_required=True)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--qwen-layers", type=int, default=2)
@@ -174,25 +188,26 @@ def main() -> None:
     parser.add_argument("--sections", default="update,head",
                         help=f"comma-separated subset of {tuple(SECTIONS)}")
     parser.add_argument("--quick", action="store_true", help="B=1, L=64, 1-2 layers, 1/10 Qwen vocab")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sections = [x for x in args.sections.split(",") if x]
     if not sections or any(x not in SECTIONS for x in sections):
-        parser.error(f"--sections must name some of {tuple(SECTIONS)}, got {args.sections!r}")
+        raise InputError(f"--sections must name some of {tuple(SECTIONS)}, got {args.sections!r}")
+    require_min(1, batch=args.batch, length=args.length, qwen_layers=args.qwen_layers, chunk_size=args.chunk_size)
     b, l = (1, 64) if args.quick else (args.batch, args.length)
+    from kernels import LogprobConfig
+
     logprob_config = LogprobConfig()
     trainables = ("full", "lora") if args.trainable == "both" else (args.trainable,)
     configs = model_configs(args.qwen_layers, args.quick)
     result: dict = {
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "platform": platform.platform(), "jax": jax.__version__, "backend": jax.default_backend(),
-        "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
+        "meta": run_metadata(benchmark="memory_logprob"),
         "batch": b, "length": l, "token_chunked_chunk_size": args.chunk_size,
         "vocab_chunked_config": dataclasses.asdict(logprob_config), "lora_rank": LORA_RANK,
         "models": {},
     }
     jobs = [(section, name, trainable, variant) for section in sections for name in configs
             for trainable in trainables for variant in VARIANTS]
-    for section, name, trainable, variant in tqdm(jobs, desc="memory_logprob"):
+    for section, name, trainable, variant in tqdm(jobs, desc="memory_logprob", disable=args.no_progress):
         config = configs[name]
         entry = result["models"].setdefault(name, {
             "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
@@ -209,12 +224,10 @@ def main() -> None:
             full = mem["full"]["temp_bytes"]
             mem["temp_saved_bytes"] = {v: full - mem[v]["temp_bytes"] for v in VARIANTS[1:]}
             mem["temp_ratio_to_full"] = {v: round(mem[v]["temp_bytes"] / full, 4) for v in VARIANTS[1:]}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    write_json(args.json, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

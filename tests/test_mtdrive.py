@@ -9,16 +9,8 @@ import numpy as np
 import pytest
 
 from jax_drive.data.builders import BuildConfig, prompt_conversations
-from jax_drive.mtdrive import (
-    COMPACT_CAPTION,
-    PRESETS,
-    eval_config,
-    load_policy,
-    load_sft,
-    rl_config,
-    run_mtdrive,
-    with_seed,
-)
+from jax_drive.pipelines.mtdrive import filter_by_length, load_policy, load_sft, run_mtdrive
+from jax_drive.pipelines.presets import COMPACT_CAPTION, PRESETS, eval_config, rl_config, with_seed
 from jax_drive.rl.optim import split_model
 from jax_drive.rl.sft import sft_train
 from jax_drive.rollout import scene_prompts
@@ -93,8 +85,6 @@ def test_compact_caption_shortens_the_prompt():
 
 
 def test_filter_by_length_keeps_short_rows_and_counts_kinds():
-    from jax_drive.mtdrive import filter_by_length
-
     rows = [np.zeros(n) for n in (5, 12, 8, 20, 3)]
     kinds = ["single", "multi", "multi", "multi", "qa"]
     kept, card = filter_by_length(rows, kinds, 10)

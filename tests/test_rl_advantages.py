@@ -5,12 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_drive.rl.advantages import (
-    AdvantageConfig,
-    compute_advantages_jit,
-    token_advantages,
-    turn_rewards,
-)
+from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
+from jax_drive.rollout.reward import turn_rewards
 
 
 def _np_norm(values, ddof=1, eps=1e-6):

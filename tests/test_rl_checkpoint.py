@@ -10,7 +10,7 @@ from jax_drive.rl.checkpoint import Checkpointer, RunState
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.optim import OptimConfig, make_optimizer, split_model
 from jax_drive.rl.sft import SFTConfig, sft_train
-from jax_drive.rl.tiny import byte_tokenizer, tiny_policy
+from jax_drive.models.tiny import byte_tokenizer, tiny_policy
 
 DATA = [
     [{"role": "user", "content": f"plan {i}"}, {"role": "assistant", "content": f"[PT, (+{i}.0, 0.0, 0.0)]"}]

@@ -19,7 +19,7 @@ from jax_drive.rl.grpo import GRPOConfig, grpo_train
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
-from jax_drive.rl.tiny import tiny_policy
+from jax_drive.models.tiny import tiny_policy
 from jax_drive.rollout import RolloutConfig
 from jax_drive.sampling import Completion, JaxEngine, SamplingParams
 from jax_drive.scenes import stack_scenes, straight_road_scene
@@ -141,9 +141,11 @@ def test_degenerate_groups_are_dropped_and_an_empty_step_skips_the_update():
     forced good answers both groups carry signal and are kept."""
     model, tok, scenes, ref = _setup()
     lora0 = _lora(model)
+    calls = []
     out = grpo_train(model, tok, scenes, _config(1, drop_degenerate_groups=True), references=ref,
-                     prompts=PROMPTS, progress=False)
+                     prompts=PROMPTS, progress=False, on_step=lambda state, record: calls.append((state.step, record)))
     rec = out.history[0]
+    assert calls == [(1, rec)]  # the per-step hook (e.g. weight sync to a remote engine) saw the step
     assert rec["skipped_update"] == 1.0 and rec["groups_kept"] == 0 and rec["optimizer_steps"] == 0
     assert rec["format_rate"] == 0.0
     assert all(np.array_equal(a, b) for a, b in zip(lora0, _lora(model)))

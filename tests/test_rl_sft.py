@@ -18,7 +18,7 @@ from jax_drive.rl.batching import (
 )
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig, sft_loss_fn, sft_train
-from jax_drive.rl.tiny import byte_tokenizer, tiny_policy
+from jax_drive.models.tiny import byte_tokenizer, tiny_policy
 
 CONV = [
     {"role": "user", "content": "plan"},

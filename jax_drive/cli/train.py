@@ -1,29 +1,105 @@
-"""`jax-drive train`: the MTDrive pipeline (SFT -> RL curation -> mtGRPO -> evaluation)."""
+"""`jax-drive train`: the MTDrive pipeline (SFT -> RL curation -> mtGRPO -> evaluation).
+
+    jax-drive train --preset cpu-demo [--out DIR] [--json OUT] [--resume] [--seed S]
+        [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
+        [--sft-steps N] [--evaluate STAGE ...] [--no-progress]
+
+The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
+flags). ``--out`` is the run directory (default ``runs/mtdrive_<preset>_s<seed>``): the
+journal of finished stages, SFT / RL metrics (``metrics.jsonl``, TensorBoard) and orbax
+checkpoints, ``results.json`` and the plots. ``--json OUT`` also writes the results to OUT
+and the plots beside it (``<OUT without .json>_<plot>.png``). ``--resume`` continues a run
+killed in ``--out`` at the stage and step where it died; without it, ``--out`` must not
+hold a run. Exit status: 0 done, 2 bad usage or input, 1 a failure while running.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
+import sys
+
+STAGE_HELP = "policies evaluated on the held-out scenes: untrained, sft, rl (default: all)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The MTDrive flags (shared by ``jax-drive train`` and ``experiments/mtdrive.py``)."""
+    parser.add_argument("--preset", default="cpu-demo",
+                        help="a preset of jax_drive.pipelines.presets (default cpu-demo; smoke = tiny random model)")
+    parser.add_argument("--out", default=None,
+                        help="run directory: journal, metrics, checkpoints, results.json, plots "
+                             "(default runs/mtdrive_<preset>_s<seed>)")
+    parser.add_argument("--json", default=None, help="also write the results JSON here (plots beside it)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
+    parser.add_argument("--seed", type=int, default=None, help="training seed (default: the preset's)")
+    parser.add_argument("--advantage", default=None,
+                        help="advantage estimator: grpo, mtgrpo_intra or mtgrpo_cross (default: the preset's)")
+    parser.add_argument("--skip-rl", action="store_true", help="stop after SFT and its evaluation")
+    parser.add_argument("--sft-from", default=None, help="reuse the SFT checkpoint of an earlier run directory")
+    parser.add_argument("--sft-steps", type=int, default=None, help="override the preset's SFT step budget")
+    parser.add_argument("--evaluate", nargs="+", default=None, metavar="STAGE", help=STAGE_HELP)
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def register(subparsers) -> None:
-    from jax_drive.mtdrive import PRESETS
-
-    parser = subparsers.add_parser("train", help="SFT + mtGRPO on generated scenes (MTDrive)")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-demo")
-    parser.add_argument("--out", default="runs/mtdrive", help="output directory (results.json, metrics, checkpoints)")
-    parser.add_argument("--advantage", choices=["grpo", "mtgrpo_intra", "mtgrpo_cross"], default=None,
-                        help="advantage estimator (default: the preset's, mtgrpo_cross)")
-    parser.add_argument("--skip-rl", action="store_true", help="stop after SFT and its evaluation")
-    parser.add_argument("--seed", type=int, default=None, help="training seed (default: the preset's)")
-    parser.add_argument("--sft-from", default=None, help="reuse the SFT checkpoint of an earlier run directory")
+    parser = subparsers.add_parser("train", help="SFT + mtGRPO on generated scenes (MTDrive)", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from jax_drive.mtdrive import PRESETS, results_table, run_mtdrive, with_seed, write_results
+def _usage_error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
-    preset = PRESETS[args.preset] if args.seed is None else with_seed(PRESETS[args.preset], args.seed)
-    results = run_mtdrive(preset, args.out, advantage=args.advantage, skip_rl=args.skip_rl, sft_from=args.sft_from)
-    write_results(results, os.path.join(args.out, "results.json"))
-    print(results_table(results))
+
+def run(args: argparse.Namespace) -> int:
+    from jax_drive.pipelines.journal import RunDirError
+    from jax_drive.pipelines.mtdrive import STAGES, run_mtdrive, sft_checkpoint_dir
+    from jax_drive.pipelines.plots import write_plots
+    from jax_drive.pipelines.presets import PRESETS, with_seed
+    from jax_drive.pipelines.report import public, results_table, write_results
+    from jax_drive.rl.advantages import ADVANTAGE_MODES
+    from jax_drive.rl.checkpoint import committed_steps
+
+    if args.preset not in PRESETS:
+        return _usage_error(f"unknown preset {args.preset!r}; choose from {sorted(PRESETS)}")
+    if args.advantage is not None and args.advantage not in ADVANTAGE_MODES:
+        return _usage_error(f"unknown advantage {args.advantage!r}; choose from {list(ADVANTAGE_MODES)}")
+    evaluate = list(STAGES) if args.evaluate is None else args.evaluate
+    if set(evaluate) - set(STAGES):
+        return _usage_error(f"unknown stages {sorted(set(evaluate) - set(STAGES))}; choose from {list(STAGES)}")
+    if args.sft_from is not None and not committed_steps(sft_checkpoint_dir(args.sft_from)):
+        return _usage_error(f"--sft-from {args.sft_from}: no SFT checkpoint in {sft_checkpoint_dir(args.sft_from)}")
+    preset = PRESETS[args.preset]
+    try:
+        if args.sft_steps is not None:
+            preset = dataclasses.replace(preset, sft=dataclasses.replace(preset.sft, max_steps=args.sft_steps))
+        if args.seed is not None:
+            preset = with_seed(preset, args.seed)
+    except ValueError as error:
+        return _usage_error(str(error))
+    out = args.out or os.path.join("runs", f"mtdrive_{args.preset.replace('-', '_')}_s{preset.seed}")
+    try:
+        results = run_mtdrive(preset, out, advantage=args.advantage, skip_rl=args.skip_rl, sft_from=args.sft_from,
+                              evaluate=evaluate, resume=args.resume, progress=not args.no_progress)
+    except RunDirError as error:
+        return _usage_error(f"{error} (--resume continues it)")
+    write_results(results, os.path.join(out, "results.json"))
+    written = write_plots(results, os.path.join(out, ""))
+    if args.json:
+        write_results(results, args.json)
+        stem = args.json[:-len(".json")] if args.json.endswith(".json") else args.json
+        written += write_plots(results, stem + "_")
+    print(results_table(public(results)))
+    print(f"results: {os.path.join(out, 'results.json')}" + (f" and {args.json}" if args.json else "")
+          + f"; plots: {', '.join(written)}; timings (s): {results['timings_s']}")
     return 0
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Parses the MTDrive flags and runs the pipeline (for scripts that wrap this command)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -78,12 +78,16 @@ class CoopDrivingParallelEnv(ParallelEnv):
         key = jax.random.fold_in(jax.random.key(self._seed), self._episode)
         ap = self.accident_prone if self.accident_prone is not None else bool(self._episode % 2 == 0)
         self._episode += 1
-        self.batch = EpisodeBatch([self.scenario], [key], [ap], background=self.background, cfg=self.cfg)
+        self.batch = self._new_batch(key, ap)
         s = self.static
         self._slots = {f"agent_{k}": int(k) for k in np.flatnonzero(s["valid"] & (s["role"] == Role.FOCAL))}
         self.agents = list(self._slots)
         self._rewarded: set[str] = set()
         return self._observe(self.batch.observe())
+
+    def _new_batch(self, key, accident_prone: bool) -> EpisodeBatch:
+        """The batch of one episode (another backend overrides this, e.g. CARLA)."""
+        return EpisodeBatch([self.scenario], [key], [accident_prone], background=self.background, cfg=self.cfg)
 
     def _observe(self, obs):
         self.decision = self.batch.decision_batch(obs, [0])

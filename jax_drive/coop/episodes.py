@@ -108,6 +108,12 @@ class EpisodeBatch:
 
     def advance(self, out: PolicyOutput, episodes) -> None:
         """One batched decision: ``out``'s rows for ``episodes``, KEEP for every other row."""
+        self.state = core.batched_step(self.cfg, self.scenario, self.state, self.action(out, episodes))
+        self.decision += 1
+
+    def action(self, out: PolicyOutput, episodes) -> Action:
+        """The batched :class:`~jax_drive.sim.state.Action` of ``out``'s rows for
+        ``episodes`` and KEEP for every other row."""
         b, a = out.command.shape
         live = np.zeros(b, bool)
         live[np.asarray(episodes, np.int64)] = True
@@ -116,7 +122,5 @@ class EpisodeBatch:
         shape = (b, a, self.cfg.num_waypoints, 2)
         waypoints = np.zeros(shape, np.float32) if out.waypoints is None else np.where(
             live[:, None, None, None], out.waypoints, 0.0)
-        action = Action(command=jnp.asarray(command, jnp.int32), target_speed=jnp.asarray(speed, jnp.float32),
-                        waypoints=jnp.asarray(waypoints, jnp.float32))
-        self.state = core.batched_step(self.cfg, self.scenario, self.state, action)
-        self.decision += 1
+        return Action(command=jnp.asarray(command, jnp.int32), target_speed=jnp.asarray(speed, jnp.float32),
+                      waypoints=jnp.asarray(waypoints, jnp.float32))

@@ -65,7 +65,8 @@ def _records(batch: DecisionBatch, out: PolicyOutput) -> list[Transition]:
 
 def run_episodes(name, keys, *, accident_prone, policy: Policy, background: bool = False,
                  cfg: SimConfig = SimConfig(), record: bool = False, keep_trajectory: bool = False,
-                 progress=None, max_time: float | None = None) -> tuple[list[EpisodeResult], list[Transition]]:
+                 progress=None, max_time: float | None = None,
+                 batch: EpisodeBatch | None = None) -> tuple[list[EpisodeResult], list[Transition]]:
     """Runs one batch of episodes (one per key) of scenario ``name`` (a name, or one
     name per key).
 
@@ -77,13 +78,19 @@ def run_episodes(name, keys, *, accident_prone, policy: Policy, background: bool
       keep_trajectory: keep poses for rendering.
       progress: optional callable(n_decisions_done) for progress bars.
       max_time: optional cap on every episode's time limit, s (quick checks).
+      batch: an already built batch with the :class:`EpisodeBatch` interface (another
+        backend, e.g. :class:`jax_drive.carla.env.CarlaEpisodeBatch`); then ``name``,
+        ``keys``, ``accident_prone``, ``background`` and ``max_time`` are taken from it.
     Returns: per-episode results (input order) and replay transitions.
     """
-    keys = list(keys)
-    n = len(keys)
-    flags = [bool(accident_prone)] * n if np.ndim(accident_prone) == 0 else [bool(f) for f in accident_prone]
-    names = [name] * n if isinstance(name, str) else list(name)
-    batch = EpisodeBatch(names, keys, flags, background=background, cfg=cfg, max_time=max_time)
+    if batch is None:
+        keys = list(keys)
+        n = len(keys)
+        flags = [bool(accident_prone)] * n if np.ndim(accident_prone) == 0 else [bool(f) for f in accident_prone]
+        names = [name] * n if isinstance(name, str) else list(name)
+        batch = EpisodeBatch(names, keys, flags, background=background, cfg=cfg, max_time=max_time)
+    names, flags, background, cfg = batch.names, batch.accident_prone, batch.background, batch.cfg
+    n = len(names)
     interdrive = [S.family(nm) == "interdrive" for nm in names]
     eligible = [np.flatnonzero(s["valid"] & s["reward"] & (s["role"] == Role.FOCAL)) for s in batch.statics]
     ended = np.zeros(n, bool)

@@ -31,10 +31,10 @@ class LoRAParam(nnx.Param):
     """Trainable low-rank adapter weights; select them with `nnx.state(model, LoRAParam)`."""
 
 
-# --------------------------------------------------------------------------- cache
+# --------------------------------------------------------------------------- caches
 @flax.struct.dataclass
 class KVCache:
-    """Static key/value cache.
+    """Static key/value cache, layers stacked (the layout of the scanned forward).
 
     Attributes:
       k, v: (NL, B, S, Nk, D) cached keys (after RoPE) and values.
@@ -50,6 +50,51 @@ class KVCache:
         return self.k.shape[2]
 
 
+@flax.struct.dataclass
+class LayerCache:
+    """Key/value cache with one head-major buffer per layer (the layout of the unrolled forward).
+
+    Attributes:
+      k, v: tuples of NL arrays (B, Nk, S, D); mask: (B, S) bool (slot holds a real key).
+
+    Separate buffers let each layer's slots be updated in place inside a decode loop, and the
+    head-major layout is the one the attention products read, so XLA:CPU does not transpose
+    every layer's whole cache on every step (with (B, S, Nk, D) a SmolLM2 decode step at
+    B = 8, S = 1664 took ~2x longer).
+    """
+
+    k: tuple
+    v: tuple
+    mask: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.mask.shape[1]
+
+    @classmethod
+    def from_stacked(cls, cache: KVCache) -> "LayerCache":
+        """The same keys / values split per layer and made head-major."""
+        n = cache.k.shape[0]
+        return cls(k=tuple(jnp.swapaxes(cache.k[i], 1, 2) for i in range(n)),
+                   v=tuple(jnp.swapaxes(cache.v[i], 1, 2) for i in range(n)), mask=cache.mask)
+
+    def select_rows(self, rows: jax.Array) -> "LayerCache":
+        """The cache of batch rows ``rows`` ((B',) int32, repeats allowed), in that order."""
+        return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
+
+    def resize(self, slots: int) -> "LayerCache":
+        """The first ``slots`` slots (static), padded with empty (masked) slots if longer."""
+        def fit(x, axis):
+            if slots <= x.shape[axis]:
+                return jax.lax.slice_in_dim(x, 0, slots, axis=axis)
+            pad = [(0, 0)] * x.ndim
+            pad[axis] = (0, slots - x.shape[axis])
+            return jnp.pad(x, pad)
+
+        return LayerCache(k=tuple(fit(x, 2) for x in self.k), v=tuple(fit(x, 2) for x in self.v),
+                          mask=fit(self.mask, 1))
+
+
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache: zeros and an all-False mask. dtype defaults to the config's dtype."""
     if batch <= 0 or max_len <= 0:
@@ -61,6 +106,41 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVC
         v=jnp.zeros(shape, dtype),
         mask=jnp.zeros((batch, max_len), bool),
     )
+
+
+def write_slots(buffer: jax.Array, values: jax.Array, index: jax.Array, axis: int) -> jax.Array:
+    """buffer with ``values`` written at slots [index, index + L) of ``axis``.
+
+    Args:
+      buffer: (B, ...) array whose ``axis`` (> 0) holds S slots.
+      values: like buffer with L instead of S along ``axis``.
+      index: int32 () first slot for every row, or (B,) one first slot per row.
+    """
+    values = values.astype(buffer.dtype)
+    index = jnp.asarray(index, jnp.int32)
+    if index.ndim == 0:
+        starts = [jnp.int32(0)] * buffer.ndim
+        starts[axis] = index
+        return jax.lax.dynamic_update_slice(buffer, values, starts)
+
+    def row(buf, val, i):
+        starts = [jnp.int32(0)] * buf.ndim
+        starts[axis - 1] = i
+        return jax.lax.dynamic_update_slice(buf, val, starts)
+
+    return jax.vmap(row)(buffer, values, index)
+
+
+def cache_attention_mask(cache_mask: jax.Array, index: jax.Array, length: int) -> jax.Array:
+    """(B, L, S) bool: new token i (written at slot index + i) may attend to the real slots
+    before and at its own, i.e. slots < index + i + 1 whose ``cache_mask`` is True.
+
+    cache_mask: (B, S) bool, already holding the new tokens; index: () or (B,) int32.
+    Slots at or after a row's index + L are never attended, whatever they hold.
+    """
+    slots = jnp.arange(cache_mask.shape[1])
+    limit = jnp.asarray(index, jnp.int32)[..., None] + jnp.arange(length) + 1  # (L,) or (B, L)
+    return (slots < limit[..., None]) & cache_mask[:, None, :]
 
 
 def positions_from_mask(attention_mask: jax.Array, offset: jax.Array | int = 0) -> jax.Array:
@@ -199,6 +279,75 @@ def linear(x: jax.Array, p: dict[str, Any]) -> jax.Array:
     return y
 
 
+def low_rank_update(lora_a: jax.Array, lora_b: jax.Array, scale: jax.Array | float) -> jax.Array:
+    """float32 LoRA update A @ B * scale: A (..., in, r), B (..., r, out), scale () or (...,)."""
+    delta = jnp.einsum("...ir,...ro->...io", lora_a.astype(jnp.float32), lora_b.astype(jnp.float32))
+    return delta * jnp.asarray(scale, jnp.float32)[..., None, None]
+
+
+def fold_lora(p: dict[str, Any]) -> jax.Array:
+    """The kernel of projection arrays ``p`` (see :func:`linear`) with its adapter folded in."""
+    kernel = p["kernel"]
+    if p.get("lora_a") is None:
+        return kernel
+    return (kernel.astype(jnp.float32) + low_rank_update(p["lora_a"], p["lora_b"], p["lora_scale"])
+            ).astype(kernel.dtype)
+
+
+# --------------------------------------------------------------------------- decoder block
+def project_qkv(config: ModelConfig, layer: dict[str, Any], y: jax.Array):
+    """Query / key / value projections of one layer.
+
+    y (B, L, H) -> q (B, L, Nq, D), k, v (B, L, Nk, D). ``layer`` holds either separate
+    ``q_proj`` / ``k_proj`` / ``v_proj`` arrays or one fused ``qkv_proj`` (one matmul).
+    """
+    b, l, _ = y.shape
+    c = config
+    if "qkv_proj" in layer:
+        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        qkv = linear(y, layer["qkv_proj"])
+        q, k, v = qkv[..., :qd], qkv[..., qd:qd + kd], qkv[..., qd + kd:]
+    else:
+        q, k, v = (linear(y, layer[name]) for name in ("q_proj", "k_proj", "v_proj"))
+    return (q.reshape(b, l, c.num_heads, c.head_dim), k.reshape(b, l, c.num_kv_heads, c.head_dim),
+            v.reshape(b, l, c.num_kv_heads, c.head_dim))
+
+
+def swiglu_mlp(layer: dict[str, Any], y: jax.Array) -> jax.Array:
+    """down(silu(gate(y)) * up(y)) for y (..., H); separate ``gate_proj`` / ``up_proj`` or one
+    fused ``gate_up_proj`` (gate columns first)."""
+    if "gate_up_proj" in layer:
+        gate_up = linear(y, layer["gate_up_proj"])
+        f = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :f], gate_up[..., f:]
+    else:
+        gate, up = linear(y, layer["gate_proj"]), linear(y, layer["up_proj"])
+    return linear(jax.nn.silu(gate) * up, layer["down_proj"])
+
+
+def decoder_block(config: ModelConfig, layer: dict[str, Any], h: jax.Array, cos: jax.Array,
+                  sin: jax.Array, attend):
+    """One pre-norm decoder block: h + attn(norm(h)), then + SwiGLU MLP(norm(h)).
+
+    Args:
+      layer: one layer's arrays: ``input_norm``, ``post_attention_norm`` (H,), projections as
+        read by :func:`project_qkv` / :func:`swiglu_mlp` and ``o_proj`` (see :func:`linear`).
+      h: (B, L, H) residual stream; cos, sin: (B, L, D) rotary tables for the L tokens
+        (:func:`rope_tables`, or any other rotary scheme producing the same layout).
+      attend: (q (B, L, Nq, D), k, v (B, L, Nk, D), rotary applied) -> (attention output
+        (B, L, Nq * D), carry): stores the new keys / values wherever the caller caches them
+        and attends; ``carry`` (e.g. the updated cache buffers) is returned unchanged.
+    Returns:
+      (B, L, H) residual stream after the block, and ``attend``'s carry.
+    """
+    eps = config.rms_norm_eps
+    q, k, v = project_qkv(config, layer, rms_norm(h, layer["input_norm"], eps))
+    att, carry = attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+    h = h + linear(att, layer["o_proj"])
+    h = h + swiglu_mlp(layer, rms_norm(h, layer["post_attention_norm"], eps))
+    return h, carry
+
+
 # --------------------------------------------------------------------------- modules
 class StackedLinear(nnx.Module):
     """NL stacked linear maps: kernel (NL, in, out), optional bias (NL, out) and LoRA A/B."""
@@ -266,15 +415,50 @@ class DecoderStack(nnx.Module):
         return params
 
 
-def decoder_blocks(config: ModelConfig, params: dict[str, Any], x: jax.Array, cos: jax.Array,
-                   sin: jax.Array, attention_mask: jax.Array, cache: KVCache | None,
+def unroll_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Stacked parameters (:meth:`CausalLM.arrays`) -> the unrolled layout: the same dict with
+    ``layers`` a tuple of NL per-layer dicts, LoRA adapters folded in, q/k/v fused into one
+    ``qkv_proj`` and gate/up into one ``gate_up_proj`` (fewer, larger matmuls).
+
+    Why: on the CPU, XLA materialises a copy of every layer's weights when a scanned model
+    slices them out of the stacked (NL, ...) arrays, doubling the memory traffic of a decode
+    step; separate per-layer buffers avoid it. The copy costs one model's worth of memory.
+    """
+    st = params["layers"]
+
+    def fused(names):
+        out = {"kernel": jnp.concatenate([fold_lora(st[n]) for n in names], axis=-1)}
+        if st[names[0]].get("bias") is not None:
+            out["bias"] = jnp.concatenate([st[n]["bias"] for n in names], axis=-1)
+        return out
+
+    stacked = {
+        "input_norm": st["input_norm"],
+        "post_attention_norm": st["post_attention_norm"],
+        "qkv_proj": fused(("q_proj", "k_proj", "v_proj")),
+        "o_proj": {"kernel": fold_lora(st["o_proj"])},
+        "gate_up_proj": fused(("gate_proj", "up_proj")),
+        "down_proj": {"kernel": fold_lora(st["down_proj"])},
+    }
+    num_layers = st["input_norm"].shape[0]
+    layers = tuple(jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(num_layers))
+    return {**params, "layers": layers}
+
+
+def decoder_blocks(config: ModelConfig, layers, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                   attention_mask: jax.Array, cache: KVCache | LayerCache | None,
                    cache_index: jax.Array, empty_cache: bool = False):
-    """Runs the scanned decoder blocks.
+    """Runs all decoder blocks (:func:`decoder_block`) over new tokens.
 
     Args:
-      params: `DecoderStack.arrays()` (every leaf has the leading NL axis).
+      layers: stacked layout (``CausalLM.arrays()["layers"]``, every leaf with a leading NL
+        axis; the blocks run under ``lax.scan``, cache a ``KVCache`` or None) or unrolled layout
+        (``unroll_params(...)["layers"]``, a tuple of per-layer dicts; a Python loop over the
+        layers, cache a ``LayerCache`` or None).
       x: (B, L, H) embeddings; cos, sin: (B, L, D); attention_mask: (B, L) bool.
-      cache: KVCache or None; cache_index: int32 scalar.
+      cache_index: int32 () or (B,): the new keys / values go to slots [index, index + L) of
+        each row, and new token i attends to the real slots < index + i + 1
+        (:func:`cache_attention_mask`).
       empty_cache (static): the cache holds no real slot before ``cache_index`` (a prefill).
         The new tokens then only see each other, so attention runs causally over the L new
         keys in query blocks (:func:`causal_self_attention`) instead of over all S slots;
@@ -282,60 +466,66 @@ def decoder_blocks(config: ModelConfig, params: dict[str, Any], x: jax.Array, co
     Returns:
       (B, L, H) residual stream after the last block, updated cache or None.
     """
-    b, l, _ = x.shape
-    c = config
+    l = x.shape[1]
+    unrolled = isinstance(layers, (tuple, list))
+    if cache is not None and isinstance(cache, LayerCache) != unrolled:
+        raise TypeError("stacked layers need a KVCache, unrolled layers a LayerCache")
+    new_mask = None
     if cache is None or empty_cache:
-        causal = jnp.tril(jnp.ones((l, l), bool))
-        mask = causal[None] & attention_mask[:, None, :]
-        new_mask = None if cache is None else jax.lax.dynamic_update_slice(
-            cache.mask, attention_mask, (0, cache_index))
-    else:
-        new_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache_index))
-        slots = jnp.arange(cache.max_len)
-        limit = cache_index + jnp.arange(l) + 1  # (L,)
-        mask = (slots[None, :] < limit[:, None])[None] & new_mask[:, None, :]
+        mask = jnp.tril(jnp.ones((l, l), bool))[None] & attention_mask[:, None, :]
+    if cache is not None:
+        new_mask = write_slots(cache.mask, attention_mask, cache_index, axis=1)
+        if not empty_cache:
+            mask = cache_attention_mask(new_mask, cache_index, l)
+    slot_axis = 2 if unrolled else 1  # head-major (B, Nk, S, D) or (B, S, Nk, D) buffers
 
-    def block(h, xs):
-        lp, ck, cv = xs
-        y = rms_norm(h, lp["input_norm"], c.rms_norm_eps)
-        q = linear(y, lp["q_proj"]).reshape(b, l, c.num_heads, c.head_dim)
-        k = linear(y, lp["k_proj"]).reshape(b, l, c.num_kv_heads, c.head_dim)
-        v = linear(y, lp["v_proj"]).reshape(b, l, c.num_kv_heads, c.head_dim)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        if ck is not None:
-            ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
-            cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
-            if empty_cache:
+    def block(h, layer, ck, cv):
+        def attend(q, k, v):
+            if ck is None:
+                return causal_self_attention(q, k, v, mask), (None, None)
+            new_k, new_v = (jnp.swapaxes(t, 1, 2) if unrolled else t for t in (k, v))
+            ck2 = write_slots(ck, new_k, cache_index, slot_axis)
+            cv2 = write_slots(cv, new_v, cache_index, slot_axis)
+            if empty_cache:  # the cache's rounding, without reading the S slots back
                 att = causal_self_attention(q, k.astype(ck.dtype).astype(q.dtype),
                                             v.astype(cv.dtype).astype(q.dtype), mask)
+            elif unrolled:
+                att = attention_head_major(q, ck2.astype(q.dtype), cv2.astype(q.dtype), mask)
             else:
-                att = attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask)
-        else:
-            att = causal_self_attention(q, k, v, mask)
-        h = h + linear(att, lp["o_proj"])
-        y = rms_norm(h, lp["post_attention_norm"], c.rms_norm_eps)
-        y = jax.nn.silu(linear(y, lp["gate_proj"])) * linear(y, lp["up_proj"])
-        h = h + linear(y, lp["down_proj"])
-        return h, (ck, cv)
+                att = attention(q, ck2.astype(q.dtype), cv2.astype(q.dtype), mask)
+            return att, (ck2, cv2)
+
+        return decoder_block(config, layer, h, cos, sin, attend)
+
+    if unrolled:
+        ks, vs = [], []
+        for i, layer in enumerate(layers):
+            x, (ck, cv) = block(x, layer, *((None, None) if cache is None else (cache.k[i], cache.v[i])))
+            ks.append(ck)
+            vs.append(cv)
+        return x, None if cache is None else LayerCache(k=tuple(ks), v=tuple(vs), mask=new_mask)
+
+    def scan_step(h, xs):
+        return block(h, *xs)
 
     if cache is None:
-        if c.remat_layers:
-            block = jax.checkpoint(block, prevent_cse=False)  # inside scan CSE cannot cross steps
-        x, _ = jax.lax.scan(block, x, (params, None, None))
+        if config.remat_layers:  # inside scan CSE cannot cross steps
+            scan_step = jax.checkpoint(scan_step, prevent_cse=False)
+        x, _ = jax.lax.scan(scan_step, x, (layers, None, None))
         return x, None
-    x, (k_all, v_all) = jax.lax.scan(block, x, (params, cache.k, cache.v))
+    x, (k_all, v_all) = jax.lax.scan(scan_step, x, (layers, cache.k, cache.v))
     return x, KVCache(k=k_all, v=v_all, mask=new_mask)
 
 
 @partial(jax.jit, static_argnames=("config", "empty_cache"))
 def forward_hidden(params: dict[str, Any], config: ModelConfig, input_ids: jax.Array,
-                   positions: jax.Array, attention_mask: jax.Array, cache: KVCache | None,
-                   cache_index: jax.Array, empty_cache: bool = False):
+                   positions: jax.Array, attention_mask: jax.Array,
+                   cache: KVCache | LayerCache | None, cache_index: jax.Array,
+                   empty_cache: bool = False):
     """Pure forward to the final normed hidden states (B, L, H) and the updated cache.
 
-    params: `CausalLM.arrays()`. Jitted (inlined when called under an outer jit).
-    empty_cache: see :func:`decoder_blocks`.
+    params: ``CausalLM.arrays()`` or ``unroll_params(...)`` (see :func:`decoder_blocks`).
+    Jitted (inlined when called under an outer jit). empty_cache: see :func:`decoder_blocks`.
     """
     x = jnp.take(params["embed"], input_ids.astype(jnp.int32), axis=0)
     cos, sin = rope_tables(config, positions)
@@ -344,21 +534,35 @@ def forward_hidden(params: dict[str, Any], config: ModelConfig, input_ids: jax.A
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), cache
 
 
-def _head(params: dict[str, Any]) -> jax.Array:
+# --------------------------------------------------------------------------- LM head
+def project_to_vocab(hidden: jax.Array, weight: jax.Array, tied: bool = False) -> jax.Array:
+    """hidden (..., H) -> float32 logits (..., V): ``weight`` is the (H, V) head, or the (V, H)
+    token embedding when ``tied`` (read as is: no transposed copy)."""
+    spec = "...h,vh->...v" if tied else "...h,hv->...v"
+    return jnp.einsum(spec, hidden.astype(weight.dtype), weight, preferred_element_type=jnp.float32)
+
+
+def lm_logits(params: dict[str, Any], hidden: jax.Array) -> jax.Array:
+    """The LM head: final hidden states (..., H) -> float32 logits (..., V) (the tied embedding
+    when ``params["lm_head"]`` is None)."""
+    if params["lm_head"] is None:
+        return project_to_vocab(hidden, params["embed"], tied=True)
+    return project_to_vocab(hidden, params["lm_head"])
+
+
+def head_matrix(params: dict[str, Any]) -> jax.Array:
+    """(H, V) output projection (the transposed embedding when tied)."""
     return params["embed"].T if params["lm_head"] is None else params["lm_head"]
 
 
 @partial(jax.jit, static_argnames=("config",))
 def forward_logits(params: dict[str, Any], config: ModelConfig, input_ids: jax.Array,
-                   positions: jax.Array, attention_mask: jax.Array, cache: KVCache | None,
-                   cache_index: jax.Array):
+                   positions: jax.Array, attention_mask: jax.Array,
+                   cache: KVCache | LayerCache | None, cache_index: jax.Array):
     """Pure forward: (logits (B, L, V) float32, cache or None)."""
     hidden, cache = forward_hidden(params, config, input_ids, positions, attention_mask, cache,
                                    cache_index)
-    head = _head(params)
-    logits = jnp.einsum("blh,hv->blv", hidden.astype(head.dtype), head,
-                        preferred_element_type=jnp.float32)
-    return logits, cache
+    return lm_logits(params, hidden), cache
 
 
 @partial(jax.jit, static_argnames=("config", "chunk_size", "temperature"))
@@ -368,7 +572,7 @@ def forward_token_logprobs(params: dict[str, Any], config: ModelConfig, input_id
     """Pure (B, L) log p(targets) via `chunked_token_logprobs` (see CausalLM.token_logprobs)."""
     hidden, _ = forward_hidden(params, config, input_ids, positions, attention_mask, None,
                                jnp.int32(0))
-    return chunked_token_logprobs(hidden, targets, _head(params), chunk_size, temperature)
+    return chunked_token_logprobs(hidden, targets, head_matrix(params), chunk_size, temperature)
 
 
 class CausalLM(nnx.Module):
@@ -418,6 +622,19 @@ class CausalLM(nnx.Module):
                     f"of a cache with {cache.max_len} slots"
                 )
 
+    @staticmethod
+    def _default_inputs(input_ids, positions, attention_mask, cache, cache_index):
+        """(positions, attention_mask) with the defaults of `__call__` filled in."""
+        if attention_mask is None:
+            attention_mask = jnp.ones(jnp.shape(input_ids), bool)
+        if positions is None:
+            before = 0
+            if cache is not None:
+                earlier = jnp.arange(cache.max_len) < jnp.asarray(cache_index, jnp.int32)
+                before = jnp.sum(cache.mask & earlier, axis=-1)
+            positions = positions_from_mask(attention_mask, before)
+        return positions, attention_mask
+
     def arrays(self) -> dict[str, Any]:
         """All parameters as a dict of arrays (LoRA adapters included unless merged)."""
         return {
@@ -428,29 +645,33 @@ class CausalLM(nnx.Module):
         }
 
     def _hidden(self, input_ids, positions, attention_mask, cache, cache_index):
+        positions, attention_mask = self._default_inputs(input_ids, positions, attention_mask,
+                                                         cache, cache_index)
         self._check(input_ids, positions, attention_mask, cache, cache_index)
         return forward_hidden(self.arrays(), self.config, input_ids, positions,
                               attention_mask, cache, jnp.asarray(cache_index, jnp.int32))
 
     def head_matrix(self) -> jax.Array:
         """(H, V) output projection (the transposed embedding when tied)."""
-        return self.embed[...].T if self.lm_head is None else self.lm_head[...]
+        return head_matrix(self.arrays())
 
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
         """hidden (..., H) -> float32 logits (..., V)."""
-        w = self.head_matrix()
-        return jnp.einsum("...h,hv->...v", hidden.astype(w.dtype), w,
-                          preferred_element_type=jnp.float32)
+        return lm_logits(self.arrays(), hidden)
 
     # ----------------------------------------------------------------- public API
-    def __call__(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 cache: KVCache | None = None, cache_index: jax.Array | int = 0):
+    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                 cache_index: jax.Array | int = 0):
         """Forward pass.
 
         Args:
           input_ids: (B, L) int32 new tokens.
-          positions: (B, L) int32 RoPE positions (see `positions_from_mask`).
-          attention_mask: (B, L) bool, True for real tokens (left padding allowed).
+          positions: (B, L) int32 RoPE positions (see `positions_from_mask`). Default: the
+            real tokens are numbered on from the real slots of ``cache`` before
+            ``cache_index`` (from 0 without a cache).
+          attention_mask: (B, L) bool, True for real tokens (left padding allowed). Default:
+            every token is real.
           cache: optional KVCache with S slots; the new keys/values are written at slots
             [cache_index, cache_index + L) and token i attends to real slots
             < cache_index + i + 1. Without a cache attention is causal over the L tokens,
@@ -459,6 +680,8 @@ class CausalLM(nnx.Module):
         Returns:
           logits (B, L, V) float32, and the updated cache (None without a cache).
         """
+        positions, attention_mask = self._default_inputs(input_ids, positions, attention_mask,
+                                                         cache, cache_index)
         self._check(input_ids, positions, attention_mask, cache, cache_index)
         return forward_logits(self.arrays(), self.config, input_ids, positions, attention_mask,
                               cache, jnp.asarray(cache_index, jnp.int32))
@@ -474,7 +697,8 @@ class CausalLM(nnx.Module):
                                   cache, jnp.int32(0), empty_cache=True)
         return cache
 
-    def hidden_states(self, input_ids, positions, attention_mask, cache=None, cache_index=0):
+    def hidden_states(self, input_ids, positions=None, attention_mask=None, cache=None,
+                      cache_index=0):
         """Same inputs as `__call__`; returns the final normed hidden states (B, L, H)."""
         return self._hidden(input_ids, positions, attention_mask, cache, cache_index)[0]
 
@@ -490,15 +714,20 @@ class CausalLM(nnx.Module):
         the backward pass), so at most a (chunk_size, V) float32 logits block exists at once.
         Entries at padded positions are computed but meaningless: mask them downstream.
         """
-        if targets.shape != input_ids.shape:
-            raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
-        if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        check_logprob_args(input_ids, targets, chunk_size, temperature)
         self._check(input_ids, positions, attention_mask, None, 0)
         return forward_token_logprobs(self.arrays(), self.config, input_ids, positions,
                                       attention_mask, targets, int(chunk_size), float(temperature))
+
+
+def check_logprob_args(input_ids, targets, chunk_size: int, temperature: float) -> None:
+    """Raises ValueError for token_logprobs arguments it cannot honour."""
+    if targets.shape != input_ids.shape:
+        raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
 
 
 def chunked_token_logprobs(hidden: jax.Array, targets: jax.Array, head: jax.Array,
@@ -520,8 +749,7 @@ def chunked_token_logprobs(hidden: jax.Array, targets: jax.Array, head: jax.Arra
     @jax.checkpoint
     def one(args):
         hc, tc = args  # (c, H), (c,)
-        logits = jnp.einsum("ch,hv->cv", hc.astype(head.dtype), head,
-                            preferred_element_type=jnp.float32)
+        logits = project_to_vocab(hc, head)
         if temperature != 1.0:
             logits = logits / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)

@@ -196,7 +196,7 @@ PRESETS = _presets()
 def load_local(source: str, seed: int = 0):
     """(model, tokenizer) from a ``load_pretrained`` source or 'tiny'."""
     if source == "tiny":
-        from jax_drive.rl.tiny import tiny_policy
+        from jax_drive.models.tiny import tiny_policy
 
         model, _, tokenizer = tiny_policy(seed=seed, lora_rank=None)
         return model, tokenizer

@@ -2,26 +2,29 @@
 mtGRPO trainer.
 
 Public API:
-  AdvantageConfig, compute_advantages, turn_rewards, token_advantages   (advantages)
+  AdvantageConfig, compute_advantages, token_advantages                  (advantages)
   LossConfig, policy_loss, kl_penalty, aggregate                         (loss)
   OptimConfig, make_optimizer, split_model                               (optim)
-  Checkpointer, RunState                                                 (checkpoint)
-  MetricsLogger, peak_rss_gb                                             (logging)
-  SFTConfig, sft_train                                                   (sft)
-  GRPOConfig, grpo_train, grpo_update, build_train_batch, evaluate_multiturn   (grpo)
-The trainer entry points are imported lazily (they pull in the sampler, scorer and text layer).
+  Checkpointer, RunState, restore_trainable                              (checkpoint)
+  atomic_write_bytes, atomic_write_json, atomic_save_npz                 (atomic)
+  MetricsLogger, peak_rss_gb, read_jsonl                                 (logging)
+  SFTConfig, sft_train, TrainResult                                      (sft)
+  GRPOConfig, grpo_train, grpo_update, build_train_batch                 (grpo)
+The turn reward (MTDrive Eq. 2) and the evaluation helpers live with the rollouts
+(:mod:`jax_drive.rollout`). The trainer entry points are imported lazily (they pull in the
+sampler, scorer and text layer).
 """
 
-from jax_drive.rl.advantages import AdvantageConfig, compute_advantages, token_advantages, turn_rewards
+from jax_drive.rl.advantages import AdvantageConfig, compute_advantages, token_advantages
 from jax_drive.rl.loss import LossConfig, aggregate, kl_penalty, policy_loss
 
 _LAZY = {
     "OptimConfig": "optim", "make_optimizer": "optim", "split_model": "optim",
-    "Checkpointer": "checkpoint", "RunState": "checkpoint",
-    "MetricsLogger": "logging", "peak_rss_gb": "logging",
+    "Checkpointer": "checkpoint", "RunState": "checkpoint", "restore_trainable": "checkpoint",
+    "atomic_write_bytes": "atomic", "atomic_write_json": "atomic", "atomic_save_npz": "atomic",
+    "MetricsLogger": "logging", "peak_rss_gb": "logging", "read_jsonl": "logging",
     "SFTConfig": "sft", "sft_train": "sft", "TrainResult": "sft",
     "GRPOConfig": "grpo", "grpo_train": "grpo", "grpo_update": "grpo", "build_train_batch": "grpo",
-    "evaluate_multiturn": "grpo",
 }
 
 
@@ -34,6 +37,6 @@ def __getattr__(name):
 
 
 __all__ = [
-    "AdvantageConfig", "compute_advantages", "token_advantages", "turn_rewards",
+    "AdvantageConfig", "compute_advantages", "token_advantages",
     "LossConfig", "aggregate", "kl_penalty", "policy_loss", *_LAZY,
 ]

@@ -1,6 +1,7 @@
 """Group-relative advantages for multi-turn rollouts (GRPO and the two mtGRPO variants).
 
-All functions are pure and jittable. Rewards come as a dense array over
+All functions are pure and jittable. Rewards (MTDrive Eq. 2,
+:func:`jax_drive.rollout.reward.turn_rewards`) come as a dense array over
 ``(num_prompts, G, max_turns)`` with a boolean ``turn_mask`` of the same shape that says
 which turns exist: a rollout that stopped after turn k (empty feedback, or the turn budget
 ran out) has ``turn_mask[p, i, k:] == False``. Missing turns never enter a mean or a std and
@@ -82,25 +83,6 @@ class AdvantageConfig:
             raise ValueError("epsilon must be >= 0")
         if self.min_group_size < 1:
             raise ValueError("min_group_size must be >= 1")
-
-
-def turn_rewards(
-    pdms: chex.Array,
-    format_score: chex.Array,
-    turn_mask: chex.Array,
-    pdms_weight: float = 0.8,
-    format_weight: float = 0.2,
-) -> chex.Array:
-    """MTDrive Eq. 2: ``r_ij = w_p * PDMS_ij + w_f * format_ij`` (0 where the turn is missing).
-
-    Args:
-      pdms, format_score: (..., N) float in [0, 1].
-      turn_mask: (..., N) bool.
-    Returns:
-      (..., N) float32.
-    """
-    r = pdms_weight * jnp.asarray(pdms, jnp.float32) + format_weight * jnp.asarray(format_score, jnp.float32)
-    return jnp.where(turn_mask, r, 0.0)
 
 
 def masked_group_normalize(

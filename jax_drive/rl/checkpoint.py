@@ -1,23 +1,36 @@
-"""Orbax checkpoints of a training run: trainable params, optimizer state, step, PRNG key and
-data position, so ``--resume`` continues a killed run exactly.
+"""Checkpoints of a training run, committed atomically.
 
-Layout: ``<dir>/<step>/state`` (orbax StandardSave of ``{'params', 'opt_state', 'rng'}``) and
-``<dir>/<step>/meta`` (JSON: step, data_position, any extra run info). The PRNG key is stored
-as its raw ``key_data`` (uint32) and re-wrapped on restore. Restoring needs a target tree of
-the same structure (the freshly initialised state of the run being resumed), which fixes
-shapes, dtypes and the optax / nnx pytree node types.
+A checkpoint holds the trainable params, the optimizer state, the PRNG key (as its raw
+``key_data``), the step and the data position, so ``resume`` continues a killed run exactly.
+
+Layout: ``<dir>/<step>/state`` (orbax ``StandardCheckpointHandler``) and
+``<dir>/<step>/meta.json`` (step, data_position, any extra run info). A save writes
+everything into ``<dir>/<step>.partial`` and then renames it to ``<dir>/<step>`` (one
+``os.replace``), so a run killed during a save leaves at most a ``.partial`` directory,
+which is never read and is removed when the directory is opened again. Restoring needs a
+target tree of the same structure (the freshly initialised state of the run being
+resumed), which fixes shapes, dtypes and the optax / nnx pytree node types.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from jax_drive.rl.atomic import atomic_write_json
+from jax_drive.rl.faults import pause_point
+from jax_drive.rl.optim import make_optimizer, split_model, write_back
 
+PARTIAL_SUFFIX = ".partial"
+
+
+# ----------------------------------------------------------------------------- run state
 @dataclasses.dataclass
 class RunState:
     """Everything that evolves during training (host-side holder, not a pytree).
@@ -34,50 +47,102 @@ class RunState:
     data_position: int = 0
 
 
+def committed_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps of the committed checkpoints in ``directory``, ascending ([] if none)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(e) for e in os.listdir(directory)
+                  if e.isdigit() and os.path.isfile(os.path.join(directory, e, "meta.json")))
+
+
 def _tree(state: RunState) -> dict:
     return {"params": state.params, "opt_state": state.opt_state, "rng": jax.random.key_data(state.rng)}
 
 
 class Checkpointer:
-    """Thin wrapper over ``ocp.CheckpointManager`` (synchronous saves, keeps ``max_to_keep``)."""
+    """Synchronous, atomically committed checkpoints of a :class:`RunState`; keeps the
+    newest ``max_to_keep``.
 
-    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3):
+    ``name`` labels the test hook point inside each save (``<name>_checkpoint``, see
+    :mod:`jax_drive.rl.faults`).
+    """
+
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, name: str = "run"):
+        if max_to_keep < 1:
+            raise ValueError("max_to_keep must be >= 1")
         self.directory = os.path.abspath(os.fspath(directory))
+        self.max_to_keep = max_to_keep
+        self.name = name
         os.makedirs(self.directory, exist_ok=True)
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
-
-    def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        for entry in os.listdir(self.directory):  # left by a run killed during a save
+            if entry.endswith(PARTIAL_SUFFIX):
+                shutil.rmtree(os.path.join(self.directory, entry))
+        self._orbax = ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
     def all_steps(self) -> list[int]:
-        return list(self._manager.all_steps())
+        """Committed steps, ascending."""
+        return committed_steps(self.directory)
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def save(self, state: RunState, extra: dict | None = None) -> None:
-        meta = {"step": int(state.step), "data_position": int(state.data_position)}
+        """Writes the state of ``state.step`` (replacing a committed one of the same step)."""
+        step = int(state.step)
+        final = os.path.join(self.directory, str(step))
+        partial = final + PARTIAL_SUFFIX
+        if os.path.exists(partial):
+            shutil.rmtree(partial)
+        os.makedirs(partial)
+        self._orbax.save(os.path.join(partial, "state"), args=ocp.args.StandardSave(_tree(state)))
+        meta = {"step": step, "data_position": int(state.data_position)}
         if extra:
             meta["extra"] = extra
-        self._manager.save(
-            int(state.step),
-            args=ocp.args.Composite(state=ocp.args.StandardSave(_tree(state)), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
-        self._manager.wait_until_finished()
+        atomic_write_json(os.path.join(partial, "meta.json"), meta)
+        pause_point(f"{self.name}_checkpoint", step)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        for old in self.all_steps()[:-self.max_to_keep]:
+            shutil.rmtree(os.path.join(self.directory, str(old)))
 
     def restore(self, target: RunState, step: int | None = None) -> tuple[RunState, dict]:
         """Restore into the structure of ``target``; returns (state, meta). Raises if none."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        path = os.path.join(self.directory, str(step))
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _tree(target))
-        out = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
-        )
-        tree, meta = out["state"], out["meta"]
+        tree = self._orbax.restore(os.path.join(path, "state"), args=ocp.args.StandardRestore(abstract))
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
         rng = jax.random.wrap_key_data(tree["rng"], impl=jax.random.key_impl(target.rng))
         state = RunState(params=tree["params"], opt_state=tree["opt_state"], rng=rng,
                          step=int(meta["step"]), data_position=int(meta["data_position"]))
-        return state, dict(meta)
+        return state, meta
 
     def close(self) -> None:
-        self._manager.close()
+        self._orbax.close()
+
+
+def restore_trainable(model, optim, directory: str | os.PathLike) -> dict:
+    """Loads the trainable params of the latest checkpoint in ``directory`` into ``model`` in
+    place (the checkpoint must come from the same model, LoRA rank and ``optim.trainable``).
+
+    Args:
+      model: the nnx model. optim: the run's :class:`jax_drive.rl.optim.OptimConfig`.
+    Returns:
+      the checkpoint's meta (step, data position). Raises FileNotFoundError if none.
+    """
+    if not committed_steps(directory):
+        raise FileNotFoundError(f"no checkpoint in {os.fspath(directory)}")
+    _, params, _ = split_model(model, optim.trainable)
+    template = RunState(params=params, opt_state=make_optimizer(optim).init(params), rng=jax.random.key(0))
+    ckpt = Checkpointer(directory)
+    try:
+        state, meta = ckpt.restore(template)
+    finally:
+        ckpt.close()
+    write_back(model, state.params)
+    return meta

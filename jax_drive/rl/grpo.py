@@ -23,16 +23,17 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit
-from jax_drive.rl.batching import TokenRow, bucket_length, pad_rows
+from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
+from jax_drive.rl.batching import TokenRow, add_images, batch_token_logprobs, bucket_length, pad_rows
 from jax_drive.rl.checkpoint import Checkpointer, RunState
+from jax_drive.rl.faults import pause_point
 from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
 from jax_drive.rl.loss import LossConfig, policy_loss
 from jax_drive.rl.optim import (
@@ -46,7 +47,16 @@ from jax_drive.rl.optim import (
     write_back,
 )
 from jax_drive.rl.sft import TrainResult
-from jax_drive.rollout import RolloutConfig, RolloutResult, compute_reference, run_rollouts, scene_prompts, summarize
+from jax_drive.rollout import (
+    RolloutConfig,
+    RolloutResult,
+    compute_reference,
+    run_rollouts,
+    scene_prompts,
+    select_scenes,
+    summarize,
+)
+from jax_drive.scenes import index_scene
 from jax_drive.types import Scene
 
 
@@ -118,7 +128,7 @@ class GRPOConfig:
 
 # ----------------------------------------------------------------------------- batches
 def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucket_size: int = 128,
-                      multiple_of: int = 1) -> dict[str, np.ndarray]:
+                      multiple_of: int = 1, model=None) -> dict[str, np.ndarray]:
     """Padded training arrays from rollouts.
 
     Args:
@@ -127,30 +137,33 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
       pad_id: padding token.
       bucket_size: the padded length is a multiple of this.
       multiple_of: the row count is padded (with empty rows) to a multiple of this.
+      model: the policy, needed when the rollouts' prompts hold images (see
+        :func:`jax_drive.rl.batching.add_images`).
     Returns:
       dict of (R', L) arrays: input_ids, targets, positions, attention_mask, loss_mask
       (1 on generated tokens), old_logp (sampling log-probs), advantages (the token's turn
-      advantage), turn_id (float, -1 off-loss).
+      advantage), turn_id (float, -1 off-loss); with images, positions (R', 3, L) and vision.
     """
     adv = np.asarray(advantages, np.float32)
-    s_, g_, n_ = adv.shape
-    flat = adv.reshape(s_ * g_, n_)
-    rows, extra_adv, extra_turn = [], [], []
-    for r, (ids, tid) in enumerate(zip(result.tokens, result.turn_ids)):
-        rows.append(TokenRow(ids, (tid >= 0).astype(np.float32)))
-        extra_adv.append(np.where(tid >= 0, flat[r, np.clip(tid, 0, n_ - 1)], 0.0))
-        extra_turn.append(tid.astype(np.float32))
+    if adv.shape[:2] != result.pdms.shape[:2]:
+        raise ValueError(f"advantages {adv.shape} do not match the rollouts {result.pdms.shape}")
+    rows = [TokenRow(t.tokens, (t.turn_ids >= 0).astype(np.float32), t.images) for t in result.rows]
     length = bucket_length(max(len(r) for r in rows) - 1, bucket_size)
     num_rows = -(-len(rows) // multiple_of) * multiple_of
     batch = pad_rows(rows, length, pad_id, num_rows=num_rows,
-                     extra={"old_logp": result.sample_logprobs, "advantages": extra_adv, "turn_id": extra_turn})
-    return batch
+                     extra={"old_logp": result.sample_logprobs, "turn_id": result.turn_ids})
+    # padding carries turn id 0 in pad_rows' extras: off-loss tokens get -1 here
+    turn_id = np.where(batch["loss_mask"] > 0, batch["turn_id"], -1).astype(np.int32)
+    row_adv = np.zeros((num_rows, adv.shape[-1]), np.float32)
+    row_adv[:len(rows)] = adv.reshape(len(rows), -1)
+    batch["turn_id"] = turn_id
+    batch["advantages"] = np.asarray(token_advantages(row_adv, turn_id))
+    return add_images(batch, rows, model)
 
 
 def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
     def loss_fn(model, batch):
-        logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
+        logp = batch_token_logprobs(model, batch, chunk_size, temperature)
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
                            ref_logp=batch.get("ref_logp"), config=loss_config)
 
@@ -159,8 +172,7 @@ def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
 
 def _logp_fn(chunk_size: int, temperature: float):
     def fn(model, batch):
-        return model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
+        return batch_token_logprobs(model, batch, chunk_size, temperature)
 
     return fn
 
@@ -173,19 +185,21 @@ def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimCo
     return step, logp
 
 
-_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask")
+_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask", "vision")
 
 
 def _rows(batch: dict, index) -> dict:
-    return {k: v[index] for k, v in batch.items()}
+    """The rows ``index`` of every entry (a per-row vision layout included)."""
+    return jax.tree.map(lambda v: v[index], batch)
 
 
 def batch_logprobs(logp_fn, params, rest, batch: dict, rows_per_call: int) -> jax.Array:
     """Log-probs of the batch's targets, ``rows_per_call`` rows at a time (bounded memory)."""
     n = batch["input_ids"].shape[0]
     parts = []
+    model_inputs = {k: batch[k] for k in _MODEL_KEYS if k in batch}
     for start in range(0, n, rows_per_call):
-        sub = {k: batch[k][start:start + rows_per_call] for k in _MODEL_KEYS}
+        sub = _rows(model_inputs, slice(start, start + rows_per_call))
         parts.append(logp_fn(params, rest, sub))
     return jnp.concatenate(parts, axis=0)
 
@@ -205,7 +219,7 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
     """
     step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim,
                                  config.logprob_temperature)
-    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    batch = jax.tree.map(jnp.asarray, batch)
     rows = batch["input_ids"].shape[0]
     mbs = min(config.minibatch_size, rows)
     mask = batch["loss_mask"]
@@ -231,10 +245,6 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
 
 
 # ----------------------------------------------------------------------------- data
-def _num_scenes(scenes: Scene) -> int:
-    return int(np.asarray(scenes.command).shape[0])
-
-
 def scene_order(num_scenes: int, seed: int, start: int, count: int) -> np.ndarray:
     """Indices ``start .. start + count`` of the endless stream of per-epoch permutations."""
     out = []
@@ -246,10 +256,6 @@ def scene_order(num_scenes: int, seed: int, start: int, count: int) -> np.ndarra
         out.extend(perm[offset:offset + take].tolist())
         pos += take
     return np.asarray(out, np.int64)
-
-
-def _index(tree, idx):
-    return jax.tree.map(lambda x: x[idx], tree)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -266,6 +272,7 @@ def grpo_train(
     out_dir: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool = True,
+    on_step: Callable[[RunState, dict], None] | None = None,
 ) -> TrainResult:
     """Trains ``model`` in place with (mt)GRPO on multi-turn PDM rollouts.
 
@@ -283,12 +290,16 @@ def grpo_train(
       out_dir: metrics.jsonl, tb/, checkpoints/ (None: nothing written).
       resume: continue from the latest checkpoint in out_dir.
       progress: tqdm bar.
+      on_step: called after every trainer step with the new RunState (its ``params`` are
+        the updated trainable state, already written into ``model``) and the step's metric
+        record ({} on steps not logged), before the step's checkpoint; the place to push
+        weights to engines that do not read the live model.
     Returns:
       TrainResult with one record per step (rollout summary + update metrics).
     """
     from jax_drive.sampling import JaxEngine
 
-    n = _num_scenes(scenes)
+    n = int(scenes.command.shape[0])
     if references is None:
         references = compute_reference(scenes, pdm_config)
     references = np.asarray(references, np.float32)
@@ -304,24 +315,25 @@ def grpo_train(
     ref_params = copy_tree(params) if config.loss.uses_reference else None
     tx = make_optimizer(config.optim)
     state = RunState(params=params, opt_state=tx.init(params), rng=jax.random.key(config.seed))
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints")) if out_dir is not None else None
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), name="grpo") if out_dir is not None else None
     if resume:
         if ckpt is None:
             raise ValueError("resume needs out_dir")
         if ckpt.latest_step() is not None:
             state, _ = ckpt.restore(state)
-    logger = MetricsLogger(out_dir, append=resume)
+    logger = MetricsLogger(out_dir, resume_from=state.step if resume else None)
     bar = tqdm(total=config.steps, initial=state.step, desc="mtgrpo", disable=not progress, dynamic_ncols=True)
     rows_multiple = min(config.minibatch_size, config.prompts_per_step * config.rollout.group_size)
     try:
+        write_back(model, state.params)  # the sampler generates with pi_old = the current params
         while state.step < config.steps:
-            write_back(model, state.params)  # the sampler generates with pi_old = current params
             rng, k_roll, k_mb = jax.random.split(state.rng, 3)
             idx = scene_order(n, config.seed, state.data_position, config.prompts_per_step)
             t0 = time.perf_counter()
-            result = run_rollouts(engine, tokenizer, _index(scenes, idx), k_roll, config.rollout,
+            result = run_rollouts(engine, tokenizer, index_scene(scenes, idx), k_roll, config.rollout,
                                   reference=references[idx], pdm_config=pdm_config, prompts=[prompts[i] for i in idx])
             t1 = time.perf_counter()
+            pause_point("grpo_step", state.step + 1)  # test hook: rollouts done, no update yet
             adv = compute_advantages_jit(result.reward, result.turn_mask, config.advantage)
             train_result, train_adv = result, np.asarray(adv)
             if config.drop_degenerate_groups:
@@ -330,7 +342,8 @@ def grpo_train(
             kept = train_adv.shape[0]
             if kept:
                 multiple = min(rows_multiple, kept * config.rollout.group_size)
-                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple)
+                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
+                                          model=model)
                 params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
                                                         batch, config, k_mb)
                 jax.block_until_ready(params)
@@ -341,11 +354,13 @@ def grpo_train(
             t2 = time.perf_counter()
             state = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
                              data_position=state.data_position + config.prompts_per_step)
+            write_back(model, state.params)
+            record: dict = {}
             if state.step % config.log_every == 0 or state.step == config.steps:
                 summary = summarize(result)
                 train_tokens = (float(np.asarray(batch["attention_mask"]).sum()) * config.ppo_epochs
                                 if batch is not None else 0.0)
-                logger.log(state.step, {
+                record = logger.log(state.step, {
                     **summary,
                     **update,
                     "advantage_abs_mean": float(np.abs(np.asarray(adv))[result.turn_mask].mean()),
@@ -359,6 +374,8 @@ def grpo_train(
                 bar.set_postfix(pdms=f"{summary['pdms_final']:.3f}", turns=f"{summary['turns_mean']:.2f}",
                                 kl=f"{update.get('kl', float('nan')):.4f}")
             bar.update(1)
+            if on_step is not None:
+                on_step(state, record)
             if ckpt is not None and config.checkpoint_every and state.step % config.checkpoint_every == 0:
                 ckpt.save(state)
         if ckpt is not None and state.step not in ckpt.all_steps():
@@ -370,67 +387,3 @@ def grpo_train(
             ckpt.close()
     write_back(model, state.params)
     return TrainResult(history=logger.history, state=state, out_dir=None if out_dir is None else os.fspath(out_dir))
-
-
-# ----------------------------------------------------------------------------- evaluation
-def concat_results(results: Sequence[RolloutResult]) -> RolloutResult:
-    """Concatenates rollout results along the scene axis."""
-    first = results[0]
-    cat = lambda name: np.concatenate([getattr(r, name) for r in results], axis=0)  # noqa: E731
-    return RolloutResult(
-        pdms=cat("pdms"), format=cat("format"), reward=cat("reward"), turn_mask=cat("turn_mask"),
-        usable=cat("usable"), scores={k: np.concatenate([r.scores[k] for r in results]) for k in first.scores},
-        num_turns=cat("num_turns"), final_pdms=cat("final_pdms"), stop_reason=cat("stop_reason"),
-        tokens=[t for r in results for t in r.tokens], turn_ids=[t for r in results for t in r.turn_ids],
-        sample_logprobs=[t for r in results for t in r.sample_logprobs], turns=[t for r in results for t in r.turns],
-    )
-
-
-def select_scenes(result: RolloutResult, scene_idx: Sequence[int]) -> RolloutResult:
-    """The rollouts of the given scenes (indices along the scene axis), all G of each."""
-    idx = np.asarray(scene_idx, np.int64)
-    g = result.group_size
-    rows = (idx[:, None] * g + np.arange(g)[None, :]).reshape(-1)
-    pick = lambda a: a[idx]  # noqa: E731
-    return RolloutResult(
-        pdms=pick(result.pdms), format=pick(result.format), reward=pick(result.reward),
-        turn_mask=pick(result.turn_mask), usable=pick(result.usable),
-        scores={k: pick(v) for k, v in result.scores.items()}, num_turns=pick(result.num_turns),
-        final_pdms=pick(result.final_pdms), stop_reason=pick(result.stop_reason),
-        tokens=[result.tokens[r] for r in rows], turn_ids=[result.turn_ids[r] for r in rows],
-        sample_logprobs=[result.sample_logprobs[r] for r in rows], turns=[result.turns[r] for r in rows],
-    )
-
-
-def evaluate_multiturn(
-    engine,
-    tokenizer,
-    scenes: Scene,
-    config: RolloutConfig = RolloutConfig(group_size=1),
-    key: jax.Array | None = None,
-    *,
-    references: Any = None,
-    prompts: Sequence[str] | None = None,
-    pdm_config=None,
-    batch_size: int = 64,
-    progress: bool = True,
-) -> tuple[dict, RolloutResult]:
-    """Multi-turn evaluation: PDMS per turn, final PDMS, format rate, turns used.
-
-    Uses ``config`` as given (for greedy evaluation pass ``sampling.temperature = 0``).
-    Scenes are processed ``batch_size`` at a time. Returns (summary dict, RolloutResult).
-    """
-    n = _num_scenes(scenes)
-    key = jax.random.key(0) if key is None else key
-    if references is None:
-        references = compute_reference(scenes, pdm_config)
-    references = np.asarray(references, np.float32)
-    prompts = list(scene_prompts(scenes, config.prompt, config.caption) if prompts is None else prompts)
-    results = []
-    for start in tqdm(range(0, n, batch_size), desc="eval", disable=not progress, dynamic_ncols=True):
-        idx = np.arange(start, min(n, start + batch_size))
-        results.append(run_rollouts(engine, tokenizer, _index(scenes, idx), jax.random.fold_in(key, start), config,
-                                    reference=references[idx], pdm_config=pdm_config,
-                                    prompts=[prompts[i] for i in idx]))
-    result = concat_results(results)
-    return summarize(result), result

@@ -80,10 +80,6 @@ def write_back(model: nnx.Module, params) -> None:
     nnx.update(model, params)
 
 
-def count_params(params) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(params)))
-
-
 def copy_tree(tree):
     """A deep copy of a pytree of arrays (for frozen reference params)."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)

@@ -27,13 +27,16 @@ from tqdm.auto import tqdm
 
 from jax_drive.rl.batching import (
     TokenRow,
+    add_images,
     as_conversations,
+    batch_token_logprobs,
     bucket_length,
     iterate_epochs,
     pad_rows,
     tokenize_chat,
 )
 from jax_drive.rl.checkpoint import Checkpointer, RunState
+from jax_drive.rl.faults import pause_point
 from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
 from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model, write_back
 
@@ -88,8 +91,7 @@ def sft_loss_fn(chunk_size: int = 256):
     """loss_fn(model, batch) -> (token-mean NLL over loss_mask, metrics)."""
 
     def loss_fn(model, batch):
-        logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size)
+        logp = batch_token_logprobs(model, batch, chunk_size)
         m = batch["loss_mask"]
         n = jnp.sum(m)
         loss = -jnp.sum(logp * m) / jnp.maximum(n, 1.0)
@@ -113,7 +115,7 @@ def tokenize_dataset(dataset: Any, tokenizer, max_length: int, train_on: str = "
         if tokenizer is None:
             raise ValueError("a tokenizer is needed to tokenise a chat dataset")
         rows = [tokenize_chat(tokenizer, m, train_on) for m in as_conversations(dataset)]
-    rows = [TokenRow(r.ids[:max_length], r.weight[:max_length]) for r in rows]
+    rows = [dataclasses.replace(r, ids=r.ids[:max_length], weight=r.weight[:max_length]) for r in rows]
     rows = [r for r in rows if len(r) >= 2 and r.weight[1:].sum() > 0]
     if not rows:
         raise ValueError("no sample has a trainable (assistant) token after truncation")
@@ -146,7 +148,7 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     graphdef, params, rest = split_model(model, config.optim.trainable)
     tx = make_optimizer(config.optim)
     state = RunState(params=params, opt_state=tx.init(params), rng=jax.random.key(config.seed))
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints")) if out_dir is not None else None
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), name="sft") if out_dir is not None else None
     if resume:
         if ckpt is None:
             raise ValueError("resume needs out_dir")
@@ -157,19 +159,20 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     for _ in range(state.data_position):
         next(stream)
 
-    logger = MetricsLogger(out_dir, append=resume)
+    logger = MetricsLogger(out_dir, resume_from=state.step if resume else None)
     bar = tqdm(total=total, initial=state.step, desc="sft", disable=not progress, dynamic_ncols=True)
     try:
         while state.step < total:
             epoch, index = next(stream)
             chosen = [rows[i] for i in index]
             length = bucket_length(max(len(r) for r in chosen) - 1, config.bucket_size, config.max_length)
-            batch = pad_rows(chosen, length, pad_id, num_rows=config.batch_size)
-            batch = {k: jnp.asarray(v) for k, v in batch.items()}
+            batch = add_images(pad_rows(chosen, length, pad_id, num_rows=config.batch_size), chosen, model)
+            batch = jax.tree.map(jnp.asarray, batch)
             start = time.perf_counter()
             params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
             loss = float(loss)  # blocks
             seconds = time.perf_counter() - start
+            pause_point("sft_step", state.step + 1)  # test hook: the step is done but not recorded
             state = dataclasses.replace(state, params=params, opt_state=opt_state,
                                         step=state.step + 1, data_position=state.data_position + 1)
             if state.step % config.log_every == 0 or state.step == total:

@@ -1,25 +1,48 @@
-"""Multi-turn rollouts of a language-model driving policy against the PDM Agent."""
+"""Multi-turn rollouts of a language-model driving policy against the PDM Agent.
 
+Public API:
+  RolloutConfig, run_rollouts, scene_prompts, compute_reference,
+  ChatContinuation, FORMAT_FEEDBACK                                   (multiturn)
+  RolloutResult, Transcript, TurnRecord, concat_results,
+  select_scenes, summarize, SUB_SCORES                                (result)
+  turn_rewards                                                        (reward: MTDrive Eq. 2)
+  evaluate_multiturn                                                  (evaluate)
+"""
+
+from jax_drive.rollout.evaluate import evaluate_multiturn
 from jax_drive.rollout.multiturn import (
     FORMAT_FEEDBACK,
     ChatContinuation,
     RolloutConfig,
-    RolloutResult,
-    TurnRecord,
     compute_reference,
     run_rollouts,
     scene_prompts,
+)
+from jax_drive.rollout.result import (
+    SUB_SCORES,
+    RolloutResult,
+    Transcript,
+    TurnRecord,
+    concat_results,
+    select_scenes,
     summarize,
 )
+from jax_drive.rollout.reward import turn_rewards
 
 __all__ = [
     "FORMAT_FEEDBACK",
+    "SUB_SCORES",
     "ChatContinuation",
     "RolloutConfig",
     "RolloutResult",
+    "Transcript",
     "TurnRecord",
     "compute_reference",
+    "concat_results",
+    "evaluate_multiturn",
     "run_rollouts",
     "scene_prompts",
+    "select_scenes",
     "summarize",
+    "turn_rewards",
 ]

@@ -4,12 +4,13 @@ For S scenes and G rollouts each (R = S * G rows, row ``r = s * G + g``):
 
 1. turn-1 prompt (the planning prompt in the policy's chat template) -> ``engine.generate``
    on token ids, one completion per row;
-2. parse each answer (:func:`jax_drive.text.parse_trajectory`), format score
-   (:func:`jax_drive.text.format_score`);
+2. parse each answer once (:func:`jax_drive.text.format_score.check_answer`: poses,
+   usable, format score);
 3. score every row of the batch in **one** jitted call
    ``jax_drive.pdm.score_proposals(scenes, proposals (S, G, 8, 3), reference (S, 40, 3))``
    against a precomputed PDM-Closed reference;
-4. reward ``r = w_p * PDMS + w_f * format`` (0.8 / 0.2);
+4. reward ``r = w_p * PDMS + w_f * format`` (0.8 / 0.2; :func:`jax_drive.rollout.reward.turn_rewards`,
+   once for the whole (S, G, N) batch after the last turn);
 5. feedback: the PDM Agent message (:func:`jax_drive.text.feedback.feedback_message`) of
    the violated NC / DAC / TTC points; an **unusable answer** (not parseable, or outside the
    plausible range of :class:`jax_drive.text.FormatConfig`) scores format 0 and PDMS 0 and
@@ -34,11 +35,14 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from jax_drive.rollout.images import prompt_image_inputs
+from jax_drive.rollout.result import SUB_SCORES, RolloutResult, Transcript, TurnRecord
+from jax_drive.rollout.reward import turn_rewards
 from jax_drive.sampling import SamplingParams
-from jax_drive.text import FormatConfig, PromptConfig, format_score, parse_trajectory, planning_prompt
+from jax_drive.text import FormatConfig, PromptConfig, planning_prompt
 from jax_drive.text.caption import CaptionConfig
 from jax_drive.text.feedback import feedback_message, select, violations_to_numpy
-from jax_drive.text.format_score import plausible
+from jax_drive.text.format_score import check_answer
 from jax_drive.types import NUM_OUTPUT_POSES, Scene
 
 FORMAT_FEEDBACK = (
@@ -47,7 +51,6 @@ FORMAT_FEEDBACK = (
     "inside [PT, ...], with 2 decimal places, for example: Here is the planning trajectory "
     "[PT, (+2.50, 0.0, 0.0), ...]."
 )
-SUB_SCORES = ("nc", "dac", "ttc", "ep", "comfort")
 _ANSWER_SENTINEL = "\u2063ANSWER\u2063"
 _FEEDBACK_SENTINEL = "\u2063FEEDBACK\u2063"
 
@@ -91,57 +94,6 @@ class RolloutConfig:
             raise ValueError("group_size and max_turns must be >= 1")
         if self.max_context_tokens < 2:
             raise ValueError("max_context_tokens must be >= 2")
-
-
-@dataclasses.dataclass
-class TurnRecord:
-    """One turn of one rollout (host side)."""
-
-    text: str
-    num_tokens: int
-    finish_reason: str
-    usable: bool
-    format: float
-    pdms: float
-    reward: float
-    feedback: str
-    scores: dict[str, float]
-
-
-@dataclasses.dataclass
-class RolloutResult:
-    """Everything a step of training or evaluation needs.
-
-    Arrays over (S, G, N) (N = max_turns; entries of missing turns are 0 / False):
-      pdms, format, reward, turn_mask, usable, and ``scores[name]`` for nc, dac, ttc, ep, comfort.
-    num_turns: (S, G) int32 turns taken. final_pdms: (S, G) PDMS of the last turn taken.
-    stop_reason: (S, G) str: 'no_violation', 'max_turns' or 'context'.
-    Per row r = s * G + g: ``tokens[r]`` (n_r,) int32, ``turn_ids[r]`` (n_r,) int32 (-1 =
-    no loss, j = generated in turn j), ``sample_logprobs[r]`` (n_r,) float32 (0 off-policy
-    tokens), ``turns[r]`` list of TurnRecord.
-    """
-
-    pdms: np.ndarray
-    format: np.ndarray
-    reward: np.ndarray
-    turn_mask: np.ndarray
-    usable: np.ndarray
-    scores: dict[str, np.ndarray]
-    num_turns: np.ndarray
-    final_pdms: np.ndarray
-    stop_reason: np.ndarray
-    tokens: list[np.ndarray]
-    turn_ids: list[np.ndarray]
-    sample_logprobs: list[np.ndarray]
-    turns: list[list[TurnRecord]]
-
-    @property
-    def group_size(self) -> int:
-        return int(self.pdms.shape[1])
-
-    @property
-    def num_generated_tokens(self) -> int:
-        return int(sum(int((t >= 0).sum()) for t in self.turn_ids))
 
 
 # ------------------------------------------------------------------------------ prompts
@@ -203,16 +155,33 @@ class ChatContinuation:
 
 
 # ------------------------------------------------------------------------------ rollout
-def _index_scenes(scenes: Scene, index) -> Scene:
-    return jax.tree.map(lambda x: x[index], scenes)
-
-
 def compute_reference(scenes: Scene, pdm_config=None):
     """PDM-Closed reference poses (S, 40, 3) at 0.1 .. 4.0 s for the scorer."""
     from jax_drive.planners.pdm_closed import PDMClosedConfig, pdm_closed
 
     config = PDMClosedConfig() if pdm_config is None else PDMClosedConfig(pdm=pdm_config)
     return pdm_closed(scenes, config).poses
+
+
+@dataclasses.dataclass
+class _RowLog:
+    """The growing token sequence and turns of one row (host side, during the rollout)."""
+
+    tokens: list[int]
+    turn_ids: list[int]
+    logprobs: list[float]
+    turns: list[TurnRecord]
+    images: tuple = ()  # the prompt's processed images
+
+    def extend(self, ids: Sequence[int], turn: int, logprobs: Sequence[float] | None = None) -> None:
+        self.tokens.extend(ids)
+        self.turn_ids.extend([turn] * len(ids))
+        self.logprobs.extend([0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs])
+
+    def transcript(self) -> Transcript:
+        return Transcript(tokens=np.asarray(self.tokens, np.int32), turn_ids=np.asarray(self.turn_ids, np.int32),
+                          sample_logprobs=np.asarray(self.logprobs, np.float32), turns=tuple(self.turns),
+                          images=self.images)
 
 
 def run_rollouts(
@@ -225,8 +194,13 @@ def run_rollouts(
     pdm_config=None,
     prompts: Sequence[str] | None = None,
     progress=None,
+    images: Sequence[Sequence[Any]] | None = None,
 ) -> RolloutResult:
     """Runs G multi-turn rollouts for each of S scenes.
+
+    Every turn sends each live row's whole context to ``engine.generate``. (An engine that
+    keeps per-row state between turns could take only the appended feedback tokens; the
+    per-turn call below is the one place that would change.)
 
     Args:
       engine: implements ``generate(prompts (token-id lists), SamplingParams, key) -> [Completion]``.
@@ -239,15 +213,18 @@ def run_rollouts(
       pdm_config: PDMConfig for the scorer (default NAVSIM v1.1).
       prompts: S turn-1 user prompts (default :func:`scene_prompts`).
       progress: optional callable(turn, active_rows) for progress reporting.
+      images: S per-scene lists of uint8 images for the prompts' ``<image>`` placeholders
+        (default: the front camera when ``config.prompt.uses_images``, else none); they need
+        an image tokenizer (``jax_drive.models.qwen2_5_vl.ImageTokenizer``) and an engine
+        whose ``generate`` takes ``images``.
     Returns:
       RolloutResult.
     """
     from jax_drive.pdm import PDMConfig, score_proposals
 
     pdm_config = PDMConfig() if pdm_config is None else pdm_config
-    num_scenes = int(np.asarray(scenes.command).shape[0])
+    num_scenes = int(scenes.command.shape[0])
     g_, n_ = config.group_size, config.max_turns
-    rows = num_scenes * g_
     if reference is None:
         reference = compute_reference(scenes, pdm_config)
     if prompts is None:
@@ -255,24 +232,22 @@ def run_rollouts(
     if len(prompts) != num_scenes:
         raise ValueError(f"{len(prompts)} prompts for {num_scenes} scenes")
     cont = ChatContinuation.from_tokenizer(tokenizer, config.system_prompt)
-    eos_ids = set(int(i) for i in tokenizer.eos_token_ids)
-    eos_text = {int(i): tokenizer.decode([int(i)], skip_special_tokens=False) for i in eos_ids}
+    eos_text = {int(i): tokenizer.decode([int(i)], skip_special_tokens=False) for i in tokenizer.eos_token_ids}
     sampling = config.sampling.replace(n=1)
 
     prompt_ids = [
         tokenizer.encode(tokenizer.apply_chat_template(first_turn_messages(p, config.system_prompt), add_generation_prompt=True))
         for p in prompts
     ]
-    tokens = [list(prompt_ids[r // g_]) for r in range(rows)]
-    turn_ids = [[-1] * len(t) for t in tokens]
-    logps = [[0.0] * len(t) for t in tokens]
-    turns: list[list[TurnRecord]] = [[] for _ in range(rows)]
+    prompt_ids, scene_images = prompt_image_inputs(tokenizer, scenes, config.prompt, images, prompt_ids)
+    logs = [_RowLog(list(prompt_ids[r // g_]), [-1] * len(prompt_ids[r // g_]),
+                    [0.0] * len(prompt_ids[r // g_]), [], scene_images[r // g_]) for r in range(num_scenes * g_)]
     shape = (num_scenes, g_, n_)
-    pdms, fmt, reward = (np.zeros(shape, np.float32) for _ in range(3))
-    turn_mask, usable_arr = np.zeros(shape, bool), np.zeros(shape, bool)
+    pdms, fmt = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    turn_mask, usable = np.zeros(shape, bool), np.zeros(shape, bool)
     scores = {name: np.zeros(shape, np.float32) for name in SUB_SCORES}
     stop = np.full((num_scenes, g_), "max_turns", dtype=object)
-    active = np.array([len(t) + sampling.max_new_tokens <= config.max_context_tokens for t in tokens])
+    active = np.array([len(log.tokens) + sampling.max_new_tokens <= config.max_context_tokens for log in logs])
     stop[~active.reshape(num_scenes, g_)] = "context"
 
     for j in range(n_):
@@ -281,101 +256,50 @@ def run_rollouts(
             break
         if progress is not None:
             progress(j, int(live.size))
-        completions = engine.generate([tokens[r] for r in live], sampling, jax.random.fold_in(key, j))
+        with_images = {"images": [logs[r].images for r in live]} if any(scene_images) else {}
+        completions = engine.generate([logs[r].tokens for r in live], sampling, jax.random.fold_in(key, j),
+                                      **with_images)
         if len(completions) != live.size:
             raise RuntimeError(f"engine returned {len(completions)} completions for {live.size} prompts")
+        checks = [check_answer(c.text, config.format) for c in completions]
         proposals = np.zeros((num_scenes, g_, NUM_OUTPUT_POSES, 3), np.float32)
-        parsed_rows = {}
-        for r, c in zip(live, completions):
-            parsed = parse_trajectory(c.text)
-            ok = bool(parsed.ok and plausible(parsed.poses, config.format))
-            if ok:
-                proposals[r // g_, r % g_] = parsed.poses
-            parsed_rows[r] = (c, parsed, ok)
+        for r, check in zip(live, checks):
+            s, g = divmod(int(r), g_)
+            turn_mask[s, g, j], usable[s, g, j], fmt[s, g, j] = True, check.usable, check.format
+            if check.usable:
+                proposals[s, g] = check.parsed.poses
+        # every row is scored in one call; rows without a usable answer keep PDMS 0
         result = score_proposals(scenes, proposals, reference, pdm_config)
         host = jax.device_get({name: getattr(result, name) for name in SUB_SCORES + ("pdms",)})
+        ok = usable[..., j]
+        pdms[..., j] = np.where(ok, host["pdms"], 0.0)
+        for name in SUB_SCORES:
+            scores[name][..., j] = np.where(ok, host[name], 0.0)
         violations = violations_to_numpy(result.violations)
-        for r, (c, parsed, ok) in parsed_rows.items():
+        for r, c, check in zip(live, completions, checks):
             s, g = divmod(int(r), g_)
-            f = float(format_score(c.text, config.format))
-            p = float(host["pdms"][s, g]) if ok else 0.0
-            sub = {name: (float(host[name][s, g]) if ok else 0.0) for name in SUB_SCORES}
-            rew = config.pdms_weight * p + config.format_weight * f
-            if ok:
-                feedback = feedback_message(parsed.poses, select(violations, (s, g)))
-            else:
-                feedback = config.format_feedback
-            pdms[s, g, j], fmt[s, g, j], reward[s, g, j] = p, f, rew
-            turn_mask[s, g, j], usable_arr[s, g, j] = True, ok
-            for name in SUB_SCORES:
-                scores[name][s, g, j] = sub[name]
+            log = logs[r]
+            feedback = (feedback_message(check.parsed.poses, select(violations, (s, g))) if check.usable
+                        else config.format_feedback)
             ids = [int(t) for t in c.token_ids]
-            tokens[r].extend(ids)
-            turn_ids[r].extend([j] * len(ids))
-            logps[r].extend(float(x) for x in c.logprobs)
-            ended = bool(ids) and ids[-1] in eos_ids
+            log.extend(ids, j, c.logprobs)
+            log.turns.append(TurnRecord(text=c.text, num_tokens=len(ids), finish_reason=c.finish_reason,
+                                        feedback=feedback))
+            ended = bool(ids) and ids[-1] in eos_text
             if not feedback:
-                stop[s, g] = "no_violation"
-                active[r] = False
+                stop[s, g], active[r] = "no_violation", False
             elif j == n_ - 1:
-                stop[s, g] = "max_turns"
-                active[r] = False
+                stop[s, g], active[r] = "max_turns", False
             else:
-                extra = tokenizer.encode(cont.text(feedback, ended, eos_text.get(ids[-1], "") if ended else ""))
-                if len(tokens[r]) + len(extra) + sampling.max_new_tokens > config.max_context_tokens:
-                    stop[s, g] = "context"
-                    active[r] = False
+                extra = tokenizer.encode(cont.text(feedback, ended, eos_text[ids[-1]] if ended else ""))
+                if len(log.tokens) + len(extra) + sampling.max_new_tokens > config.max_context_tokens:
+                    stop[s, g], active[r] = "context", False
                 else:
-                    tokens[r].extend(extra)
-                    turn_ids[r].extend([-1] * len(extra))
-                    logps[r].extend([0.0] * len(extra))
-            turns[r].append(TurnRecord(text=c.text, num_tokens=len(ids), finish_reason=c.finish_reason, usable=ok,
-                                       format=f, pdms=p, reward=rew, feedback=feedback, scores=sub))
+                    log.extend(extra, -1)
 
-    num_turns = turn_mask.sum(-1).astype(np.int32)
-    last = np.maximum(num_turns - 1, 0)
-    final_pdms = np.take_along_axis(pdms, last[..., None], axis=-1)[..., 0] * (num_turns > 0)
-    return RolloutResult(
-        pdms=pdms, format=fmt, reward=reward, turn_mask=turn_mask, usable=usable_arr, scores=scores,
-        num_turns=num_turns, final_pdms=final_pdms.astype(np.float32), stop_reason=stop,
-        tokens=[np.asarray(t, np.int32) for t in tokens],
-        turn_ids=[np.asarray(t, np.int32) for t in turn_ids],
-        sample_logprobs=[np.asarray(t, np.float32) for t in logps],
-        turns=turns,
-    )
-
-
-# ------------------------------------------------------------------------------ summaries
-def summarize(result: RolloutResult) -> dict[str, Any]:
-    """Per-step metrics: mean PDMS / format per turn index (over rollouts that reached it),
-    PDMS by turn budget (the answer held after j + 1 turns), first- and final-turn PDMS,
-    format rate, reward, turns used, sub-scores of the final turn."""
-    m = result.turn_mask
-    count = m.sum(axis=(0, 1))
-    reached = count > 0
-
-    def per_turn(x):
-        out = (x * m).sum(axis=(0, 1)) / np.maximum(count, 1)
-        return [float(v) if ok else None for v, ok in zip(out, reached)]
-
-    last = np.maximum(result.num_turns - 1, 0)[..., None]
-    final = {name: float(np.take_along_axis(v, last, axis=-1).mean()) for name, v in result.scores.items()}
-    n = max(int(m.sum()), 1)
-    # PDMS of the answer a rollout holds after a budget of j + 1 turns (its last answer if it stopped earlier)
-    budget = np.minimum(np.arange(m.shape[-1])[None, None, :], np.maximum(result.num_turns - 1, 0)[..., None])
-    by_budget = np.take_along_axis(result.pdms, budget, axis=-1).mean(axis=(0, 1))
-    return {
-        "pdms_per_turn": per_turn(result.pdms),
-        "pdms_by_budget": [float(v) for v in by_budget],
-        "format_per_turn": per_turn(result.format),
-        "rollouts_per_turn": [int(c) for c in count],
-        "pdms_first": float(result.pdms[..., 0].mean()),
-        "pdms_final": float(result.final_pdms.mean()),
-        "format_rate": float((result.format * m).sum() / n),
-        "usable_rate": float((result.usable & m).sum() / n),
-        "reward_mean": float((result.reward * m).sum() / n),
-        "turns_mean": float(result.num_turns.mean()),
-        "stopped_no_violation": float((result.stop_reason == "no_violation").mean()),
-        "generated_tokens": result.num_generated_tokens,
-        **{f"final_{k}": v for k, v in final.items()},
-    }
+    transcripts = np.empty((num_scenes, g_), dtype=object)
+    for r, log in enumerate(logs):
+        transcripts[divmod(r, g_)] = log.transcript()
+    reward = np.asarray(turn_rewards(pdms, fmt, turn_mask, config.pdms_weight, config.format_weight), np.float32)
+    return RolloutResult(pdms=pdms, format=fmt, reward=reward, turn_mask=turn_mask, usable=usable, scores=scores,
+                         stop_reason=stop, transcripts=transcripts)

@@ -4,6 +4,11 @@ An engine turns prompts (text or token ids) into ``Completion`` records. Two eng
 implement it: ``JaxEngine`` (our jitted KV-cache sampler on a local ``CausalLM``) and
 ``OpenAIEngine`` (an OpenAI-compatible HTTP server such as vLLM). Rollout code depends
 only on this protocol.
+
+Engines that can keep state between the turns of a conversation also implement
+``SessionEngine`` (``start`` -> a session whose ``extend`` continues each row from its kept
+KV cache) and set ``supports_sessions = True``; ask with :func:`supports_sessions` and fall
+back to ``generate`` on whole contexts otherwise.
 """
 
 from __future__ import annotations
@@ -72,6 +77,26 @@ class Engine(Protocol):
     def generate_chat(
         self, conversations: Sequence[Sequence[Message]], params: SamplingParams, key: jax.Array
     ) -> list[Completion]: ...
+
+
+@runtime_checkable
+class SessionEngine(Protocol):
+    """An engine that keeps each row's state between turns (``JaxEngine``).
+
+    ``start(prompts, params, key) -> (session, completions)``: the completions of
+    ``generate(prompts, params, key)``, and a session with one row per completion;
+    ``session.extend(appended, params, key) -> [Completion | None]`` appends token ids to
+    every row (None drops a row) and generates the next turn of the others.
+    """
+
+    supports_sessions: bool
+
+    def start(self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array): ...
+
+
+def supports_sessions(engine) -> bool:
+    """True when ``engine`` keeps state between turns (has ``start`` and says so)."""
+    return bool(getattr(engine, "supports_sessions", False)) and callable(getattr(engine, "start", None))
 
 
 def validate_prompts(prompts: Sequence[Prompt]) -> list[Prompt]:

@@ -10,54 +10,65 @@ Layout of one call (``generate_tokens``):
    keys/values of the first ``P - 1`` prompt columns (``CausalLM.prefill``: causal attention
    over the prompt in query blocks, not over all S slots; SmolLM2 at B = 8, P = 1408 on the
    2-core CPU: 32 s instead of 62 s). The logits of the prefill are never used, so no
-   (B, P, V) LM head is computed.
+   (B, P, V) LM head is computed. **Shared prefixes**: rows with equal prompts (a request
+   with ``n > 1``, or equal prompts in one batch) are prefilled once and their cache rows
+   broadcast to every row that shares them (``SamplerConfig.share_prefix``).
 3. ``_decode_*`` (jitted, loop state donated): a ``lax.while_loop``; step ``t`` feeds one
-   token per row (the last prompt token at ``t = 0``, then the previous sample) at cache
-   slot ``P - 1 + t``, samples the next token and records its log-prob. The loop stops at
-   ``max_new_tokens`` (dynamic, <= N) or when every row has produced a stop token. Rows that
-   are done keep running but their outputs are replaced by ``pad_id`` / 0.
-   Two step functions: ``_decode_unrolled`` (default) runs the layers as an unrolled Python
-   loop over per-layer weight buffers (``DecodeParams``: LoRA merged, q/k/v and gate/up
-   fused) and a per-layer cache, which avoids XLA:CPU copying every layer's weights out of
-   the stacked arrays on each step (~2x fewer CPU cycles per token measured here);
-   ``_decode_generic`` calls ``CausalLM.__call__`` (the contract path; any model).
+   token per row (the last prompt token at ``t = 0``, then the previous sample) at the row's
+   cache slot (``P - 1 + t``), samples the next token and records its log-prob. The loop
+   stops at ``max_new_tokens`` (dynamic, <= N) or when every row has produced a stop token.
+   Rows that are done keep running but their outputs are replaced by ``pad_id`` / 0.
+   Two step functions, both the model's own forward: ``_decode_unrolled`` (default) runs it
+   on the unrolled weight layout (``jax_drive.models.unroll_params``: per-layer buffers, LoRA
+   folded in, q/k/v and gate/up fused) with a per-layer ``LayerCache``, which avoids XLA:CPU
+   copying every layer's weights out of the stacked arrays on each step (~2x fewer CPU
+   cycles per token measured here); ``_decode_generic`` calls ``CausalLM.__call__`` (the
+   contract path; any model). With a ``PromptLookup`` each step instead verifies K drafted
+   tokens per row in one forward pass (``jax_drive.sampling.speculative``); rows then advance
+   by different numbers of tokens, each at its own cache slot.
 
 Sampling-only settings (temperature, top-k/p values, stop ids, min/max new tokens, pad id)
-are traced values, so changing them never recompiles; greedy vs sampled, filtering on/off and
-the log-prob mode are static.
+are traced values, so changing them never recompiles; greedy vs sampled, filtering on/off,
+the log-prob mode and the prompt-lookup settings are static.
 
 Log-probabilities: ``"raw"`` = log-softmax of the unprocessed float32 logits at the sampled
 token (temperature 1, no filtering, no min-token mask): log pi(token | prefix) of the policy.
 ``"processed"`` = log-softmax after temperature / top-k / top-p (and min-token masking), the
 distribution the token was drawn from (0 under greedy decoding).
+
+Multi-turn continuation of the rows of a call (their caches kept on the device) is
+``jax_drive.sampling.session``.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
 
 import chex
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-# Number of times each jitted program has been traced (== compiled, since every trace of a
-# new shape/static signature triggers one compilation). Tests use it to check bucketing.
-TRACE_COUNTS: collections.Counter = collections.Counter()
-
-NEG_INF = -1e30  # finite "minus infinity" for masking logits (avoids inf - inf = nan)
+from jax_drive.models.transformer import (
+    LayerCache,
+    forward_hidden,
+    init_cache,
+    lm_logits,
+    positions_from_mask,
+    unroll_params,
+)
+from jax_drive.sampling.selection import NEG_INF, gather_logprob, select_tokens
+from jax_drive.sampling.speculative import PromptLookup, accept_drafts, lookup_drafts
 
 
 # ----------------------------------------------------------------------------- config
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    """Shape bucketing of the sampler.
+    """Shape bucketing and prefill sharing of the sampler.
 
     Attributes:
       prompt_buckets: allowed padded prompt lengths, ascending; ``None`` (default) means
@@ -70,9 +81,11 @@ class SamplerConfig:
       max_stop_ids: size of the (padded) stop-id array is the next power of two >= the
         number of stop ids, at least this many (default 4).
       unroll_layers: decode with per-layer weight buffers and a Python-unrolled layer loop
-        (``DecodeParams``; ~2x faster per token on the CPU, keeps one extra copy of the
-        weights, longer compile). False: call ``CausalLM.__call__`` (scanned layers) in the
-        loop. Models without ``arrays()`` always use the latter. Default True.
+        (``jax_drive.models.unroll_params``; ~2x faster per token on the CPU, keeps one extra
+        copy of the weights, longer compile). False: call ``CausalLM.__call__`` (scanned
+        layers) in the loop. Models without ``arrays()`` always use the latter. Default True.
+      share_prefix: prefill each distinct prompt of a call once and copy its cache rows to
+        the rows that repeat it (default True; outputs equal the unshared path's).
     """
 
     prompt_buckets: tuple[int, ...] | None = None
@@ -82,6 +95,7 @@ class SamplerConfig:
     bucket_batch: bool = True
     max_stop_ids: int = 4
     unroll_layers: bool = True
+    share_prefix: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prompt_buckets", "gen_buckets"):
@@ -93,6 +107,10 @@ class SamplerConfig:
                 object.__setattr__(self, name, b)
         if self.min_prompt_bucket < 1 or self.min_gen_bucket < 1 or self.max_stop_ids < 1:
             raise ValueError("minimum bucket sizes must be >= 1")
+
+    def batch_size(self, rows: int) -> int:
+        """Rows of the compiled batch for ``rows`` real rows."""
+        return next_power_of_two(rows) if self.bucket_batch else rows
 
 
 def next_power_of_two(n: int) -> int:
@@ -141,118 +159,182 @@ def left_pad(
     return ids, mask, row_valid
 
 
-def prompt_positions(mask: jax.Array) -> jax.Array:
-    """RoPE positions of left-padded tokens: cumsum(mask) - 1, clipped at 0.
+def unique_rows(rows: Sequence[Sequence[int]]) -> tuple[list[list[int]], np.ndarray]:
+    """Distinct token lists in first-seen order, and for each row the index of its list.
 
-    mask (B, L) bool -> (B, L) int32.
+    Returns: (unique lists, source (R,) int32) with ``rows[r] == unique[source[r]]``.
     """
-    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+    index: dict[tuple[int, ...], int] = {}
+    source = np.asarray([index.setdefault(tuple(r), len(index)) for r in rows], np.int32)
+    return [list(r) for r in index], source
 
 
-# -------------------------------------------------------------------- token selection
-def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Top-k then top-p (nucleus) filtering; removed entries become ``NEG_INF``.
+def right_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad_id: int = 0):
+    """Token lists left-aligned in a (batch, length) int32 array (``pad_id`` after them), and
+    their lengths (batch,) int32 (0 for rows beyond ``len(rows)``)."""
+    ids = np.full((batch, length), pad_id, np.int32)
+    lengths = np.zeros((batch,), np.int32)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+        lengths[i] = len(r)
+    return ids, lengths
 
-    logits (B, V) float32 (already temperature-scaled); top_k () int32 (0 = off);
-    top_p () float32 in (0, 1] (1 = off). Ties at the threshold are all kept.
-    Returns (B, V) float32.
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One decoding request of the sampler, engine defaults resolved.
+
+    Attributes: max_new_tokens, temperature (0 = greedy), top_p, top_k, min_new_tokens,
+    logprobs_mode as in ``SamplingParams``; stop_token_ids: the resolved stop ids (default
+    none); pad_id: padding id of inputs and outputs (default 0); prompt_lookup: speculative
+    decoding settings or None (default: one token per step).
     """
-    vocab = logits.shape[-1]
-    sorted_desc = -jnp.sort(-logits, axis=-1)  # (B, V)
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    rank = jnp.arange(vocab)
-    in_top_k = rank[None, :] < k
-    probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, NEG_INF), axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = in_top_k & (mass_before < top_p)  # rank 0 is always kept
-    n_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)  # (B,)
-    threshold = jnp.take_along_axis(sorted_desc, (n_keep - 1)[:, None], axis=-1)  # (B, 1)
-    return jnp.where(logits >= threshold, logits, NEG_INF)
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    min_new_tokens: int = 0
+    pad_id: int = 0
+    logprobs_mode: str = "raw"
+    prompt_lookup: PromptLookup | None = None
+
+    def check(self, vocab: int) -> None:
+        """Raises ValueError for settings the sampler cannot honour."""
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.logprobs_mode not in ("raw", "processed"):
+            raise ValueError(f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
+        if any(not (0 <= s < vocab) for s in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must lie in [0, {vocab}), got {list(self.stop_token_ids)}")
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.temperature) == 0.0
+
+    @property
+    def draft_len(self) -> int:
+        """K drafted tokens per step (0 without prompt lookup)."""
+        return 0 if self.prompt_lookup is None else self.prompt_lookup.num_draft
+
+    def mode(self) -> "DecodeMode":
+        return DecodeMode(greedy=self.greedy,
+                          use_filter=(not self.greedy) and (self.top_k > 0 or self.top_p < 1.0),
+                          processed_logprobs=self.logprobs_mode == "processed",
+                          lookup=self.prompt_lookup)
+
+    def settings(self, config: SamplerConfig) -> "DecodeSettings":
+        stop = list(self.stop_token_ids)
+        kpad = max(config.max_stop_ids, next_power_of_two(max(1, len(stop))))
+        return DecodeSettings(
+            max_new_tokens=jnp.int32(self.max_new_tokens),
+            min_new_tokens=jnp.int32(self.min_new_tokens),
+            temperature=jnp.float32(1.0 if self.greedy else self.temperature),
+            top_k=jnp.int32(self.top_k),
+            top_p=jnp.float32(self.top_p),
+            stop_ids=jnp.asarray(stop + [-1] * (kpad - len(stop)), jnp.int32),
+            pad_id=jnp.int32(self.pad_id),
+        )
 
 
-def select_tokens(
-    logits: jax.Array,
-    key: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    *,
-    greedy: bool,
-    use_filter: bool,
-) -> tuple[jax.Array, jax.Array]:
-    """Picks one token per row.
+def check_token_ids(rows: Sequence[Sequence[int]], vocab: int, what: str = "prompt") -> None:
+    """Raises ValueError for an id outside [0, vocab)."""
+    for r in rows:
+        if r and (min(r) < 0 or max(r) >= vocab):
+            raise ValueError(f"{what} token ids must lie in [0, {vocab}), got {min(r)}..{max(r)}")
 
-    logits (B, V) float32 (any masking already applied). ``greedy`` and ``use_filter`` are
-    static. Returns token (B,) int32 and the processed log-prob (B,) float32 of the token
-    (log-softmax of the temperature-scaled, filtered logits; 0 when greedy).
+
+# ----------------------------------------------------------------------- decode weights
+@jax.jit
+def _unroll(arrays: dict) -> dict:
+    return unroll_params(arrays)
+
+
+def unrolled_weights(model) -> dict | None:
+    """``unroll_params(model.arrays())`` (a new copy of the weights), or None when the model
+    does not expose ``arrays()`` in the CausalLM layout (it then decodes through ``__call__``)."""
+    arrays_fn = getattr(model, "arrays", None)
+    arrays = arrays_fn() if arrays_fn is not None else None
+    if not isinstance(arrays, dict) or "layers" not in arrays or "embed" not in arrays:
+        return None
+    # the language model only (a vision tower's weights are not needed to decode)
+    return _unroll({k: arrays[k] for k in ("embed", "layers", "final_norm", "lm_head")})
+
+
+class DecodeWeightCache:
+    """The unrolled decode copy of one model's weights, kept while its arrays are unchanged.
+
+    Keyed by the identity of the model's parameter arrays: the cache holds those arrays, so an
+    id cannot be reused while the entry lives, and an in-place update (a trainer step assigns
+    new arrays) makes the next ``get`` rebuild the copy. Owned by an engine (one entry).
     """
-    if greedy:
-        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return token, jnp.zeros(token.shape, jnp.float32)
-    scaled = logits / temperature
-    if use_filter:
-        scaled = filter_logits(scaled, top_k, top_p)
-    token = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
-    logp = jax.nn.log_softmax(scaled, axis=-1)
-    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
+    def __init__(self) -> None:
+        self._entry: tuple | None = None  # (leaf ids, leaves, weights)
 
-def gather_logprob(logits: jax.Array, token: jax.Array) -> jax.Array:
-    """log_softmax(logits)[token]: logits (B, V) float32, token (B,) -> (B,) float32."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    def get(self, model) -> dict | None:
+        """The cached (or rebuilt) ``unrolled_weights(model)``."""
+        arrays_fn = getattr(model, "arrays", None)
+        if arrays_fn is None:
+            return None
+        leaves = jax.tree.leaves(arrays_fn())
+        ids = tuple(id(x) for x in leaves)
+        if self._entry is not None and self._entry[0] == ids:
+            return self._entry[2]
+        weights = unrolled_weights(model)
+        self._entry = None if weights is None else (ids, leaves, weights)
+        return weights
+
+    def clear(self) -> None:
+        """Drops the copy (frees its memory)."""
+        self._entry = None
 
 
 # --------------------------------------------------------------------- jitted programs
-@flax.struct.dataclass
-class LayerCache:
-    """KV cache kept as one buffer per layer (the unrolled decode path).
+@chex.dataclass
+class DecodeSettings:
+    """Traced sampling settings (changing them never recompiles): max_new_tokens,
+    min_new_tokens, top_k, pad_id () int32; temperature, top_p () float32; stop_ids (K,) int32
+    padded with -1."""
 
-    k, v: tuples of NL arrays (B, Nk, S, D), head-major; mask: (B, S) bool (slot holds a
-    real key). Separate buffers let each layer's slot be updated in place inside the decode
-    loop; the head-major layout is the one the per-step attention products read, so XLA does
-    not transpose every layer's whole cache on every step (it did with (B, S, Nk, D): at
-    B = 8, S = 1664 a SmolLM2 step took ~2x longer).
-    """
-
-    k: tuple
-    v: tuple
-    mask: jax.Array
+    max_new_tokens: jax.Array
+    min_new_tokens: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    stop_ids: jax.Array
+    pad_id: jax.Array
 
 
-@flax.struct.dataclass
-class DecodeParams:
-    """Decode-time copy of a CausalLM's weights, one buffer per layer.
+@dataclasses.dataclass(frozen=True)
+class DecodeMode:
+    """Static decoding settings (one compiled program each)."""
 
-    embed (V, H); final_norm (H,); head (H, V) or None when tied to ``embed``; layers: tuple
-    of NL dicts with input_norm (H,), post_norm (H,), qkv (H, (Nq + 2 Nk) D) [+ qkv_bias],
-    o (Nq D, H), gate_up (H, 2F), down (F, H). LoRA adapters are merged in (W + s A B).
-
-    Why: on the CPU, XLA materialises a copy of every layer's weights when a scanned model
-    slices them out of stacked (NL, ...) arrays, doubling the memory traffic of a decode
-    step; per-layer buffers (and fused q/k/v and gate/up matmuls) avoid it.
-    """
-
-    embed: jax.Array
-    final_norm: jax.Array
-    head: jax.Array | None
-    layers: tuple
+    greedy: bool
+    use_filter: bool
+    processed_logprobs: bool
+    lookup: PromptLookup | None = None
 
 
 @chex.dataclass
 class DecodeState:
-    """Carry of the decode loop (B rows, N = generation bucket).
+    """Carry of the decode loop (B rows, W output columns).
 
     cache: the model's KVCache (generic path) or a LayerCache (unrolled path); token (B,)
-    int32: token fed at the next step; position (B,) int32: its RoPE position; step ()
-    int32: tokens generated so far; done (B,) bool; tokens (B, N) int32 and logprobs (B, N)
-    float32: outputs (pad / 0 after a stop); lengths (B,) int32: generated tokens per row
-    (stop token included); stopped (B,) bool: a stop token was produced; key: PRNG key.
+    int32: the pending token, fed at the next step; position (B,) int32: its RoPE position;
+    index () or (B,) int32: the cache slot it is written to (per row once rows advance
+    differently); step () int32: loop iterations so far; done (B,) bool; tokens (B, W) int32
+    and logprobs (B, W) float32: outputs (pad / 0 after a stop); lengths (B,) int32:
+    generated tokens per row (stop token included); stopped (B,) bool: a stop token was
+    produced; key: PRNG key; history (B, T) int32 and history_len (B,) int32: each row's
+    context with its outputs (prompt lookup only, else None).
     """
 
     cache: Any
     token: jax.Array
     position: jax.Array
+    index: jax.Array
     step: jax.Array
     done: jax.Array
     tokens: jax.Array
@@ -260,188 +342,91 @@ class DecodeState:
     lengths: jax.Array
     stopped: jax.Array
     key: jax.Array
+    history: jax.Array | None = None
+    history_len: jax.Array | None = None
 
 
-def _merged_kernel(p: dict, i: int) -> jax.Array:
-    """Layer i's (in, out) kernel of a stacked projection with its LoRA folded in."""
-    kernel = p["kernel"][i]
-    if p.get("lora_a") is None:
-        return kernel
-    delta = (p["lora_a"][i].astype(jnp.float32) @ p["lora_b"][i].astype(jnp.float32)) * p[
-        "lora_scale"
-    ][i]
-    return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("num_layers",))
-def _split_params(arrays: dict, num_layers: int) -> DecodeParams:
-    """``CausalLM.arrays()`` (stacked layers) -> DecodeParams (separate per-layer buffers)."""
-    TRACE_COUNTS["split_params"] += 1
-    st = arrays["layers"]
-    layers = []
-    for i in range(num_layers):
-        layer = {
-            "input_norm": st["input_norm"][i],
-            "post_norm": st["post_attention_norm"][i],
-            "qkv": jnp.concatenate([_merged_kernel(st[n], i) for n in ("q_proj", "k_proj", "v_proj")], axis=1),
-            "o": _merged_kernel(st["o_proj"], i),
-            "gate_up": jnp.concatenate([_merged_kernel(st[n], i) for n in ("gate_proj", "up_proj")], axis=1),
-            "down": _merged_kernel(st["down_proj"], i),
-        }
-        if st["q_proj"].get("bias") is not None:
-            layer["qkv_bias"] = jnp.concatenate(
-                [st[n]["bias"][i] for n in ("q_proj", "k_proj", "v_proj")], axis=0
-            )
-        layers.append(layer)
-    return DecodeParams(
-        embed=arrays["embed"],
-        final_norm=arrays["final_norm"],
-        head=arrays.get("lm_head"),
-        layers=tuple(layers),
+def new_decode_state(cache, token, position, index, row_valid, key, width: int,
+                     history=None, history_len=None) -> DecodeState:
+    """A loop state before the first step: nothing generated, dummy rows done."""
+    batch = token.shape[0]
+    return DecodeState(
+        cache=cache, token=token, position=position, index=index,
+        step=jnp.zeros((), jnp.int32), done=~row_valid,
+        tokens=jnp.zeros((batch, width), jnp.int32),
+        logprobs=jnp.zeros((batch, width), jnp.float32),
+        lengths=jnp.zeros((batch,), jnp.int32), stopped=jnp.zeros((batch,), bool), key=key,
+        history=history, history_len=history_len,
     )
 
 
-_SPLIT_CACHE: dict = {}  # one entry: (leaf ids, leaves, DecodeParams)
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots", "width", "per_layer"))
+def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, history_len, *,
+             slots: int, width: int, per_layer: bool, positions=None, vision=None) -> DecodeState:
+    """Caches the first P - 1 prompt columns and returns the loop state before step 0.
 
-
-def decode_params(model) -> DecodeParams | None:
-    """Per-layer decode weights of ``model``, cached while its parameter arrays are unchanged
-    (keyed by the identity of the arrays; the cache keeps them alive, so ids are not reused).
-    None when the model does not expose ``arrays()`` in the CausalLM layout."""
-    arrays_fn = getattr(model, "arrays", None)
-    if arrays_fn is None:
-        return None
-    arrays = arrays_fn()
-    if not isinstance(arrays, dict) or "layers" not in arrays or "embed" not in arrays:
-        return None
-    leaves = jax.tree.leaves(arrays)
-    ids = tuple(id(x) for x in leaves)
-    hit = _SPLIT_CACHE.get("entry")
-    if hit is not None and hit[0] == ids:
-        return hit[2]
-    params = _split_params(arrays, model.config.num_layers)
-    _SPLIT_CACHE["entry"] = (ids, leaves, params)
-    return params
-
-
-def clear_decode_params_cache() -> None:
-    """Drops the cached per-layer weight copy (frees its memory)."""
-    _SPLIT_CACHE.clear()
-
-
-def _unrolled_step(config, dp: DecodeParams, cache: LayerCache, token, position, cache_index):
-    """One decode step over per-layer weights: token/position (B,) -> logits (B, V) float32.
-
-    Same math as ``CausalLM.__call__`` with L = 1 (tests check the two agree)."""
-    from jax_drive.models.transformer import apply_rope, attention_head_major, rms_norm, rope_tables
-
-    c = config
-    b = token.shape[0]
-    qd, kd, f = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-    x = jnp.take(dp.embed, token[:, None], axis=0)  # (B, 1, H)
-    cos, sin = rope_tables(c, position[:, None])
-    new_mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((b, 1), bool), (0, cache_index))
-    slots = jnp.arange(cache.mask.shape[1])
-    mask = (slots <= cache_index)[None, None, :] & new_mask[:, None, :]  # (B, 1, S)
-    ks, vs = [], []
-    for lp, ck, cv in zip(dp.layers, cache.k, cache.v):
-        y = rms_norm(x, lp["input_norm"], c.rms_norm_eps)
-        qkv = y @ lp["qkv"]
-        if "qkv_bias" in lp:
-            qkv = qkv + lp["qkv_bias"]
-        q = apply_rope(qkv[..., :qd].reshape(b, 1, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope(qkv[..., qd : qd + kd].reshape(b, 1, c.num_kv_heads, c.head_dim), cos, sin)
-        v = qkv[..., qd + kd :].reshape(b, 1, c.num_kv_heads, c.head_dim)
-        # (B, 1, Nk, D) -> head-major (B, Nk, 1, D) slot writes.
-        ck = jax.lax.dynamic_update_slice(ck, jnp.swapaxes(k, 1, 2).astype(ck.dtype), (0, 0, cache_index, 0))
-        cv = jax.lax.dynamic_update_slice(cv, jnp.swapaxes(v, 1, 2).astype(cv.dtype), (0, 0, cache_index, 0))
-        x = x + attention_head_major(q, ck.astype(q.dtype), cv.astype(q.dtype), mask) @ lp["o"]
-        y = rms_norm(x, lp["post_norm"], c.rms_norm_eps)
-        gu = y @ lp["gate_up"]
-        x = x + (jax.nn.silu(gu[..., :f]) * gu[..., f:]) @ lp["down"]
-        ks.append(ck)
-        vs.append(cv)
-    h = rms_norm(x, dp.final_norm, c.rms_norm_eps)[:, 0]
-    if dp.head is None:
-        logits = jnp.einsum("bh,vh->bv", h.astype(dp.embed.dtype), dp.embed,
-                            preferred_element_type=jnp.float32)
-    else:
-        logits = jnp.einsum("bh,hv->bv", h.astype(dp.head.dtype), dp.head,
-                            preferred_element_type=jnp.float32)
-    return logits, LayerCache(k=tuple(ks), v=tuple(vs), mask=new_mask)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 6, 7))
-def _prefill(graphdef, state, ids, mask, row_valid, key, gen_bucket: int, per_layer: bool) -> DecodeState:
-    """ids/mask (B, P) left-padded, row_valid (B,) bool (False = dummy row, done from the
-    start) -> decode state with the first P - 1 prompt columns cached (stacked KVCache, or
-    a LayerCache when ``per_layer``)."""
-    from jax_drive.models import init_cache  # models sit below sampling
-
-    TRACE_COUNTS["prefill"] += 1
+    ids/mask (U, P) left-padded prompts; source (B,) int32: the prompt row of each of the B
+    loop rows (shared prefill), or None when U == B and row b is prompt b; row_valid (B,)
+    bool (False = dummy row, done from the start); history / history_len: see DecodeState.
+    slots: cache length S; width: output columns; per_layer: a LayerCache (else KVCache).
+    positions, vision: a prompt batch with images brings its (3, U, P) M-RoPE positions and
+    its vision inputs (``model.multimodal_inputs``); decoding goes on from the last column's
+    position (a text token: its three positions are equal).
+    """
     model = nnx.merge(graphdef, state)
     config = model.config
-    batch, plen = ids.shape
-    cache = init_cache(config, batch, plen + gen_bucket, config.jnp_dtype)
-    positions = prompt_positions(mask)
+    plen = ids.shape[1]
+    cache = init_cache(config, ids.shape[0], slots, config.jnp_dtype)
+    if positions is None:
+        positions = positions_from_mask(mask)
+    images = {} if vision is None else {"vision": vision}
     if plen > 1:
         if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
-            cache = model.prefill(ids[:, :-1], positions[:, :-1], mask[:, :-1], cache)
+            cache = model.prefill(ids[:, :-1], positions[..., :-1], mask[:, :-1], cache, **images)
         else:
             _, cache = model(
-                ids[:, :-1], positions[:, :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0)
-            )
+                ids[:, :-1], positions[..., :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0),
+                **images)
+    positions = positions[0] if positions.ndim == 3 else positions  # (U, P): last column's onwards
+    if source is not None:  # broadcast the shared prompts' rows
+        cache = cache.replace(k=jnp.take(cache.k, source, axis=1), v=jnp.take(cache.v, source, axis=1),
+                              mask=jnp.take(cache.mask, source, axis=0))
+        ids, positions = jnp.take(ids, source, axis=0), jnp.take(positions, source, axis=0)
     if per_layer:
-        n = cache.k.shape[0]
-        cache = LayerCache(
-            k=tuple(jnp.swapaxes(cache.k[i], 1, 2) for i in range(n)),
-            v=tuple(jnp.swapaxes(cache.v[i], 1, 2) for i in range(n)),
-            mask=cache.mask,
-        )
-    return DecodeState(
-        cache=cache,
-        token=ids[:, -1],
-        position=positions[:, -1],
-        step=jnp.zeros((), jnp.int32),
-        done=~row_valid,
-        tokens=jnp.zeros((batch, gen_bucket), jnp.int32),
-        logprobs=jnp.zeros((batch, gen_bucket), jnp.float32),
-        lengths=jnp.zeros((batch,), jnp.int32),
-        stopped=jnp.zeros((batch,), bool),
-        key=key,
-    )
+        cache = LayerCache.from_stacked(cache)
+    index = jnp.int32(plen - 1)
+    if history is not None:  # rows advance differently: one cache slot per row
+        index = jnp.full(row_valid.shape, plen - 1, jnp.int32)
+    return new_decode_state(cache, ids[:, -1], positions[:, -1], index, row_valid, key, width,
+                            history, history_len)
 
 
-def _decode_loop(step_fn, vocab, loop, cache_start, max_new_tokens, min_new_tokens,
-                 temperature, top_k, top_p, stop_ids, pad_id, greedy, use_filter,
-                 processed_logprobs) -> DecodeState:
-    """The ``lax.while_loop`` shared by both decode paths.
+def _stop_table(settings: DecodeSettings, vocab: int) -> jax.Array:
+    """(V,) bool: the vocabulary's stop tokens."""
+    stop = settings.stop_ids
+    return jnp.zeros((vocab,), bool).at[jnp.where(stop >= 0, stop, vocab)].set(True, mode="drop")
 
-    step_fn(cache, token (B,), position (B,), cache_index) -> (logits (B, V), cache).
-    """
-    is_stop_vocab = jnp.zeros((vocab,), bool).at[jnp.where(stop_ids >= 0, stop_ids, vocab)].set(
-        True, mode="drop"
-    )
 
-    def cond(s: DecodeState):
-        return (s.step < max_new_tokens) & ~jnp.all(s.done)
+def _plain_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
+    """Loop body generating one token per row."""
+    is_stop_vocab = _stop_table(settings, vocab)
 
     def body(s: DecodeState) -> DecodeState:
-        logits, cache = step_fn(s.cache, s.token, s.position, cache_start + s.step)
-        logits = logits.astype(jnp.float32)  # (B, V)
+        logits, cache = step_fn(s.cache, s.token[:, None], s.position[:, None], s.index)
+        logits = logits[:, 0].astype(jnp.float32)  # (B, V)
         key, sub = jax.random.split(s.key)
-        masked = jnp.where((s.step < min_new_tokens) & is_stop_vocab[None, :], NEG_INF, logits)
-        token, processed = select_tokens(
-            masked, sub, temperature, top_k, top_p, greedy=greedy, use_filter=use_filter
-        )
-        logprob = processed if processed_logprobs else gather_logprob(logits, token)
-        token = jnp.where(s.done, pad_id, token)
+        masked = jnp.where((s.step < settings.min_new_tokens) & is_stop_vocab[None, :], NEG_INF, logits)
+        token, processed = select_tokens(masked, sub, settings.temperature, settings.top_k,
+                                         settings.top_p, greedy=mode.greedy, use_filter=mode.use_filter)
+        logprob = processed if mode.processed_logprobs else gather_logprob(logits, token)
+        token = jnp.where(s.done, settings.pad_id, token)
         logprob = jnp.where(s.done, 0.0, logprob)
-        hit_stop = ~s.done & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-        return DecodeState(
+        hit_stop = ~s.done & jnp.any(token[:, None] == settings.stop_ids[None, :], axis=-1)
+        return s.replace(
             cache=cache,
             token=token,
             position=s.position + 1,
+            index=s.index + 1,
             step=s.step + 1,
             done=s.done | hit_stop,
             tokens=jax.lax.dynamic_update_slice(s.tokens, token[:, None], (0, s.step)),
@@ -451,41 +436,123 @@ def _decode_loop(step_fn, vocab, loop, cache_start, max_new_tokens, min_new_toke
             key=key,
         )
 
+    return body
+
+
+def _write_rows(buffer: jax.Array, values: jax.Array, start: jax.Array) -> jax.Array:
+    """buffer (B, W) with values (B, L) written at columns [start[b], start[b] + L)."""
+    return jax.vmap(lambda buf, val, i: jax.lax.dynamic_update_slice(buf, val, (i,)))(buffer, values, start)
+
+
+def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
+    """Loop body verifying K prompt-lookup drafts per row: each row emits 1 to K + 1 tokens."""
+    is_stop_vocab = _stop_table(settings, vocab)
+    lookup = mode.lookup
+    k = lookup.num_draft
+
+    def body(s: DecodeState) -> DecodeState:
+        drafts, num_valid = lookup_drafts(s.history, s.history_len, lookup)
+        feed = jnp.concatenate([s.token[:, None], drafts], axis=1)  # (B, K + 1)
+        offsets = jnp.arange(k + 1)
+        logits, cache = step_fn(s.cache, feed, s.position[:, None] + offsets, s.index)
+        logits = logits.astype(jnp.float32)  # (B, K + 1, V)
+        key, sub = jax.random.split(s.key)
+        generated = s.lengths[:, None] + offsets  # index of the token each position predicts
+        masked = jnp.where((generated < settings.min_new_tokens)[..., None] & is_stop_vocab,
+                           NEG_INF, logits)
+        tokens, accepted, processed = accept_drafts(
+            masked, drafts, num_valid, sub, settings.temperature, settings.top_k, settings.top_p,
+            greedy=mode.greedy, use_filter=mode.use_filter)
+        logprobs = processed if mode.processed_logprobs else gather_logprob(logits, tokens)
+        # emitted: tokens[:, :count], cut after the first stop token and at max_new_tokens
+        is_stop = jnp.any(tokens[..., None] == settings.stop_ids, axis=-1) & (offsets <= accepted[:, None])
+        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), k + 1)
+        count = jnp.minimum(jnp.minimum(accepted, first_stop) + 1, settings.max_new_tokens - s.lengths)
+        count = jnp.where(s.done, 0, count)
+        hit_stop = first_stop < count
+        lengths = s.lengths + count
+        last = jnp.take_along_axis(tokens, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
+        return s.replace(
+            cache=cache,
+            token=jnp.where(count > 0, last, s.token),
+            position=s.position + count,
+            index=s.index + count,
+            step=s.step + 1,
+            done=s.done | hit_stop | (lengths >= settings.max_new_tokens),
+            tokens=_write_rows(s.tokens, tokens, s.lengths),
+            logprobs=_write_rows(s.logprobs, logprobs, s.lengths),
+            lengths=lengths,
+            stopped=s.stopped | hit_stop,
+            key=key,
+            history=_write_rows(s.history, tokens, s.history_len),
+            history_len=s.history_len + count,
+        )
+
+    return body
+
+
+def _decode_loop(step_fn, vocab: int, loop: DecodeState, settings: DecodeSettings,
+                 mode: DecodeMode) -> DecodeState:
+    """The ``lax.while_loop`` shared by both decode paths.
+
+    step_fn(cache, tokens (B, L), positions (B, L), index) -> (logits (B, L, V), cache).
+    """
+    if mode.lookup is None:
+        body = _plain_step(step_fn, vocab, settings, mode)
+
+        def cond(s: DecodeState):
+            return (s.step < settings.max_new_tokens) & ~jnp.all(s.done)
+    else:
+        body = _speculative_step(step_fn, vocab, settings, mode)
+
+        def cond(s: DecodeState):
+            return ~jnp.all(s.done)
+
     return jax.lax.while_loop(cond, body, loop)
 
 
-_STATIC = ("greedy", "use_filter", "processed_logprobs")
-
-
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=_STATIC, donate_argnums=(2,))
-def _decode_generic(graphdef, state, loop: DecodeState, *scalars, greedy, use_filter,
-                    processed_logprobs) -> DecodeState:
-    """Decode loop calling ``CausalLM.__call__`` (stacked KVCache). Scalars: cache_start,
-    max_new_tokens, min_new_tokens () int32; temperature () f32; top_k () int32; top_p () f32;
-    stop_ids (K,) int32 padded with -1; pad_id () int32."""
-    TRACE_COUNTS["decode"] += 1
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("mode",), donate_argnums=(2,))
+def _decode_generic(graphdef, state, loop: DecodeState, settings: DecodeSettings, *,
+                    mode: DecodeMode) -> DecodeState:
+    """Decode loop calling ``CausalLM.__call__`` (stacked KVCache)."""
     model = nnx.merge(graphdef, state)
-    ones = jnp.ones((loop.token.shape[0], 1), bool)
 
-    def step_fn(cache, token, position, index):
-        logits, cache = model(token[:, None], position[:, None], ones, cache=cache, cache_index=index)
-        return logits[:, 0], cache
+    def step_fn(cache, tokens, positions, index):
+        return model(tokens, positions, jnp.ones(tokens.shape, bool), cache=cache, cache_index=index)
 
-    return _decode_loop(step_fn, model.config.vocab_size, loop, *scalars, greedy, use_filter,
-                        processed_logprobs)
+    return _decode_loop(step_fn, model.config.vocab_size, loop, settings, mode)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=_STATIC, donate_argnums=(2,))
-def _decode_unrolled(config, dp: DecodeParams, loop: DecodeState, *scalars, greedy, use_filter,
-                     processed_logprobs) -> DecodeState:
-    """Decode loop over per-layer weights (``DecodeParams``) and a ``LayerCache``."""
-    TRACE_COUNTS["decode"] += 1
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("mode",), donate_argnums=(2,))
+def _decode_unrolled(config, weights: dict, loop: DecodeState, settings: DecodeSettings, *,
+                     mode: DecodeMode) -> DecodeState:
+    """Decode loop over the unrolled weights (``unroll_params``) and a ``LayerCache``."""
 
-    def step_fn(cache, token, position, index):
-        return _unrolled_step(config, dp, cache, token, position, index)
+    def step_fn(cache, tokens, positions, index):
+        hidden, cache = forward_hidden(weights, config, tokens, positions,
+                                       jnp.ones(tokens.shape, bool), cache, index)
+        return lm_logits(weights, hidden), cache
 
-    return _decode_loop(step_fn, config.vocab_size, loop, *scalars, greedy, use_filter,
-                        processed_logprobs)
+    return _decode_loop(step_fn, config.vocab_size, loop, settings, mode)
+
+
+def decode(model, weights: dict | None, loop: DecodeState, request: Request,
+           config: SamplerConfig, graph_and_state=None) -> DecodeState:
+    """Runs the decode loop from ``loop`` (donated, but for its key, which may be the
+    caller's) on the unrolled ``weights`` (or through ``model.__call__`` when None)."""
+    settings, mode = request.settings(config), request.mode()
+    loop = loop.replace(key=jnp.array(loop.key, copy=True))
+    if weights is not None:
+        return _decode_unrolled(model.config, weights, loop, settings, mode=mode)
+    graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
+    return _decode_generic(graphdef, state, loop, settings, mode=mode)
+
+
+def compiled_program_counts() -> dict[str, int]:
+    """Executables JAX holds for the sampler's prefill and decode programs (its own compile
+    caches, read only): a new entry per new shape bucket or static setting."""
+    return {"prefill": _prefill._cache_size(),
+            "decode": _decode_unrolled._cache_size() + _decode_generic._cache_size()}
 
 
 # ------------------------------------------------------------------------- public API
@@ -495,17 +562,104 @@ class SamplerOutput:
 
     tokens (R, N) int32 (``pad_id`` after a stop / past the end), logprobs (R, N) float32
     (0 past the end), lengths (R,) int32 generated tokens (stop token included),
-    stopped (R,) bool (a stop token ended the row).
+    stopped (R,) bool (a stop token ended the row), steps: decode-loop iterations (forward
+    passes) the call ran (fewer than max(lengths) when drafted tokens were accepted).
     """
 
     tokens: np.ndarray
     logprobs: np.ndarray
     lengths: np.ndarray
     stopped: np.ndarray
+    steps: int = 0
 
     def row(self, i: int) -> tuple[list[int], list[float]]:
         n = int(self.lengths[i])
         return self.tokens[i, :n].tolist(), self.logprobs[i, :n].tolist()
+
+    @classmethod
+    def from_state(cls, out: DecodeState, rows: int, request: Request) -> "SamplerOutput":
+        """The first ``rows`` rows of a finished loop, fetched to the host."""
+        n = request.max_new_tokens
+        tokens, logprobs, lengths, stopped, steps = jax.device_get(
+            (out.tokens, out.logprobs, out.lengths, out.stopped, out.step))
+        tokens = np.asarray(tokens)[:rows, :n].copy()
+        logprobs = np.asarray(logprobs)[:rows, :n].copy()
+        lengths = np.asarray(lengths)[:rows]
+        # Columns never reached (early exit) or past a row's end: pads.
+        past = np.arange(n)[None, :] >= lengths[:, None]
+        tokens[past] = request.pad_id
+        logprobs[past] = 0.0
+        return cls(tokens=tokens, logprobs=logprobs, lengths=lengths,
+                   stopped=np.asarray(stopped)[:rows], steps=int(steps))
+
+
+def generation_slots(context: int, request: Request) -> int:
+    """Cache slots a row needs: its cached context plus every slot the loop may write."""
+    return context + request.max_new_tokens + request.draft_len
+
+
+def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Request,
+                 config: SamplerConfig, graph_and_state=None, weights=None, images=None):
+    """Prefill of a call: (loop state before step 0, rows R, prompt bucket P).
+
+    ``weights`` selects the unrolled path (LayerCache); None the generic one (KVCache).
+    ``images``: see :func:`generate_tokens`.
+    """
+    check_images(model, prompts, images)
+    mcfg = model.config
+    longest = max(len(p) for p in prompts)
+    if longest + request.max_new_tokens > mcfg.max_position_embeddings:
+        raise ValueError(
+            f"prompt ({longest}) + max_new_tokens ({request.max_new_tokens}) exceeds the model's "
+            f"max_position_embeddings ({mcfg.max_position_embeddings})"
+        )
+    plen = bucket_size(longest, config.prompt_buckets, config.min_prompt_bucket, "prompt length")
+    nbucket = bucket_size(request.max_new_tokens, config.gen_buckets, config.min_gen_bucket,
+                          "max_new_tokens")
+    rows = len(prompts)
+    batch = config.batch_size(rows)
+    # rows share a prefill when their tokens and their image objects are the same
+    keys = prompts if images is None else [p + [id(im) for im in (row or ())] + [len(row or ())]
+                                           for p, row in zip(prompts, images)]
+    unique, source = unique_rows(keys) if config.share_prefix else (prompts, None)
+    if source is not None and len(unique) < rows:
+        first = np.unique(source, return_index=True)[1]  # the first row of each distinct prompt
+        ids, mask, _ = left_pad([prompts[i] for i in first], plen, config.batch_size(len(unique)),
+                                request.pad_id)
+        images = None if images is None else [images[i] for i in first]
+        source = np.concatenate([source, np.zeros((batch - rows,), np.int32)])  # dummies: any row
+        row_valid = np.arange(batch) < rows
+    else:
+        ids, mask, row_valid = left_pad(prompts, plen, batch, request.pad_id)
+        source = None
+    positions = vision = None
+    if images is not None:
+        positions, vision, _ = model.multimodal_inputs(ids, mask, list(images) + [None] * (len(ids) - len(images)))
+    k = request.draft_len
+    history = history_len = None
+    if k:
+        history, history_len = (jnp.asarray(x) for x in right_pad(
+            prompts, plen + nbucket + k + 1, batch, request.pad_id))
+    graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
+    loop = _prefill(graphdef, state, jnp.asarray(ids), jnp.asarray(mask),
+                    None if source is None else jnp.asarray(source), jnp.asarray(row_valid), key,
+                    history, history_len, slots=plen + nbucket + k, width=nbucket + (k + 1 if k else 0),
+                    per_layer=weights is not None, positions=positions, vision=vision)
+    return loop, rows, plen
+
+
+def check_images(model, prompts: Sequence[Sequence[int]], images) -> None:
+    """Raises for images a call cannot take: a text-only model, one list per prompt missing,
+    or a prompt that ends inside an image (decoding continues with text positions)."""
+    if images is None:
+        return
+    if not hasattr(model, "multimodal_inputs"):
+        raise TypeError(f"{type(model).__name__} is a text-only model: it takes no images")
+    if len(images) != len(prompts):
+        raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
+    image_id = model.config.image_token_id
+    if any(p[-1] == image_id for p in prompts):
+        raise ValueError("a prompt with images must end with text, not an image token")
 
 
 def generate_tokens(
@@ -523,6 +677,9 @@ def generate_tokens(
     logprobs_mode: str = "raw",
     config: SamplerConfig = SamplerConfig(),
     graph_and_state: tuple[Any, Any] | None = None,
+    weights: dict | None = None,
+    prompt_lookup: PromptLookup | None = None,
+    images: Sequence[Sequence[Any] | None] | None = None,
 ) -> SamplerOutput:
     """Samples continuations of token-id prompts with the jitted KV-cache sampler.
 
@@ -533,8 +690,15 @@ def generate_tokens(
       max_new_tokens, temperature, top_p, top_k, stop_token_ids, min_new_tokens,
       logprobs_mode: see ``SamplingParams`` (temperature 0 = greedy).
       pad_id: token id used for padding (inputs and outputs).
-      config: shape bucketing.
+      config: shape bucketing and prefix sharing.
       graph_and_state: ``nnx.split(model)`` when the caller already has it.
+      weights: the model's unrolled decode weights when the caller keeps them
+        (``DecodeWeightCache``); built here when None and ``config.unroll_layers``.
+      prompt_lookup: speculative decoding by prompt lookup (None: one token per step).
+        Greedy outputs are unchanged; sampled ones keep their distribution, not their values.
+      images: for a vision-language model, per prompt the processed images whose
+        ``<|image_pad|>`` tokens (already expanded) the prompt holds, in reading order (None
+        or empty for a text-only prompt); the model lays them out (``multimodal_inputs``).
 
     Returns:
       SamplerOutput with (R, max_new_tokens) arrays.
@@ -544,70 +708,17 @@ def generate_tokens(
         raise ValueError("no prompts")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if logprobs_mode not in ("raw", "processed"):
-        raise ValueError(f"logprobs_mode must be 'raw' or 'processed', got {logprobs_mode!r}")
-    mcfg = model.config
-    vocab = mcfg.vocab_size
-    for p in prompts:
-        if min(p) < 0 or max(p) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab}), got {min(p)}..{max(p)}")
-    stop_ids = [int(s) for s in stop_token_ids]
-    if any(not (0 <= s < vocab) for s in stop_ids):
-        raise ValueError(f"stop_token_ids must lie in [0, {vocab}), got {stop_ids}")
-    longest = max(len(p) for p in prompts)
-    if longest + max_new_tokens > mcfg.max_position_embeddings:
-        raise ValueError(
-            f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"max_position_embeddings ({mcfg.max_position_embeddings})"
-        )
-
-    plen = bucket_size(longest, config.prompt_buckets, config.min_prompt_bucket, "prompt length")
-    nbucket = bucket_size(max_new_tokens, config.gen_buckets, config.min_gen_bucket, "max_new_tokens")
-    rows = len(prompts)
-    batch = next_power_of_two(rows) if config.bucket_batch else rows
-    ids, mask, row_valid = left_pad(prompts, plen, batch, pad_id)
-    kpad = max(config.max_stop_ids, next_power_of_two(max(1, len(stop_ids))))
-    stop_arr = np.full((kpad,), -1, np.int32)
-    stop_arr[: len(stop_ids)] = stop_ids
-
-    graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
-    dp = decode_params(model) if config.unroll_layers else None
-    greedy = float(temperature) == 0.0
-    loop = _prefill(
-        graphdef, state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(row_valid), key,
-        nbucket, dp is not None,
-    )
-    scalars = (
-        jnp.int32(plen - 1),
-        jnp.int32(max_new_tokens),
-        jnp.int32(min_new_tokens),
-        jnp.float32(1.0 if greedy else temperature),
-        jnp.int32(top_k),
-        jnp.float32(top_p),
-        jnp.asarray(stop_arr),
-        jnp.int32(pad_id),
-    )
-    statics = dict(
-        greedy=greedy,
-        use_filter=(not greedy) and (top_k > 0 or top_p < 1.0),
-        processed_logprobs=logprobs_mode == "processed",
-    )
-    if dp is not None:
-        out = _decode_unrolled(mcfg, dp, loop, *scalars, **statics)
-    else:
-        out = _decode_generic(graphdef, state, loop, *scalars, **statics)
-    tokens, logprobs, lengths, stopped = jax.device_get(
-        (out.tokens, out.logprobs, out.lengths, out.stopped)
-    )
-    tokens = np.asarray(tokens)[:rows, :max_new_tokens].copy()
-    logprobs = np.asarray(logprobs)[:rows, :max_new_tokens].copy()
-    lengths = np.asarray(lengths)[:rows]
-    # Columns never reached (early exit of the whole batch) hold zeros: make them pads.
-    past = np.arange(max_new_tokens)[None, :] >= lengths[:, None]
-    tokens[past] = pad_id
-    logprobs[past] = 0.0
-    return SamplerOutput(
-        tokens=tokens, logprobs=logprobs, lengths=lengths, stopped=np.asarray(stopped)[:rows]
-    )
+    request = Request(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                      top_k=top_k, stop_token_ids=tuple(int(s) for s in stop_token_ids),
+                      min_new_tokens=min_new_tokens, pad_id=pad_id, logprobs_mode=logprobs_mode,
+                      prompt_lookup=prompt_lookup)
+    request.check(model.config.vocab_size)
+    check_token_ids(prompts, model.config.vocab_size)
+    if config.unroll_layers and weights is None:
+        weights = unrolled_weights(model)
+    elif not config.unroll_layers:
+        weights = None
+    graph_and_state = graph_and_state if graph_and_state is not None else nnx.split(model)
+    loop, rows, _ = start_decode(model, prompts, key, request, config, graph_and_state, weights, images)
+    out = decode(model, weights, loop, request, config, graph_and_state)
+    return SamplerOutput.from_state(out, rows, request)

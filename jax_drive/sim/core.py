@@ -408,6 +408,16 @@ def _events(cfg: SimConfig, sc: Scenario, st: SimState, old_arc, light, present,
     return new, c_arc, c_lat
 
 
+def measured_events(cfg: SimConfig, sc: Scenario, st: SimState, old_arc: chex.Array, light: chex.Array,
+                    present: chex.Array, tab: Tables) -> tuple[SimState, chex.Array, chex.Array]:
+    """The events of one tick (collisions, arrivals, progress, red-light runs, stagnation)
+    for a state whose poses were measured elsewhere (a backend with its own physics, e.g.
+    CARLA): ``st`` has the new poses, ``old_arc`` (A,) the arcs on the current lanes before
+    the tick, ``light`` and ``present`` (A,) the lane lights and present agents during it.
+    Returns the state and its new projection on the current lanes, as :func:`tick_fast`."""
+    return _events(cfg, sc, st, old_arc, light, present, tab, True)
+
+
 # ------------------------------------------------------------------------ public API
 def _offroad_candidates(cfg: SimConfig, sc: Scenario, st: SimState, tab: Tables, arc, lat) -> tuple[chex.Array, chex.Array]:
     """(A,) moving agents and those of them not inside their own current lane (given

@@ -614,7 +614,7 @@ _BUILDERS = {name: _two_ego_crossing(CROSSINGS[name]) if name in CROSSINGS else 
 
 
 def build(name: str, key, *, accident_prone: bool = True, background: bool = False,
-          cfg: SimConfig = SimConfig()) -> Scenario:
+          cfg: SimConfig = SimConfig(), builder: Builder | None = None) -> Scenario:
     """Builds one scenario (unbatched, padded to ``cfg`` sizes).
 
     Args:
@@ -622,10 +622,12 @@ def build(name: str, key, *, accident_prone: bool = True, background: bool = Fal
       key: jax PRNG key; all randomisation (positions, speeds, counts) derives from it.
       accident_prone: timing that makes a collision likely without coordination.
       background: add background IDM traffic (InterDrive's "with background" setting).
+      builder: an empty :class:`Builder` to build with (default ``Builder(cfg)``); a
+        subclass may map the lane paths elsewhere (e.g. onto a CARLA town's lanes).
     """
     family(name)
     rng = _rng(key)
-    b = Builder(cfg)
+    b = Builder(cfg) if builder is None else builder
     timeout = _BUILDERS[name](b, rng, bool(accident_prone), bool(background))
     return b.build(timeout=timeout, accident_prone=bool(accident_prone), scenario_id=SCENARIOS.index(name))
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from jax_drive.text.codec import ANSWER_PREFIX, NUM_POINTS, parse_trajectory
+from jax_drive.text.codec import ANSWER_PREFIX, NUM_POINTS, ParsedTrajectory, parse_trajectory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,16 +54,33 @@ def plausible(poses: np.ndarray, config: FormatConfig = FormatConfig()) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class AnswerCheck:
+    """One answer, parsed once.
+
+    parsed: the codec's result. usable: parsed and within the plausible ranges (the scorer
+    can use ``parsed.poses``). format: the format reward (see the module docstring).
+    """
+
+    parsed: ParsedTrajectory
+    usable: bool
+    format: float
+
+
+def check_answer(text: Any, config: FormatConfig = FormatConfig()) -> AnswerCheck:
+    """Parses an answer once and returns its usability and format score. Never raises."""
+    parsed = parse_trajectory(text, NUM_POINTS)
+    usable = bool(parsed.ok and plausible(parsed.poses, config))
+    if not parsed.ok or (config.require_prefix and not text.lstrip().startswith(ANSWER_PREFIX)):
+        score = 0.0
+    else:
+        score = 1.0 if usable else float(config.partial_credit)
+    return AnswerCheck(parsed=parsed, usable=usable, format=score)
+
+
 def format_score(text: Any, config: FormatConfig = FormatConfig()) -> float:
     """1.0 for a well-formed plausible answer, else 0.0 (or partial credit). Never raises."""
-    parsed = parse_trajectory(text, NUM_POINTS)
-    if not parsed.ok:
-        return 0.0
-    if config.require_prefix and not text.lstrip().startswith(ANSWER_PREFIX):
-        return 0.0
-    if not plausible(parsed.poses, config):
-        return float(config.partial_credit)
-    return 1.0
+    return check_answer(text, config).format
 
 
 def format_scores(texts: Iterable[Any], config: FormatConfig = FormatConfig()) -> np.ndarray:

@@ -1,0 +1,425 @@
+"""MTDrive end to end: SFT warm start -> RL data curation -> mtGRPO -> multi-turn evaluation.
+
+This is jax-drive's main job. ``run_mtdrive(preset, out_dir)`` ties together the scene
+generator, the dataset builders, the Flax policy, the jitted sampler, the batched PDM scorer
+and the (mt)GRPO trainer, and returns a results dict (written as JSON with plots by
+``jax-drive train`` / ``experiments/mtdrive.py``).
+
+Stages (MTDrive sections 3.2-3.3), each recorded in the run directory's journal
+(:mod:`jax_drive.pipelines.journal`) when it finishes:
+  scenes          training scenes and held-out evaluation scene sets (one per evaluation
+                  seed) with their PDM-Closed references;
+  eval_untrained  greedy multi-turn evaluation of the untrained policy;
+  sft_data        single-turn + 2-turn (constant-velocity first turn + PDM feedback) + mock
+                  multi-turn + PDM-understanding QA data, target always the expert
+                  trajectory, tokenised;
+  sft             SFT (orbax checkpoints every ``sft.checkpoint_every`` steps);
+  eval_sft        evaluation after SFT;
+  rl_curation     RL prompt curation with the SFT policy's first turn (categories 1-3);
+  rl              mtGRPO (or another advantage variant) on the curated scenes (checkpoints
+                  every ``rl.checkpoint_every`` steps);
+  eval_rl         evaluation after RL.
+With ``resume=True`` a finished stage is loaded from the journal instead of run again, and
+SFT / RL continue from their latest step checkpoint, so a killed run ends with the metrics
+and weights of an uninterrupted one. Every evaluation uses the same held-out scenes, greedy
+decoding and the same PDM-Closed references, so the results table's rows are comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_drive.data.builders import BuildConfig, ConstantVelocityPredictor, build_multi, build_qa, build_rl, build_single
+from jax_drive.models.image_processing import ProcessedImage
+from jax_drive.pipelines.journal import (
+    RunJournal,
+    ragged_from_arrays,
+    ragged_to_arrays,
+    tree_from_arrays,
+    tree_to_arrays,
+)
+from jax_drive.pipelines.presets import Preset, eval_config, rl_config
+from jax_drive.pipelines.report import budget_card, eval_card, examples, stage_line
+from jax_drive.rl.batching import TokenRow, as_conversations, tokenize_chat, with_images
+from jax_drive.rl.checkpoint import restore_trainable
+from jax_drive.rl.grpo import grpo_train
+from jax_drive.rl.logging import read_jsonl
+from jax_drive.rl.sft import sft_train
+from jax_drive.rollout import compute_reference, evaluate_multiturn, select_scenes, summarize
+from jax_drive.rollout.images import prompt_image_inputs
+from jax_drive.sampling import JaxEngine, SamplingParams
+from jax_drive.sampling.sampler import SamplerConfig
+from jax_drive.scenes import GeneratorConfig, generate_scenes, index_scene, straight_road_scene
+from jax_drive.text.prompts import PromptConfig
+from jax_drive.types import Scene
+
+EVAL_SEED_OFFSET = 10_000  # held-out scenes use keys disjoint from the training keys
+STAGES = ("untrained", "sft", "rl")  # the policies that can be evaluated
+TRANSCRIPT_SCENES = 64  # turn logs kept per evaluation (first held-out set) for examples and plots
+SUMMARY_KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
+                "final_ep", "final_comfort")
+
+
+def load_policy(preset: Preset):
+    """(model, tokenizer) with LoRA applied when ``preset.lora_rank > 0``."""
+    from flax import nnx
+
+    if preset.model == "tiny":
+        from jax_drive.models.tiny import tiny_policy
+
+        model, _, tokenizer = tiny_policy(seed=preset.seed, lora_rank=preset.lora_rank or None)
+    elif preset.model == "tiny-vlm":
+        from jax_drive.models.tiny import tiny_vlm_policy
+
+        model, _, tokenizer = tiny_vlm_policy(seed=preset.seed, lora_rank=preset.lora_rank or None)
+    else:
+        from jax_drive.models import load_pretrained
+        from jax_drive.models.lora import apply_lora
+
+        model, _, tokenizer = load_pretrained(preset.model)
+        if preset.lora_rank:
+            apply_lora(model, rank=preset.lora_rank, alpha=preset.lora_alpha, rngs=nnx.Rngs(preset.seed + 1))
+    model.config = dataclasses.replace(model.config, remat_layers=preset.remat_layers)
+    return model, tokenizer
+
+
+class PolicyPredictor:
+    """First-turn predictor backed by a language-model engine (greedy), for RL curation.
+    ``prompt``: the prompts' settings; when they hold images (``uses_images``) the scenes'
+    camera images go with them (the engine's tokenizer must be an image tokenizer)."""
+
+    name = "policy"
+
+    def __init__(self, engine, max_new_tokens: int, prompt: PromptConfig | None = None):
+        self.engine = engine
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        self.prompt = prompt
+
+    def __call__(self, scene: Scene, key: jax.Array, prompts: Sequence[list[dict]]) -> list[str]:
+        if self.prompt is None or not self.prompt.uses_images:
+            return [c.text for c in self.engine.generate_chat(list(prompts), self.params, key)]
+        tok = self.engine.tokenizer
+        ids = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in prompts]
+        ids, images = prompt_image_inputs(tok, scene, self.prompt, None, ids)
+        return [c.text for c in self.engine.generate(ids, self.params, key, images=images)]
+
+
+def sft_checkpoint_dir(run_dir: str | os.PathLike) -> str:
+    """Where ``run_mtdrive(preset, run_dir)`` saves the SFT state (orbax)."""
+    return os.path.join(os.fspath(run_dir), "sft", "checkpoints")
+
+
+def rl_checkpoint_dir(run_dir: str | os.PathLike) -> str:
+    """Where ``run_mtdrive(preset, run_dir)`` saves the mtGRPO state (orbax)."""
+    return os.path.join(os.fspath(run_dir), "rl", "checkpoints")
+
+
+def load_sft(model, preset: Preset, run_dir: str | os.PathLike) -> dict:
+    """Loads the trained (LoRA) params of an earlier run's SFT stage into ``model`` in place.
+
+    The checkpoint must come from the same model, LoRA rank and trainable set. Returns the
+    checkpoint's meta (step, data position).
+    """
+    return restore_trainable(model, preset.sft.optim, sft_checkpoint_dir(run_dir))
+
+
+def filter_by_length(rows: Sequence, kinds: Sequence[str], max_tokens: int | None) -> tuple[list, dict]:
+    """Keeps the token rows of at most ``max_tokens`` tokens (all when None).
+
+    Returns (kept rows, {"max_tokens": ..., kind: number kept per kind}). Raises when
+    nothing is left.
+    """
+    if len(rows) != len(kinds):
+        raise ValueError(f"{len(rows)} rows but {len(kinds)} kinds")
+    keep = [i for i, r in enumerate(rows) if max_tokens is None or len(r) <= max_tokens]
+    if not keep:
+        raise ValueError(f"no SFT sample has at most {max_tokens} tokens")
+    counts = {k: sum(kinds[i] == k for i in keep) for k in dict.fromkeys(kinds)}
+    return [rows[i] for i in keep], {"max_tokens": max_tokens, **counts}
+
+
+# ----------------------------------------------------------------------------- stages
+def make_scenes(preset: Preset) -> tuple[Scene, list[tuple[Scene, np.ndarray]]]:
+    """(training scenes, [(held-out scenes, their (S, 40, 3) references) per evaluation seed])."""
+    gen = GeneratorConfig(hard_fraction=preset.hard_fraction)
+    train = generate_scenes(jax.random.key(preset.seed), preset.train_scenes, gen)
+    held_out = []
+    for seed in preset.eval_seeds:
+        scenes = generate_scenes(jax.random.key(EVAL_SEED_OFFSET + seed), preset.eval_scenes, gen)
+        held_out.append((scenes, np.asarray(compute_reference(scenes))))
+    return train, held_out
+
+
+def build_sft_data(preset: Preset, train: Scene, tokenizer, key: jax.Array) -> tuple[list[TokenRow], dict]:
+    """Tokenised SFT rows (single-turn, multi-turn, QA; filtered by length) and the data card."""
+    build = BuildConfig(prompt=preset.prompt, caption=preset.caption)
+    k_multi, k_qa = jax.random.split(key)
+    n1, n2 = preset.sft_single, preset.sft_multi
+    single = build_single(index_scene(train, np.arange(0, n1) % preset.train_scenes), build)
+    multi, multi_stats = build_multi(index_scene(train, np.arange(n1, n1 + n2) % preset.train_scenes),
+                                     ConstantVelocityPredictor(), k_multi, build)
+    qa, qa_counts = build_qa(index_scene(train, np.arange(preset.sft_qa_scenes)), k_qa, build)
+    card = {"single": len(single), "multi": len(multi), "qa": len(qa), "multi_stats": multi_stats,
+            "qa_counts": qa_counts}
+    records = single + multi + qa
+    processed: dict[int, Any] = {}  # one preprocessing per camera frame: the rows of a scene share it
+    rows = [with_images(tokenize_chat(tokenizer, m, preset.sft.train_on),
+                        [processed.setdefault(id(im), tokenizer.preprocess([im])[0]) for im in r.get("images", ())],
+                        tokenizer)
+            for m, r in zip(as_conversations(records), records)]
+    kinds = ["single"] * len(single) + ["multi"] * len(multi) + ["qa"] * len(qa)
+    kept, card["kept"] = filter_by_length(rows, kinds, preset.sft_max_tokens)
+    return kept, card
+
+
+def rows_to_arrays(rows: Sequence[TokenRow]) -> dict[str, np.ndarray]:
+    """SFT rows as journal arrays: ids and weights, and their images stored once each (rows
+    of a scene share their processed camera image)."""
+    arrays = {**ragged_to_arrays("ids", [r.ids for r in rows]), **ragged_to_arrays("weight", [r.weight for r in rows])}
+    pool: dict[int, Any] = {}  # id -> image, in first-seen order
+    for r in rows:
+        for im in r.images:
+            pool.setdefault(id(im), im)
+    if pool:
+        index = {key: i for i, key in enumerate(pool)}
+        arrays.update(ragged_to_arrays("pixels", [im.pixel_values.reshape(-1) for im in pool.values()]))
+        arrays["image_grid"] = np.stack([np.asarray(im.grid_thw, np.int64) for im in pool.values()])
+        arrays.update(ragged_to_arrays("row_images", [np.asarray([index[id(im)] for im in r.images], np.int64)
+                                                      for r in rows]))
+    return arrays
+
+
+def rows_from_arrays(arrays: dict[str, np.ndarray]) -> list[TokenRow]:
+    """Inverse of :func:`rows_to_arrays`."""
+    ids, weight = ragged_from_arrays("ids", arrays), ragged_from_arrays("weight", arrays)
+    if "image_grid" not in arrays:
+        return [TokenRow(i, w) for i, w in zip(ids, weight)]
+    pool = [ProcessedImage(p.reshape(int(np.prod(g)), -1).astype(np.float32), g)
+            for p, g in zip(ragged_from_arrays("pixels", arrays), arrays["image_grid"])]
+    return [TokenRow(i, w, tuple(pool[k] for k in idx))
+            for i, w, idx in zip(ids, weight, ragged_from_arrays("row_images", arrays))]
+
+
+def curate(preset: Preset, train: Scene, engine, key: jax.Array) -> tuple[np.ndarray, dict]:
+    """RL prompt curation with the current policy's greedy first turn: (indices into the
+    candidate pool = the first ``curation_scenes`` training scenes, curation statistics)."""
+    pool = preset.train_scenes if preset.curation_scenes is None else min(preset.curation_scenes,
+                                                                          preset.train_scenes)
+    candidates = index_scene(train, np.arange(pool))
+    records, curation = build_rl(candidates, PolicyPredictor(engine, preset.max_new_tokens, preset.prompt), key,
+                                 BuildConfig(prompt=preset.prompt, caption=preset.caption))
+    chosen = np.array([r["scene_id"] for r in records], dtype=np.int64)
+    scene_ids = np.asarray(candidates.scene_id)
+    index = np.flatnonzero(np.isin(scene_ids, chosen)) if len(chosen) else np.arange(pool)
+    return index, curation
+
+
+def evaluate_policy(engine, tokenizer, held_out: list[tuple[Scene, np.ndarray]], preset: Preset, progress: bool,
+                    num_scenes: int | None = None) -> dict:
+    """Greedy multi-turn evaluation on every held-out set (its first ``num_scenes`` scenes when
+    given): per-seed summaries, their mean and standard error, PDMS by turn budget, and the
+    turn logs of the first set's first ``TRANSCRIPT_SCENES`` scenes.
+
+    The sets are pooled into one rollout call (``preset.eval_batch`` scenes per batch), so
+    the sampler's power-of-two batch padding is paid once, not per set; decoding is greedy,
+    so the result does not depend on the PRNG key."""
+    sets = []
+    for scenes, refs in held_out:
+        if num_scenes is not None:
+            idx = np.arange(min(num_scenes, len(refs)))
+            scenes, refs = index_scene(scenes, idx), refs[idx]
+        sets.append((scenes, np.asarray(refs)))
+    pooled = jax.tree.map(lambda *a: np.concatenate([np.asarray(x) for x in a]), *[s for s, _ in sets])
+    _, result = evaluate_multiturn(engine, tokenizer, pooled, eval_config(preset), jax.random.key(0),
+                                   references=np.concatenate([r for _, r in sets]),
+                                   batch_size=preset.eval_batch, progress=progress)
+    per_seed, start = [], 0
+    for seed, (_, refs) in zip(preset.eval_seeds, sets):
+        part = select_scenes(result, np.arange(start, start + len(refs)))
+        start += len(refs)
+        per_seed.append({"seed": seed, "scenes": int(len(refs)), **summarize(part)})
+    mean = {k: float(np.mean([s[k] for s in per_seed])) for k in SUMMARY_KEYS}
+    sem = {k: float(np.std([s[k] for s in per_seed], ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else 0.0
+           for k in SUMMARY_KEYS}
+    by_budget = np.mean([s["pdms_by_budget"] for s in per_seed], axis=0).tolist()
+    first = min(len(sets[0][1]), TRANSCRIPT_SCENES)
+    return {"mean": mean, "sem": sem, "pdms_by_budget": by_budget, "per_seed": per_seed,
+            "transcripts": [result.turn_log(s) for s in range(first)]}
+
+
+def _scene_arrays(train: Scene, held_out: list[tuple[Scene, np.ndarray]]) -> dict[str, np.ndarray]:
+    arrays = tree_to_arrays("train", train)
+    for i, (scenes, refs) in enumerate(held_out):
+        arrays.update(tree_to_arrays(f"held_out{i}", scenes))
+        arrays[f"held_out{i}/reference"] = np.asarray(refs)
+    return arrays
+
+
+def _scenes_from_arrays(arrays: dict[str, np.ndarray], num_sets: int):
+    template = straight_road_scene()
+    load = lambda prefix: jax.tree.map(jnp.asarray, tree_from_arrays(prefix, arrays, template))  # noqa: E731
+    return load("train"), [(load(f"held_out{i}"), arrays[f"held_out{i}/reference"]) for i in range(num_sets)]
+
+
+def run_identity(preset: Preset, advantage: str | None, sft_from: str | os.PathLike | None) -> dict:
+    """What a resumed run must share with the run it continues (everything that changes results)."""
+    return {"pipeline": "mtdrive", "preset": dataclasses.asdict(preset), "advantage": advantage,
+            "sft_from": None if sft_from is None else os.path.abspath(os.fspath(sft_from))}
+
+
+# ----------------------------------------------------------------------------- pipeline
+def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | None = None,
+                skip_rl: bool = False, sft_from: str | os.PathLike | None = None,
+                evaluate: Sequence[str] = STAGES, resume: bool = False, progress: bool = True,
+                log=None) -> dict[str, Any]:
+    """Runs the whole pipeline; returns the results dict (without writing it).
+
+    Args:
+      preset: experiment settings.
+      out_dir: the run directory: journal (``run.json``, ``stages/``), SFT / RL metrics and
+        checkpoints (``sft/``, ``rl/``).
+      advantage: overrides the preset's advantage estimator ('grpo', 'mtgrpo_intra', 'mtgrpo_cross').
+      skip_rl: stop after SFT (and its evaluation).
+      sft_from: an earlier run directory of the same preset: its SFT checkpoint is loaded
+        instead of training (the SFT stage is not repeated, e.g. across ablation variants).
+      evaluate: the stages evaluated on the held-out scenes (subset of 'untrained', 'sft', 'rl').
+      resume: continue the run in ``out_dir`` (finished stages are loaded, SFT / RL continue
+        from their latest checkpoint). Without it, ``out_dir`` must not hold a run.
+      progress: tqdm bars. log: callable(str) for progress lines (default print).
+    Raises:
+      ValueError for an unknown stage; :class:`jax_drive.pipelines.journal.RunDirError`
+      when ``out_dir`` cannot be used as asked.
+    """
+    log = log or (lambda msg: print(msg, flush=True))
+    unknown = set(evaluate) - set(STAGES)
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    journal = RunJournal(out_dir, run_identity(preset, advantage, sft_from), resume)
+    rl_cfg = rl_config(preset, advantage)
+    sft_dir, rl_dir = os.path.join(out_dir, "sft"), os.path.join(out_dir, "rl")
+    stage = journal.stage
+
+    def run_scenes():
+        train, held_out = make_scenes(preset)
+        return (train, held_out), {}, _scene_arrays(train, held_out)
+
+    (train, held_out), _ = stage("scenes", run_scenes,
+                                 lambda record, arrays: _scenes_from_arrays(arrays, len(preset.eval_seeds)))
+
+    model, tokenizer = load_policy(preset)
+    buckets = tuple(range(preset.prompt_bucket, 32_768 + 1, preset.prompt_bucket))
+    engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=buckets), max_batch_size=preset.eval_batch)
+    journal.lap("load")
+    holding = "untrained"  # the weights the model holds; others are loaded only for stages that run
+
+    def hold(weights: str) -> None:
+        nonlocal holding
+        if holding != weights:
+            if weights == "sft":
+                load_sft(model, preset, out_dir if sft_from is None else sft_from)
+            else:
+                restore_trainable(model, rl_cfg.optim, rl_checkpoint_dir(out_dir))
+            holding = weights
+
+    def evaluation(policy: str, title: str, num_scenes: int | None = None) -> dict:
+        def run():
+            hold(policy)
+            return None, evaluate_policy(engine, tokenizer, held_out, preset, progress, num_scenes), None
+
+        outcome, _ = stage(f"eval_{policy}", run)
+        log(f"[{preset.name}] " + stage_line(title, outcome))
+        return outcome
+
+    stages: dict[str, dict] = {}
+    if "untrained" in evaluate:
+        k = min(preset.untrained_eval_scenes or preset.eval_scenes, preset.eval_scenes)
+        log(f"[{preset.name}] evaluating the untrained policy on {len(preset.eval_seeds)} x {k} held-out scenes")
+        stages["untrained"] = evaluation("untrained", "untrained", preset.untrained_eval_scenes)
+
+    k_data, k_rl = jax.random.split(jax.random.key(preset.seed + 1))
+    if sft_from is None:
+        def run_sft_data():
+            rows, card = build_sft_data(preset, train, tokenizer, k_data)
+            return rows, {"data_card": card}, rows_to_arrays(rows)
+
+        sft_rows, record = stage("sft_data", run_sft_data, lambda record, arrays: rows_from_arrays(arrays))
+        data_card = record["data_card"]
+        log(f"[{preset.name}] SFT data: {data_card['single']} single, {data_card['multi']} multi-turn, "
+            f"{data_card['qa']} QA; kept {data_card['kept']}")
+
+        def run_sft():
+            nonlocal holding
+            result = sft_train(model, sft_rows, preset.sft, tokenizer=tokenizer, out_dir=sft_dir, resume=resume,
+                               progress=progress)
+            holding = "sft"
+            return None, {"steps": int(result.state.step)}, None
+
+        stage("sft", run_sft)
+        sft_history = read_jsonl(os.path.join(sft_dir, "metrics.jsonl"))
+    else:
+        meta = load_sft(model, preset, sft_from)
+        holding = "sft"
+        history = os.path.join(os.fspath(sft_from), "sft", "metrics.jsonl")
+        sft_history = read_jsonl(history) if os.path.exists(history) else []
+        data_card = {"sft_from": os.fspath(sft_from), "sft_steps": int(meta["step"])}
+        log(f"[{preset.name}] loaded the SFT checkpoint of {sft_from} (step {meta['step']})")
+        journal.lap("sft_load")
+    if "sft" in evaluate:
+        stages["sft"] = evaluation("sft", "after SFT")
+
+    rl_history: list[dict] = []
+    curation: dict = {}
+    if not skip_rl:
+        def run_curation():
+            hold("sft")
+            index, stats = curate(preset, train, engine, k_rl)
+            refs = np.asarray(compute_reference(index_scene(train, index)))
+            return (index, refs), {"index": index.tolist(), "curation": stats}, {"references": refs}
+
+        (index, rl_refs), record = stage("rl_curation", run_curation, lambda record, arrays: (
+            np.asarray(record["index"], np.int64), arrays["references"]))
+        curation = record["curation"]
+        log(f"[{preset.name}] RL curation kept {len(index)} scenes: {curation.get('category_counts')}")
+
+        def run_rl():
+            nonlocal holding
+            hold("sft")  # also the reference policy of the KL term
+            result = grpo_train(model, tokenizer, index_scene(train, index), rl_cfg, engine=engine,
+                                references=rl_refs, out_dir=rl_dir, resume=resume, progress=progress)
+            holding = "rl"
+            return None, {"steps": int(result.state.step)}, None
+
+        stage("rl", run_rl)
+        rl_history = read_jsonl(os.path.join(rl_dir, "metrics.jsonl"))
+        if "rl" in evaluate:
+            stages["rl"] = evaluation("rl", f"after RL ({rl_cfg.advantage.mode})")
+
+    public_stages = {name: {k: v for k, v in s.items() if k not in ("transcripts", "seconds")}
+                     for name, s in stages.items()}
+    return {
+        "preset": preset.name,
+        "model": preset.model,
+        "seed": preset.seed,
+        "advantage": rl_cfg.advantage.mode if not skip_rl else None,
+        "eval": eval_card(preset),
+        "budget": budget_card(preset, rl_cfg),
+        "stages": public_stages,
+        "sft_history": sft_history,
+        "rl_history": rl_history,
+        "data_card": data_card,
+        "rl_curation": curation,
+        "timings_s": journal.timings,
+        "resumed_stages": journal.resumed,
+        "examples": {name: examples(s["transcripts"]) for name, s in stages.items()},
+        "_transcripts": {name: s["transcripts"] for name, s in stages.items()},
+        "_held_out": held_out,
+    }

@@ -1,0 +1,201 @@
+"""MTDrive experiment presets: one frozen :class:`Preset` per setting, and the rollout /
+trainer configs derived from a preset (so SFT data, RL rollouts and evaluation share one
+prompt and caption).
+
+``smoke`` (tiny random model, seconds of compute per stage; tests and CI), ``smoke-vlm``
+(the same on a tiny random Qwen2.5-VL whose prompts hold rendered camera images), ``cpu-demo``
+(SmolLM2-135M on this 2-core CPU, ~20 min) and ``paper`` (MTDrive section 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax_drive.render.camera import CameraConfig
+from jax_drive.rl.advantages import AdvantageConfig
+from jax_drive.rl.grpo import GRPOConfig
+from jax_drive.rl.loss import LossConfig
+from jax_drive.rl.optim import OptimConfig
+from jax_drive.rl.sft import SFTConfig
+from jax_drive.rollout import RolloutConfig
+from jax_drive.sampling import SamplingParams
+from jax_drive.text.caption import CaptionConfig
+from jax_drive.text.prompts import PromptConfig
+
+TEXT_PROMPT = PromptConfig(perception="text", image_placeholder=False)
+# Byte-level smoke-test models need short prompts: no scene description.
+NO_PERCEPTION = PromptConfig(perception="none", image_placeholder=False)
+# Compact caption for the CPU demo: 3 nearest objects within 40 m, 2 route stations (0, 30 m).
+# The planning prompt is then ~550 SmolLM2 tokens instead of ~800 (default caption).
+COMPACT_CAPTION = CaptionConfig(max_agents=3, radius=40.0, num_stations=2, station_spacing=30.0)
+# MTDrive's camera prompt with a real image: a small front camera (112 x 56, 4 x 8 patches,
+# 8 image tokens) for the tiny vision-language smoke model.
+SMOKE_IMAGE_PROMPT = PromptConfig(perception="image", camera=CameraConfig(width=112, height=56))
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One experiment setting. Defaults of ``paper`` follow MTDrive section 4.
+
+    model: ``load_pretrained`` source ('smollm2-135m-instruct', a safetensors dir, a GGUF
+      file), 'tiny' (random tiny model + byte tokenizer, for smoke tests) or 'tiny-vlm' (a
+      random tiny Qwen2.5-VL + the byte tokenizer with image tokens).
+    lora_rank, lora_alpha: LoRA adapters (rank 0 = full fine-tuning).
+    train_scenes: generated training scenes (SFT data and RL prompts are drawn from them).
+    eval_scenes, eval_seeds: held-out scenes per evaluation seed.
+    sft_single / sft_multi / sft_qa_scenes: scenes used per SFT data kind.
+    sft: SFT trainer settings. rl: mtGRPO trainer settings.
+    max_new_tokens: generation budget per turn (an 8-point answer is about 90 tokens).
+    eval_turns: turn budget at evaluation.
+    prompt: planning prompt (default: text-only, the scene captioned in item 1).
+    caption: scene caption options (SFT data, RL rollouts and evaluation share them).
+    seed: training scenes, LoRA init, SFT data order and RL sampling (see :func:`with_seed`).
+    prompt_bucket: the sampler pads prompts to a multiple of this (fewer wasted prefill
+      tokens than powers of two; each new length compiles once).
+    eval_batch: scenes per evaluation rollout call (and the engine's max batch).
+    untrained_eval_scenes: the untrained policy is evaluated on the first k scenes of each
+      held-out set (None = all); it answers out of format, so every answer runs to
+      ``max_new_tokens`` and this stage is the most expensive one per scene.
+    curation_scenes: RL curation runs the SFT policy on the first k training scenes (None = all).
+    sft_max_tokens: SFT samples longer than this are left out (None = keep all, truncated at
+      ``sft.max_length``); bounds the memory of the (B, H, L, L) attention saved for backward.
+    max_context_tokens: RL and evaluation rollouts stop before a turn whose context would
+      exceed this (``RolloutConfig.max_context_tokens``).
+    remat_layers: recompute decoder blocks in the backward pass (``ModelConfig.remat_layers``);
+      on by default: SmolLM2 full fine-tuning at B=2, L=1024 peaked at 4.9 GB instead of
+      12.1 GB and ran faster, not slower, on this CPU (``experiments/bench_train.py``).
+    """
+
+    name: str
+    model: str = "smollm2-135m-instruct"
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    train_scenes: int = 256
+    eval_scenes: int = 32
+    eval_seeds: tuple[int, ...] = (0, 1, 2)
+    sft_single: int = 128
+    sft_multi: int = 128
+    sft_qa_scenes: int = 16
+    sft: SFTConfig = SFTConfig()
+    rl: GRPOConfig = GRPOConfig()
+    max_new_tokens: int = 112
+    eval_turns: int = 3
+    hard_fraction: float = 0.3
+    prompt: PromptConfig = TEXT_PROMPT
+    caption: CaptionConfig = CaptionConfig()
+    seed: int = 0
+    prompt_bucket: int = 128
+    eval_batch: int = 16
+    untrained_eval_scenes: int | None = None
+    curation_scenes: int | None = None
+    sft_max_tokens: int | None = None
+    max_context_tokens: int = 11_500
+    remat_layers: bool = True
+
+
+def with_seed(preset: Preset, seed: int) -> Preset:
+    """The preset with every training seed (scenes, LoRA init, SFT order, RL) set to ``seed``;
+    the held-out evaluation scenes do not depend on it."""
+    return dataclasses.replace(preset, seed=seed, sft=dataclasses.replace(preset.sft, seed=seed),
+                               rl=dataclasses.replace(preset.rl, seed=seed))
+
+
+def _rollout(group: int, turns: int, max_new_tokens: int, temperature: float,
+             prompt: PromptConfig = TEXT_PROMPT, caption: CaptionConfig = CaptionConfig()) -> RolloutConfig:
+    # Below T = 1 the trainer scores at T (GRPOConfig.logprob_temperature), so the sampler
+    # reports the log-probs of the distribution it drew from.
+    mode = "raw" if temperature in (0.0, 1.0) else "processed"
+    return RolloutConfig(
+        group_size=group,
+        max_turns=turns,
+        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, logprobs_mode=mode),
+        prompt=prompt,
+        caption=caption,
+    )
+
+
+def _presets() -> dict[str, Preset]:
+    cpu_rl = GRPOConfig(
+        rollout=_rollout(group=4, turns=3, max_new_tokens=112, temperature=1.0),
+        advantage=AdvantageConfig(mode="mtgrpo_cross"),
+        loss=LossConfig(kl_coef=0.01),
+        optim=OptimConfig(learning_rate=2e-5),
+        prompts_per_step=4,
+        minibatch_size=16,
+        ppo_epochs=1,
+        steps=8,
+        bucket_size=64,
+        checkpoint_every=1,  # a killed run loses at most one step (--resume)
+    )
+    return {
+        "smoke": Preset(
+            # every scorer / sampler call sees 4 scenes (or 2 x G 2 in RL), so one process compiles few shapes
+            name="smoke", model="tiny", lora_rank=4, lora_alpha=8.0, train_scenes=8, eval_scenes=4,
+            eval_seeds=(0,), sft_single=4, sft_multi=4, sft_qa_scenes=4, curation_scenes=4,
+            sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=4, max_steps=2, bucket_size=64,
+                          max_length=2048, checkpoint_every=1),
+            rl=dataclasses.replace(cpu_rl, rollout=_rollout(2, 2, 24, 1.0, NO_PERCEPTION), prompts_per_step=2,
+                                   minibatch_size=4, steps=2),
+            max_new_tokens=24, eval_turns=2, prompt=NO_PERCEPTION,
+        ),
+        # Sized for ~20 min on 2 CPU cores (SmolLM2 forward ~135-250 tokens/s, LoRA training
+        # ~30-90 tokens/s, decode ~30-70 tokens/s at batch 8): compact caption (~550-token
+        # prompt), 168 new tokens (an 8-point answer is ~140-170 SmolLM2 tokens), 2 turns with
+        # contexts up to 1408 tokens, 8 SFT steps of 2 sequences (<= 1280 tokens) at a high LoRA
+        # lr, 2 mtGRPO steps of 1 prompt x G 4 without the KL term (beta = 0: two small updates
+        # cannot drift far, and it saves the reference forward pass). RL samples at T = 0.6:
+        # at T = 1 (and in one run at 0.7) every sample of the briefly tuned 135M model was out
+        # of format (all rewards equal, zero gradient); groups without signal skip the update
+        # (drop_degenerate_groups). 5 held-out scenes per seed pool into two batches of 8.
+        "cpu-demo": Preset(
+            name="cpu-demo", lora_rank=8, lora_alpha=16.0, train_scenes=96, eval_scenes=5, eval_seeds=(0, 1, 2),
+            sft_single=32, sft_multi=64, sft_qa_scenes=1,
+            sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=2, max_steps=8, bucket_size=128,
+                          checkpoint_every=1),
+            rl=dataclasses.replace(
+                cpu_rl, rollout=_rollout(4, 2, 168, 0.6, TEXT_PROMPT, COMPACT_CAPTION), prompts_per_step=1,
+                drop_degenerate_groups=True,
+                minibatch_size=2, steps=2, optim=OptimConfig(learning_rate=5e-5), recompute_old_logprobs=False,
+                loss=LossConfig(kl_coef=0.0), bucket_size=128),
+            max_new_tokens=168, eval_turns=2, caption=COMPACT_CAPTION, eval_batch=8, untrained_eval_scenes=1,
+            curation_scenes=4, sft_max_tokens=1280, max_context_tokens=1408,
+        ),
+        "paper": Preset(
+            name="paper", model="Qwen2.5-VL-3B-Instruct", lora_rank=0, train_scenes=100_000, eval_scenes=12_146,
+            eval_seeds=(0,), sft_single=100_000, sft_multi=100_000, sft_qa_scenes=10_000,
+            sft=SFTConfig(optim=OptimConfig(learning_rate=4e-5, trainable="full"), batch_size=128, epochs=4,
+                          checkpoint_every=500),
+            rl=GRPOConfig(rollout=_rollout(8, 6, 256, 1.0), prompts_per_step=32, minibatch_size=128, steps=300,
+                          optim=OptimConfig(learning_rate=1e-6, trainable="full")),
+            max_new_tokens=256, eval_turns=6,
+        ),
+    }
+
+
+def _smoke_vlm(smoke: Preset) -> Preset:
+    """The smoke run on a tiny random Qwen2.5-VL: every prompt holds its scene's rendered front
+    camera (SFT data, RL curation, rollouts and evaluation; ``rl_config`` / ``eval_config``
+    carry the preset's prompt)."""
+    return dataclasses.replace(smoke, name="smoke-vlm", model="tiny-vlm", prompt=SMOKE_IMAGE_PROMPT)
+
+
+PRESETS = _presets()
+PRESETS["smoke-vlm"] = _smoke_vlm(PRESETS["smoke"])
+
+
+def eval_config(preset: Preset) -> RolloutConfig:
+    """Greedy multi-turn evaluation rollouts (one per scene, ``eval_turns`` turns)."""
+    config = _rollout(group=1, turns=preset.eval_turns, max_new_tokens=preset.max_new_tokens, temperature=0.0,
+                      prompt=preset.prompt, caption=preset.caption)
+    return dataclasses.replace(config, max_context_tokens=preset.max_context_tokens)
+
+
+def rl_config(preset: Preset, advantage: str | None = None) -> GRPOConfig:
+    """The preset's RL settings with its prompt / caption (so RL prompts match the SFT data)."""
+    config = preset.rl
+    rollout = dataclasses.replace(config.rollout, prompt=preset.prompt, caption=preset.caption,
+                                  max_context_tokens=preset.max_context_tokens)
+    config = dataclasses.replace(config, rollout=rollout)
+    if advantage is not None:
+        config = dataclasses.replace(config, advantage=dataclasses.replace(config.advantage, mode=advantage))
+    return config

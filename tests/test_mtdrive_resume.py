@@ -1,0 +1,205 @@
+"""A pipeline that survives being killed: the run journal, atomic checkpoints, metrics
+truncation, the front end's exit codes, and SIGKILL of a real ``jax-drive train`` process
+(smoke preset, tiny random model) inside a training step and inside a checkpoint write,
+after which ``--resume`` must end with the metrics and weights of an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jax_drive.cli.train import main as train_main
+from jax_drive.pipelines.journal import (
+    RunDirError,
+    RunJournal,
+    ragged_from_arrays,
+    ragged_to_arrays,
+    tree_from_arrays,
+    tree_to_arrays,
+)
+from jax_drive.pipelines.mtdrive import load_policy, rl_checkpoint_dir, sft_checkpoint_dir
+from jax_drive.pipelines.presets import PRESETS, rl_config
+from jax_drive.rl.checkpoint import Checkpointer, RunState, committed_steps, restore_trainable
+from jax_drive.rl.logging import MetricsLogger, read_jsonl
+from jax_drive.rl.optim import OptimConfig, make_optimizer, split_model
+from jax_drive.models.tiny import tiny_policy
+from jax_drive.scenes import stack_scenes, straight_road_scene
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = PRESETS["smoke"]
+# wall-clock and memory figures differ between any two runs; every other metric must not
+TIMING_KEYS = {"rollout_seconds", "update_seconds", "rollout_tokens_per_s", "train_tokens_per_s", "peak_rss_gb",
+               "tokens_per_s", "step_seconds"}
+
+
+# ----------------------------------------------------------------------------- building blocks
+def test_journal_refuses_a_used_directory_and_a_different_run(tmp_path):
+    RunJournal(tmp_path, {"preset": {"seed": 0}}, resume=False)
+    with pytest.raises(RunDirError, match="already holds a run"):
+        RunJournal(tmp_path, {"preset": {"seed": 0}}, resume=False)
+    with pytest.raises(RunDirError, match=r"differs in \['preset'\]"):
+        RunJournal(tmp_path, {"preset": {"seed": 1}}, resume=True)
+    journal = RunJournal(tmp_path, {"preset": {"seed": 0}}, resume=True)
+    assert journal.load("scenes") is None
+    written = journal.save("scenes", {"n": np.int64(3), "x": np.float32(0.5)}, {"a": np.arange(4)})
+    assert written == {"n": 3, "x": 0.5}
+    record, arrays = journal.load("scenes")
+    assert record == written
+    np.testing.assert_array_equal(arrays["a"], np.arange(4))
+    # a fresh (non-resumed) journal never loads a stage
+    assert RunJournal(tmp_path / "other", {}, resume=False).load("scenes") is None
+
+
+def test_scene_and_ragged_round_trips():
+    scenes = stack_scenes([straight_road_scene(scene_id=i, ego_speed=5.0 + i) for i in range(2)])
+    arrays = tree_to_arrays("train", scenes)
+    back = tree_from_arrays("train", arrays, straight_road_scene())
+    for a, b in zip(jax.tree.leaves(scenes), jax.tree.leaves(back)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(KeyError):
+        tree_from_arrays("held_out0", arrays, straight_road_scene())
+    rows = [np.arange(3, dtype=np.int32), np.zeros(0, np.int32), np.arange(5, dtype=np.int32)]
+    again = ragged_from_arrays("ids", ragged_to_arrays("ids", rows))
+    assert [r.tolist() for r in again] == [r.tolist() for r in rows] and again[0].dtype == np.int32
+
+
+def test_checkpointer_ignores_and_removes_a_partial_save(tmp_path):
+    model, _, _ = tiny_policy(0, lora_rank=4)
+    optim = OptimConfig(learning_rate=1e-3)
+    _, params, _ = split_model(model, "lora")
+    state = RunState(params=params, opt_state=make_optimizer(optim).init(params), rng=jax.random.key(1), step=1)
+    ckpt = Checkpointer(tmp_path, max_to_keep=2)
+    for step in (1, 2, 3):
+        ckpt.save(RunState(params=params, opt_state=state.opt_state, rng=state.rng, step=step, data_position=step))
+    ckpt.close()
+    assert committed_steps(tmp_path) == [2, 3]  # max_to_keep
+    os.makedirs(tmp_path / "4.partial" / "state")  # what a run killed inside a save leaves
+    assert Checkpointer(tmp_path).latest_step() == 3
+    assert not os.path.exists(tmp_path / "4.partial")
+    assert restore_trainable(model, optim, tmp_path)["data_position"] == 3
+    with pytest.raises(FileNotFoundError):
+        restore_trainable(model, optim, tmp_path / "missing")
+
+
+def test_resumed_metrics_drop_records_after_the_checkpoint(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=False) as logger:
+        for step in (1, 2, 3):
+            logger.log(step, {"loss": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')  # torn by a kill
+    with MetricsLogger(tmp_path, tensorboard=False, resume_from=2) as logger:
+        logger.log(3, {"loss": 30.0})
+    assert [(r["step"], r["loss"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+def test_front_end_exit_codes(tmp_path, capsys):
+    assert train_main(["--preset", "nope"]) == 2
+    assert train_main(["--preset", "smoke", "--advantage", "ppo"]) == 2
+    assert train_main(["--preset", "smoke", "--evaluate", "after_rl"]) == 2
+    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "none")]) == 2
+    assert train_main(["--preset", "smoke", "--sft-steps", "-1"]) == 2
+    RunJournal(tmp_path / "run", {"other": True}, resume=False)
+    assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'nope'" in err and "already holds a run" in err and "holds a different run" in err
+
+
+# ----------------------------------------------------------------------------- killed for real
+def _command(out, resume: bool) -> list[str]:
+    return [sys.executable, "-m", "jax_drive.cli", "train", "--preset", "smoke", "--out", str(out), "--no-progress",
+            *(["--resume"] if resume else [])]
+
+
+def _env(pause: str | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
+    cache = jax.config.jax_compilation_cache_dir  # share the test session's compiled programs
+    if cache:
+        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env.pop("JAX_DRIVE_PAUSE_AT", None)
+    if pause:
+        env["JAX_DRIVE_PAUSE_AT"] = pause
+    return env
+
+
+def _run_to_end(out, resume: bool = False) -> None:
+    proc = subprocess.run(_command(out, resume), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _kill_at(out, point: str, resume: bool) -> None:
+    """Runs until the test hook pauses the run at ``point``, then SIGKILLs it there."""
+    log = open(out.parent / f"{out.name}_{point}.log", "w")
+    proc = subprocess.Popen(_command(out, resume), env=_env(point), cwd=ROOT, stdout=log, stderr=subprocess.PIPE,
+                            text=True)
+    paused = False
+    try:
+        for line in proc.stderr:
+            log.write(line)
+            if line.startswith(f"jax-drive: paused at {point}"):
+                os.kill(proc.pid, signal.SIGKILL)
+                paused = True
+                break
+    finally:
+        proc.wait(timeout=900)
+        log.close()
+    assert paused, f"the run never reached {point} (exit {proc.returncode}); see {log.name}"
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _metrics(path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in read_jsonl(path)]
+
+
+def _final_weights(run_dir, which: str) -> list[np.ndarray]:
+    model, _ = load_policy(SMOKE)
+    if which == "sft":
+        restore_trainable(model, SMOKE.sft.optim, sft_checkpoint_dir(run_dir))
+    else:
+        restore_trainable(model, rl_config(SMOKE).optim, rl_checkpoint_dir(run_dir))
+    return [np.asarray(x) for x in jax.tree.leaves(split_model(model, "lora")[1])]
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_checkpoint_write_and_a_training_step_then_resume(tmp_path):
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    _run_to_end(reference)
+
+    # 1. killed inside the write of SFT checkpoint 2: its files are on disk, not committed
+    _kill_at(killed, "sft_checkpoint@2", resume=False)
+    partial = os.path.join(sft_checkpoint_dir(killed), "2.partial")
+    assert os.path.isfile(os.path.join(partial, "meta.json")) and os.listdir(os.path.join(partial, "state"))
+    assert committed_steps(sft_checkpoint_dir(killed)) == [1]
+    assert sorted(os.listdir(killed / "stages")) == ["eval_untrained.json", "scenes.json", "scenes.npz",
+                                                     "sft_data.json", "sft_data.npz"]
+
+    # 2. resumed, then killed inside mtGRPO step 2 (rollouts done, no update yet)
+    _kill_at(killed, "grpo_step@2", resume=True)
+    assert committed_steps(sft_checkpoint_dir(killed)) == [1, 2]
+    assert committed_steps(rl_checkpoint_dir(killed)) == [1]
+    assert os.path.exists(killed / "stages" / "rl_curation.json") and not os.path.exists(killed / "stages" / "rl.json")
+
+    # 3. resumed to the end
+    _run_to_end(killed, resume=True)
+    with open(reference / "results.json") as f:
+        want = json.load(f)
+    with open(killed / "results.json") as f:
+        got = json.load(f)
+    assert got["resumed_stages"] == ["scenes", "eval_untrained", "sft_data", "sft", "eval_sft", "rl_curation"]
+    assert want["resumed_stages"] == []
+    for key in ("stages", "examples", "data_card", "rl_curation"):
+        assert got[key] == want[key], key
+    for part in ("sft", "rl"):
+        assert _metrics(killed / part / "metrics.jsonl") == _metrics(reference / part / "metrics.jsonl"), part
+    assert [r["step"] for r in _metrics(killed / "rl" / "metrics.jsonl")] == [1, 2]
+    for part in ("sft", "rl"):
+        weights = _final_weights(killed, part)
+        for a, b in zip(weights, _final_weights(reference, part)):
+            np.testing.assert_array_equal(a, b)
+    # the comparison is not vacuous: RL moved the adapters away from the SFT ones
+    assert any(not np.array_equal(a, b) for a, b in zip(_final_weights(killed, "rl"), _final_weights(killed, "sft")))
