@@ -17,6 +17,8 @@ ratio, and the per-agent decision cost (engine wall / agents) of the batched pat
     # the distilled student instead of the base model, or the tiny random model (a check):
     python experiments/bench_coop.py --model runs/talking_vehicles/cpu-demo/student/model --json OUT
     python experiments/bench_coop.py --model tiny --episodes 4 --decisions 2 --json OUT
+
+Heavy imports (JAX, the models) come after the argument checks: bad values exit 2 at once.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import argparse
 import sys
 import time
 
-import jax
+from jax_drive.runinfo import (add_output_args, command_line, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
-from jax_drive.runinfo import InputError, add_output_args, run_main, run_metadata, write_json
+script_environment()
 
 
 class PerAgentEngine:
@@ -39,6 +42,8 @@ class PerAgentEngine:
         self.calls = 0
 
     def generate_chat(self, conversations, params, key):
+        import jax
+
         out = []
         for n, conv in enumerate(conversations):
             out += self.engine.generate_chat([conv], params, jax.random.fold_in(key, n))
@@ -48,6 +53,8 @@ class PerAgentEngine:
 
 def run_path(engine, specs, agent_config, decisions: int, seed: int) -> dict:
     """Runs ``specs`` for ``decisions`` decisions with a LanguagePolicy over ``engine``."""
+    import jax
+
     from jax_drive.coop.agent import LanguagePolicy
     from jax_drive.coop.learning import run_specs
 
@@ -71,10 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("--style", choices=("compact", "full"), default="compact")
     parser.add_argument("--max-new-tokens", type=int, default=28)
     parser.add_argument("--seed", type=int, default=0)
-    add_output_args(parser)
+    add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
-    if args.episodes < 1 or args.decisions < 1 or args.max_new_tokens < 1:
-        raise InputError("--episodes, --decisions and --max-new-tokens must be >= 1")
+    require_min(1, episodes=args.episodes, decisions=args.decisions, max_new_tokens=args.max_new_tokens)
 
     from jax_drive.coop.agent import AgentConfig
     from jax_drive.coop.learning import EpisodeSpec
@@ -101,12 +107,11 @@ def main(argv=None) -> int:
             print(f"{name}: {report[name]['agent_decisions_per_s']:.2f} agent-decisions/s", file=sys.stderr)
     report["speedup"] = report["batched"]["agent_decisions_per_s"] / max(report["per_agent"]["agent_decisions_per_s"],
                                                                          1e-12)
-    report["meta"] = run_metadata()
+    report["meta"] = run_metadata(command=command_line(__file__, argv))
     print(f"batched {report['batched']['agent_decisions_per_s']:.2f} vs per-agent "
           f"{report['per_agent']['agent_decisions_per_s']:.2f} agent-decisions/s: x{report['speedup']:.2f}; "
           f"batched cost {report['batched']['agent_seconds_mean']:.3f} s per agent decision")
-    if args.json:
-        write_json(args.json, report)
+    write_json(args.json, report)
     return 0
 
 

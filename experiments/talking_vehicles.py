@@ -24,11 +24,11 @@ import sys
 import textwrap
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Polygon
 
-from jax_drive.runinfo import InputError, add_output_args, run_main, run_metadata, write_json
+from jax_drive.runinfo import (InputError, add_output_args, command_line, run_main, run_metadata,
+                               script_environment, write_json)
+
+script_environment(cpu=False)
 
 # The seed's numbers our rows are read against (gpt-4o-mini agents; CR, SR in % per scenario in
 # the order overtake (perception), red light, left turn, overtake (negotiation), highway merge,
@@ -56,6 +56,9 @@ ROLE_COLOURS = {0: "tab:green", 1: "tab:red", 2: "tab:blue"}
 
 def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
     """CR and SR per scenario (and their average) per method, SE over seeds as error bars."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(max(10, 1.6 * (len(scenarios) + 1) * max(len(results), 1) / 3), 7))
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, 1, sharex=True)
@@ -82,6 +85,10 @@ def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
 def storyboard_plot(story: dict, path: str, frames: int = 5, title: str = "") -> None:
     """One episode as ``frames`` snapshots, one per row, each with the messages sent since
     the previous snapshot beside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Polygon
+
     from jax_drive.geometry import box_corners
 
     poses = np.asarray(story["poses"], float)  # (T, n, 4)
@@ -126,10 +133,10 @@ def storyboard_plot(story: dict, path: str, frames: int = 5, title: str = "") ->
 
 
 def parse_args(argv):
-    from jax_drive.pipelines.talking_vehicles import METHODS, PRESETS
+    from jax_drive.pipelines.talking_vehicles_names import METHODS, PRESET_NAMES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="cpu-demo", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="cpu-demo", choices=PRESET_NAMES)
     parser.add_argument("--engine", choices=("jax", "openai"), default=None,
                         help="LLM agents' engine (default: the preset's)")
     parser.add_argument("--model", default=None, help="LLM agents' model (load_pretrained source or served name)")
@@ -140,12 +147,21 @@ def parse_args(argv):
                         help="per-method results, learning checkpoints, distillation data and the student "
                              "(default: runs/talking_vehicles/<preset>)")
     parser.add_argument("--force", action="store_true", help="rerun methods that already have a result")
-    add_output_args(parser)
+    add_output_args(parser, json_required=True)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    import glob
+
     args = parse_args(argv)
+    methods = args.method or None
+    run_dir = args.run_dir or os.path.join("runs", "talking_vehicles", args.preset)
+    if methods and len(set(methods)) != len(methods):
+        raise InputError("--method names a method twice")
+    if methods and "central_memory" in methods and "debrief" not in methods[:methods.index("central_memory")] \
+            and not glob.glob(os.path.join(run_dir, "debrief_learning_seed*.json")):
+        raise InputError(f"--method central_memory reads the debrief memories: run debrief first (into {run_dir})")
     from jax_drive.pipelines import talking_vehicles as TV
 
     preset = TV.PRESETS[args.preset]
@@ -156,32 +172,30 @@ def main(argv=None) -> int:
         raise InputError(str(error)) from None
     if preset.engine == "openai" and not preset.base_url:
         raise InputError("engine openai needs --base-url")
-    methods = args.method or list(TV.METHODS)
-    run_dir = args.run_dir or os.path.join("runs", "talking_vehicles", preset.name)
+    methods = methods or list(TV.METHODS)
     progress = not args.no_progress
     results = TV.run(preset, methods, run_dir, progress=progress, force=args.force,
                      on_method=lambda m, r: print(f"{m}: done ({r['wall_seconds']:.0f} s)", file=sys.stderr))
     print(TV.table_rows(results, list(preset.scenarios)))
     print()
     print(TV.table3_rows(results))
-    if args.json:
-        story_method = next((m for m in ("distilled", "debrief", "zero_shot") if m in results), methods[0])
-        payload = {
-            "command": "python experiments/talking_vehicles.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "preset": dataclasses.asdict(preset), "methods": methods,
-            "seed_reference": seed_reference(),
-            "results": {m: {k: v for k, v in r.items() if k != "storyboard"} for m, r in results.items()},
-            "table": TV.table_rows(results, list(preset.scenarios)), "table3": TV.table3_rows(results),
-            "storyboard": {"method": story_method, **results[story_method].get("storyboard", {})},
-            "meta": run_metadata(run_dir=run_dir),
-        }
-        write_json(args.json, payload)
-        stem = os.path.splitext(args.json)[0]
-        bar_plot(results, list(preset.scenarios), stem + ".png")
-        if results[story_method].get("storyboard"):
-            storyboard_plot(results[story_method]["storyboard"], stem + "_storyboard.png",
-                            title=f"[{story_method}] " + results[story_method]["storyboard"]["episode"])
-        print(f"results: {args.json}", file=sys.stderr)
+    story_method = next((m for m in ("distilled", "debrief", "zero_shot") if m in results), methods[0])
+    payload = {
+        "command": command_line(__file__, argv),
+        "preset": dataclasses.asdict(preset), "methods": methods,
+        "seed_reference": seed_reference(),
+        "results": {m: {k: v for k, v in r.items() if k != "storyboard"} for m, r in results.items()},
+        "table": TV.table_rows(results, list(preset.scenarios)), "table3": TV.table3_rows(results),
+        "storyboard": {"method": story_method, **results[story_method].get("storyboard", {})},
+        "meta": run_metadata(benchmark="talking_vehicles", run_dir=run_dir),
+    }
+    write_json(args.json, payload)
+    stem = os.path.splitext(args.json)[0]
+    bar_plot(results, list(preset.scenarios), stem + ".png")
+    if results[story_method].get("storyboard"):
+        storyboard_plot(results[story_method]["storyboard"], stem + "_storyboard.png",
+                        title=f"[{story_method}] " + results[story_method]["storyboard"]["episode"])
+    print(f"results: {args.json}", file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from jax_drive.cli import coop as cli_coop, main as cli_main
+from jax_drive.cli import main as cli_main
 from jax_drive.pipelines import talking_vehicles as TV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +41,7 @@ def test_episode_counts_and_presets():
     assert TV.PRESETS["paper"].engine == "openai" and "vllm serve" in TV.PRESETS["paper"].server_command
     with pytest.raises(ValueError):
         dataclasses.replace(p, engine="torch")
-    assert set(cli_coop.METHODS) == set(TV.METHODS) - {"central_memory"}
+    assert tuple(TV.PRESETS) == TV.PRESET_NAMES
 
 
 def test_cli_rejects_bad_input(capsys):

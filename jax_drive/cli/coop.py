@@ -11,17 +11,16 @@ CR / SR table and the latency / bytes row.
 
 from __future__ import annotations
 
-METHODS = ("rule_based", "silent", "zero_shot_silent", "zero_shot", "reflection", "correction_rag", "debrief",
-           "distilled")
-
 
 def register(subparsers) -> None:
+    from jax_drive.pipelines.talking_vehicles_names import METHODS, PRESET_NAMES
     from jax_drive.runinfo import add_output_args
 
     parser = subparsers.add_parser("coop", help="talking language agents on one cooperative scenario")
     parser.add_argument("--scenario", required=True, help="a TalkingVehicles scenario, e.g. tv_red_light")
-    parser.add_argument("--method", default="zero_shot", choices=METHODS)
-    parser.add_argument("--preset", default="cpu-demo", choices=("smoke", "cpu-demo", "paper"))
+    parser.add_argument("--method", default="zero_shot", choices=[m for m in METHODS if m != "central_memory"],
+                        help="central_memory needs every scenario's debrief run: experiments/talking_vehicles.py")
+    parser.add_argument("--preset", default="cpu-demo", choices=PRESET_NAMES)
     parser.add_argument("--engine", choices=("jax", "openai"), default=None, help="default: the preset's")
     parser.add_argument("--model", default=None, help="LLM agents' model (load_pretrained source or served name)")
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible server for --engine openai")
@@ -44,16 +43,16 @@ def _coop(args) -> int:
     import dataclasses
     import os
 
+    from jax_drive.runinfo import InputError, require_min, run_metadata, write_json
+
+    require_min(1, episodes=args.episodes, seeds=args.seeds)
+    if args.student and not os.path.isdir(args.student):
+        raise InputError(f"--student {args.student!r} is not a directory")
     from jax_drive.pipelines import talking_vehicles as TV
-    from jax_drive.runinfo import InputError, run_metadata, write_json
     from jax_drive.sim.scenarios import TALKING_VEHICLES
 
     if args.scenario not in TALKING_VEHICLES:
         raise InputError(f"unknown scenario {args.scenario!r}; choose one of {', '.join(TALKING_VEHICLES)}")
-    if args.episodes < 1 or args.seeds < 1:
-        raise InputError("--episodes and --seeds must be >= 1")
-    if args.student and not os.path.isdir(args.student):
-        raise InputError(f"--student {args.student!r} is not a directory")
     changes = {k: v for k, v in (("engine", args.engine), ("model", args.model), ("base_url", args.base_url)) if v}
     try:
         preset = dataclasses.replace(TV.PRESETS[args.preset], scenarios=(args.scenario,),
@@ -68,5 +67,5 @@ def _coop(args) -> int:
     print(TV.table3_rows({args.method: result}))
     if args.json:
         write_json(args.json, {"scenario": args.scenario, "method": args.method, "preset": preset.name,
-                               "result": result, "meta": run_metadata(run_dir=run_dir)})
+                               "result": result, "meta": run_metadata(command="coop", run_dir=run_dir)})
     return 0

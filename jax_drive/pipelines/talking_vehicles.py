@@ -49,9 +49,7 @@ from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim import metrics as M
 from jax_drive.sim.scenarios import TALKING_VEHICLES
 
-BASELINES = ("rule_based", "silent")
-LLM_METHODS = ("zero_shot_silent", "zero_shot", "reflection", "correction_rag", "debrief")
-METHODS = BASELINES + LLM_METHODS + ("central_memory", "distilled")
+from jax_drive.pipelines.talking_vehicles_names import BASELINES, LLM_METHODS, METHODS, PRESET_NAMES  # noqa: F401
 TV_KEYS = ("CR", "SR", "TR")
 # Sampler prompt buckets: multiples of 8 up to 128 (the distilled policy's ~40-token
 # prompts pad to 40 or 48, not 64), then coarser.
@@ -190,6 +188,7 @@ def _presets() -> dict[str, Preset]:
 
 
 PRESETS = _presets()
+assert tuple(PRESETS) == PRESET_NAMES, "talking_vehicles_names.PRESET_NAMES lists the presets"
 
 
 # ----------------------------------------------------------------------------- engines
