@@ -106,4 +106,5 @@ def test_bench_runs_both_paths_at_tiny_size(tmp_path):
     data = json.loads(out.read_text())
     assert data["batched"]["agent_decisions"] == data["per_agent"]["agent_decisions"] == 8
     assert data["batched"]["decisions"] == 2 and data["speedup"] > 0
-    assert bench_coop.run_main(bench_coop.main, ["--episodes", "0"]) == 2
+    assert bench_coop.run_main(bench_coop.main, ["--episodes", "0", "--json", str(tmp_path / "bad.json")]) == 2
+    assert not (tmp_path / "bad.json").exists()
