@@ -213,3 +213,38 @@ def test_language_policy_drives_like_its_answers():
     assert results[0].messages_sent > 0 and all(t.command in ("stop", "keep") for t in transitions)
     assert any(text == "Holding." for _, _, text in results[0].message_log)
     assert not any(policy.failures.get(0, {}).values())
+
+
+class CountingTextEngine:
+    """Wraps a real engine; records every generate call (templated text prompts)."""
+
+    def __init__(self, engine):
+        self.engine, self.tokenizer, self.prompts = engine, engine.tokenizer, []
+
+    def generate(self, prompts, params, key):
+        self.prompts.append(list(prompts))
+        return self.engine.generate(prompts, params, key)
+
+    def generate_chat(self, conversations, params, key):
+        raise AssertionError("with an answer prefix the policy calls generate")
+
+
+def test_answer_prefix_is_forced_once_per_decision_and_parsed_with_the_answer():
+    engine = CountingTextEngine(tiny_engine())
+    prefix = '{"command": "'
+    policy = A.LanguagePolicy(engine, A.AgentConfig(style="compact", max_new_tokens=4, answer_prefix=prefix))
+    specs = [EpisodeSpec("tv_red_light", 0, k, "eval") for k in range(2)]
+    _, transitions = run_specs(specs, policy, record=True, max_time=1.1)
+    assert [len(p) for p in engine.prompts] == [c.agents for c in policy.calls] == [4, 4, 4]  # one call per decision
+    assert all(p.endswith(prefix) for call in engine.prompts for p in call)
+    assert all(t.info["answer"].startswith(prefix) for t in transitions)
+    # the random model never closes the object: a typed failure, not a crash, and the fallback
+    assert all(t.info["failures"] and t.command == "keep" for t in transitions)
+
+
+def test_answer_prefix_needs_a_local_chat_template():
+    class Remote:
+        tokenizer = None
+
+    with pytest.raises(ValueError, match="answer_prefix"):
+        A.LanguagePolicy(Remote(), A.AgentConfig(answer_prefix='{"command": "'))

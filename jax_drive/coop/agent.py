@@ -296,6 +296,11 @@ class AgentConfig:
       temperature: sampling temperature (seed: 0.2).
       max_new_tokens: answer budget; a cut-off answer is a parse failure.
       max_message_bytes: longer messages are cut (typed failure ``message_too_long``).
+      answer_prefix: text the answer is forced to start with, e.g. ``'{"command": "'``
+        (written after the chat template's generation prompt; the model continues it and
+        the parser reads prefix + continuation). Small models that ignore the answer format
+        then still pick a command. Needs an engine with a local chat template
+        (``engine.tokenizer``); "" = off (the seed's protocol).
     """
 
     style: Literal["full", "compact"] = "full"
@@ -304,6 +309,7 @@ class AgentConfig:
     temperature: float = 0.2
     max_new_tokens: int = 48
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    answer_prefix: str = ""
 
     def __post_init__(self):
         if self.style not in PROMPT_STYLES:
@@ -361,6 +367,8 @@ class LanguagePolicy:
         self.calls: list[CallRecord] = []
         self.failures: dict[int, collections.Counter] = {}
         self._count = 0
+        if config.answer_prefix and getattr(engine, "tokenizer", None) is None:
+            raise ValueError("answer_prefix needs an engine with a local chat template (engine.tokenizer)")
 
     def reset(self) -> None:
         """Forget call records and failure counters (before a new batch of episodes)."""
@@ -372,6 +380,16 @@ class LanguagePolicy:
             return batch.agents
         keep = [not is_stopped(batch.views[int(e)], int(i)) for e, i in batch.agents]
         return batch.agents[np.asarray(keep, bool)] if len(batch.agents) else batch.agents
+
+    def _generate(self, prompts: list[list[dict]], key) -> list:
+        """One engine call for every prompt; with an answer prefix, the templated prompts
+        end in the prefix and go through ``generate``."""
+        cfg = self.config
+        if not cfg.answer_prefix:
+            return self.engine.generate_chat(prompts, cfg.sampling, key)
+        tok = self.engine.tokenizer
+        texts = [tok.apply_chat_template(p, add_generation_prompt=True) + cfg.answer_prefix for p in prompts]
+        return self.engine.generate(texts, cfg.sampling, key)
 
     def decide(self, batch: DecisionBatch) -> PolicyOutput:
         out = PolicyOutput.keep(batch)
@@ -390,7 +408,7 @@ class LanguagePolicy:
         key = jax.random.fold_in(self.key, self._count)
         self._count += 1
         start = time.perf_counter()
-        completions = self.engine.generate_chat(prompts, cfg.sampling, key)  # ONE call for all agents
+        completions = self._generate(prompts, key)  # ONE call for all agents
         seconds = time.perf_counter() - start
         record = CallRecord(decision=batch.decision, agents=len(rows), seconds=seconds,
                             prompt_tokens=sum(len(c.prompt_token_ids) for c in completions),
@@ -399,7 +417,8 @@ class LanguagePolicy:
         for (e, i), prompt, completion in zip(rows, prompts, completions):
             e, i = int(e), int(i)
             view = batch.views[e]
-            action = parse_action(completion.text, cfg.max_message_bytes)
+            answer = cfg.answer_prefix + completion.text
+            action = parse_action(answer, cfg.max_message_bytes)
             out.command[e, i] = action.command
             out.target_speed[e, i] = float(view["cruise_speed"][i])
             talks = cfg.communicate and action.message and bool(view["transceiver"][i])
@@ -411,7 +430,7 @@ class LanguagePolicy:
             if completion.finish_reason == "length":
                 counter["cut_off"] += 1
             out.info[(e, i)] = {
-                "prompt": prompt, "answer": completion.text, "command": CMD_NAMES[action.command],
+                "prompt": prompt, "answer": answer, "command": CMD_NAMES[action.command],
                 "message": action.message if talks else "", "failures": list(action.failures),
                 "finish_reason": completion.finish_reason, "prompt_tokens": len(completion.prompt_token_ids),
                 "new_tokens": completion.num_tokens, "batch_seconds": seconds, "agent_seconds": record.per_agent,
