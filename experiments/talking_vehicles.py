@@ -135,12 +135,15 @@ def storyboard_plot(story: dict, path: str, frames: int = 5, title: str = "") ->
 def parse_args(argv):
     from jax_drive.pipelines.talking_vehicles_names import METHODS, PRESET_NAMES
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--preset", default="cpu-demo", choices=PRESET_NAMES)
     parser.add_argument("--engine", choices=("jax", "openai"), default=None,
                         help="LLM agents' engine (default: the preset's)")
     parser.add_argument("--model", default=None, help="LLM agents' model (load_pretrained source or served name)")
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible server (engine openai)")
+    parser.add_argument("--answer-prefix", default=None,
+                        help="force the LLM agents' answers to start with this text, e.g. '{\"command\": \"' "
+                             "(needs a local chat template; give the run its own --run-dir; default: none)")
     parser.add_argument("--method", action="append", default=None, choices=METHODS,
                         help="method(s) to run, in order (default: all of them)")
     parser.add_argument("--run-dir", default=None,
@@ -166,6 +169,8 @@ def main(argv=None) -> int:
 
     preset = TV.PRESETS[args.preset]
     changes = {k: v for k, v in (("engine", args.engine), ("model", args.model), ("base_url", args.base_url)) if v}
+    if args.answer_prefix:
+        changes["agent"] = dataclasses.replace(preset.agent, answer_prefix=args.answer_prefix)
     try:
         preset = dataclasses.replace(preset, **changes)
     except ValueError as error:
