@@ -77,21 +77,22 @@ def test_central_memory_keys_knowledge_by_observations():
     assert store.search(embed(["obs a2"]), 1)[0][0].payload["knowledge"] == "Ka"
 
 
-def _observations(seed: int, max_time: float = 14.0):
-    """(captions, scenario labels): a few decisions of each scenario's two episodes."""
+def _observations(seeds=(3, 4), max_time: float = 8.0):
+    """Per seed (captions, scenario labels): a few decisions of each scenario's two episodes
+    (every seed's episodes run in one batch)."""
     from jax_drive.coop.baselines import RuleBasedPolicy
     from jax_drive.coop.learning import episode_specs, run_specs
     from jax_drive.sim.scenarios import TALKING_VEHICLES
 
-    specs = episode_specs(TALKING_VEHICLES, [seed], 2, "learn")
+    specs = episode_specs(TALKING_VEHICLES, seeds, 2, "learn")
     _, transitions = run_specs(specs, RuleBasedPolicy(), record=True, max_time=max_time)
-    texts, labels = [], []
+    out = {seed: ([], []) for seed in seeds}
     for n, spec in enumerate(specs):
         trs = [t for t in transitions if t.episode == n]
         for t in trs[:: max(1, len(trs) // 3)][:3]:
-            texts.append(t.observation)
-            labels.append(spec.scenario)
-    return texts, labels
+            out[spec.seed][0].append(t.observation)
+            out[spec.seed][1].append(spec.scenario)
+    return out
 
 
 @pytest.mark.slow
@@ -104,8 +105,9 @@ def test_retrieval_quality_on_a_labelled_set_with_smollm2():
 
     model, _, tokenizer = load_pretrained("smollm2-135m-instruct")
     embed = Embedder(model, tokenizer, max_tokens=192)
-    keys, key_labels = _observations(3)
-    queries, query_labels = _observations(4)
+    observed = _observations()
+    keys, key_labels = observed[3]
+    queries, query_labels = observed[4]
     store = VectorMemory(embed.dim)
     store.add(keys, [{"scenario": s} for s in key_labels], embed(keys))
     hits = store.search(embed(queries), 1)
