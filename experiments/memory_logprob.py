@@ -7,10 +7,9 @@ kept for the backward pass, gradients, logits) and argument bytes. Three ways to
 (B, L) log-probs:
 
 * ``full``: ``model(ids)`` logits (B, L, V) float32 -> log_softmax -> gather;
-* ``token_chunked``: ``CausalLM.token_logprobs`` (today's trainer path: chunk_size tokens at
-  a time with the whole vocabulary, rematerialised in the backward pass);
-* ``vocab_chunked``: ``kernels.token_logprobs`` on the model's hidden states (token_chunk x
-  vocab_chunk logits blocks, online logsumexp, custom VJP).
+* ``trainer``: ``CausalLM.token_logprobs``, the trainer's path (``head_token_logprobs``:
+  ``kernels.token_logprobs`` on the hidden states, chunk_size tokens x a vocabulary chunk per
+  logits block, online logsumexp, custom VJP).
 
 Models, random weights (only shapes matter; nothing is allocated): SmolLM2-135M (V 49,152,
 D 576, 30 layers) and Qwen2.5-3B's vocabulary and width (V 151,936, D 2048, tied head) with
@@ -33,7 +32,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import sys
@@ -46,7 +44,7 @@ from jax_drive.runinfo import (InputError, add_output_args, require_min, run_mai
 
 script_environment()
 
-VARIANTS = ("full", "token_chunked", "vocab_chunked")
+VARIANTS = ("full", "trainer")
 LORA_RANK = 8
 
 
@@ -65,28 +63,17 @@ def model_configs(qwen_layers: int, quick: bool) -> dict:
     return {"smollm2-135m": smollm2, f"qwen2.5-3b-vocab-{qwen.num_layers}-layers": qwen}
 
 
-def logprob_fn(variant: str, chunk_size: int, config):
+def logprob_fn(variant: str, chunk_size: int):
     """(model, batch) -> (B, L) log-probs of batch['targets'] by one of the VARIANTS."""
     import jax
     import jax.numpy as jnp
-
-    from kernels import token_logprobs
 
     def fn(model, batch):
         ids, pos, mask, targets = (batch[k] for k in ("input_ids", "positions", "attention_mask", "targets"))
         if variant == "full":
             logits, _ = model(ids, pos, mask)
             return jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-        if variant == "token_chunked":
-            return model.token_logprobs(ids, pos, mask, targets, chunk_size=chunk_size)
-        hidden = model.hidden_states(ids, pos, mask)
-        # The head as stored: the (V, D) embedding when tied, else the (D, V) lm_head
-        # (``head_matrix()`` would transpose the tied embedding into a (D, V) copy).
-        if model.lm_head is None:
-            return token_logprobs(hidden, model.embed[...], targets, mask.astype(bool),
-                                  head_layout="vd", config=config)
-        return token_logprobs(hidden, model.lm_head[...], targets, mask.astype(bool),
-                              head_layout="dv", config=config)
+        return model.token_logprobs(ids, pos, mask, targets, chunk_size=chunk_size)
     return fn
 
 
@@ -101,7 +88,7 @@ def abstract_batch(b: int, l: int) -> dict:
             "old_logp": floats, "ref_logp": floats, "advantages": floats}
 
 
-def step_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int, logprob_config) -> dict:
+def step_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int) -> dict:
     """memory_analysis() of one compiled update; weights and optimiser state are abstract."""
     import jax
     from flax import nnx
@@ -121,7 +108,7 @@ def step_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size
     graphdef, params, rest = split_model(model, trainable)
     tx = make_optimizer(OptimConfig(learning_rate=1e-6, trainable=trainable))
     opt_state = jax.eval_shape(tx.init, params)
-    logp = logprob_fn(variant, chunk_size, logprob_config)
+    logp = logprob_fn(variant, chunk_size)
     loss_config = LossConfig(kl_coef=0.01)
 
     def loss_fn(m, batch):
@@ -139,13 +126,12 @@ def step_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size
             "compile_s": round(time.perf_counter() - start, 2)}
 
 
-def head_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int, logprob_config) -> dict:
+def head_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int) -> dict:
     """memory_analysis() of d/d(hidden[, head]) sum(w * logp) for one way to get logp."""
     import jax
     import jax.numpy as jnp
 
-    from jax_drive.models import chunked_token_logprobs
-    from kernels import token_logprobs
+    from jax_drive.models import head_token_logprobs
 
     d, v = config.hidden_size, config.vocab_size
     hidden = jax.ShapeDtypeStruct((b, l, d), jnp.float32)
@@ -157,10 +143,8 @@ def head_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size
         if variant == "full":
             logits = jnp.einsum("bld,vd->blv", h, w)
             logp = jnp.take_along_axis(jax.nn.log_softmax(logits), t[..., None], -1)[..., 0]
-        elif variant == "token_chunked":
-            logp = chunked_token_logprobs(h, t, w.T, chunk_size)
         else:
-            logp = token_logprobs(h, w, t, config=logprob_config)
+            logp = head_token_logprobs({"embed": w, "lm_head": None}, h, t, chunk_size)
         return jnp.sum(weight * logp)
 
     argnums = (0, 1) if trainable == "full" else 0
@@ -183,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--qwen-layers", type=int, default=2)
-    parser.add_argument("--chunk-size", type=int, default=256, help="token chunk of token_chunked")
+    parser.add_argument("--chunk-size", type=int, default=256, help="tokens per logits block of the trainer path")
     parser.add_argument("--trainable", choices=("full", "lora", "both"), default="both")
     parser.add_argument("--sections", default="update,head",
                         help=f"comma-separated subset of {tuple(SECTIONS)}")
@@ -196,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     b, l = (1, 64) if args.quick else (args.batch, args.length)
     from kernels import LogprobConfig
 
-    logprob_config = LogprobConfig()
+    vocab_chunk = LogprobConfig().vocab_chunk
     trainables = ("full", "lora") if args.trainable == "both" else (args.trainable,)
     configs = model_configs(args.qwen_layers, args.quick)
     result: dict = {
         "meta": run_metadata(benchmark="memory_logprob"),
-        "batch": b, "length": l, "token_chunked_chunk_size": args.chunk_size,
-        "vocab_chunked_config": dataclasses.asdict(logprob_config), "lora_rank": LORA_RANK,
+        "batch": b, "length": l, "trainer_token_chunk": args.chunk_size,
+        "trainer_vocab_chunk": vocab_chunk, "lora_rank": LORA_RANK,
         "models": {},
     }
     jobs = [(section, name, trainable, variant) for section in sections for name in configs
@@ -213,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
             "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
             "num_layers": config.num_layers, "dtype": config.dtype,
             "full_logits_float32_bytes": 4 * b * l * config.vocab_size,
-            "vocab_chunk_block_float32_bytes": 4 * min(logprob_config.token_chunk, b * l)
-            * min(logprob_config.vocab_chunk, config.vocab_size),
+            "trainer_block_float32_bytes": 4 * min(args.chunk_size, b * l)
+            * min(vocab_chunk, config.vocab_size),
         })
         entry.setdefault(section, {}).setdefault(trainable, {})[variant] = SECTIONS[section](
-            config, trainable, variant, b, l, args.chunk_size, logprob_config)
+            config, trainable, variant, b, l, args.chunk_size)
     for entry in result["models"].values():
         for section, trainable in itertools.product(sections, trainables):
             mem = entry[section][trainable]

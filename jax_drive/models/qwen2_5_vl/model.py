@@ -28,8 +28,8 @@ from jax_drive.models.qwen2_5_vl.mrope import mrope_positions, mrope_tables
 from jax_drive.models.qwen2_5_vl.vision import (VisionBatch, VisionSizes, VisionTower,
                                                 concat_images, num_image_tokens, vision_forward)
 from jax_drive.models.transformer import (CausalLM, KVCache, check_logprob_args,
-                                          chunked_token_logprobs, decoder_blocks, head_matrix,
-                                          lm_logits, rms_norm)
+                                          decoder_blocks, head_token_logprobs, lm_logits,
+                                          rms_norm)
 
 
 def scatter_image_tokens(embeds: jax.Array, input_ids: jax.Array, image_tokens: jax.Array,
@@ -104,7 +104,7 @@ def vlm_token_logprobs(params, config: VLMConfig, input_ids, positions, attentio
     """(B, L) log p(targets) (see `CausalLM.token_logprobs`), images included."""
     hidden, _ = vlm_forward_hidden(params, config, input_ids, positions, attention_mask, None,
                                    jnp.int32(0), vision)
-    return chunked_token_logprobs(hidden, targets, head_matrix(params), chunk_size, temperature)
+    return head_token_logprobs(params, hidden, targets, chunk_size, temperature)
 
 
 class Qwen2_5_VL(CausalLM):
