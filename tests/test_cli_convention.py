@@ -61,6 +61,8 @@ def _exit_code(argv: list[str]) -> int:
     (["serve", "--lora", "no-equals-sign"], "--lora takes NAME=PATH"),
     (["scale-out", "run", "--scenario", "tv_red_light", "--results", "{tmp}/r", "--workers", "0"],
      "--workers must be >= 1"),
+    (["coop", "--scenario", "tv_red_light", "--episodes", "0", "--json", "{tmp}/m.json"], "--episodes must be >= 1"),
+    (["coop", "--scenario", "bogus", "--json", "{tmp}/m.json"], "bogus"),
     (["scale-out", "carla-pool", "--carla-root", "{tmp}", "--ready-timeout", "-1"], "--ready-timeout must be >= 0"),
 ])
 def test_cli_commands_exit_2_with_a_message_on_bad_values(argv, message, tmp_path, capsys):
@@ -96,6 +98,8 @@ SCRIPTS = {
     "memory_logprob": (["--sections", "update,bogus"], "--sections must name some of"),
     "bench_ray": (["--workers", "1,two"], "--workers wants comma-separated integers"),
     "bench_rollout": (["--group", "0"], "--group must be >= 1, got 0"),
+    "bench_coop": (["--episodes", "0"], "--episodes must be >= 1, got 0"),
+    "talking_vehicles": (["--method", "silent", "--method", "silent"], "--method names a method twice"),
 }
 
 

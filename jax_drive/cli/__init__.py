@@ -25,6 +25,7 @@ COMMAND_MODULES = {
     "train": "train",  # SFT + mtGRPO (training stack)
     "sim": "sim",  # multi-agent cooperative simulator
     "serve": "serve",  # OpenAI-compatible HTTP server over a Flax policy
+    "coop": "coop",  # talking language agents (TalkingVehicles / CoopReflect)
     "scale-out": "scale_out",  # Ray scenario workers, CARLA server pools
 }
 

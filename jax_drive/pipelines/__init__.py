@@ -9,5 +9,7 @@ Modules:
   :mod:`~jax_drive.pipelines.plots`     PDMS per turn, training curves, Fig. 4 refinement
   :mod:`~jax_drive.pipelines.interdrive` CoLMDriver on InterDrive: Table 2 arms, negotiation SFT data,
                                          LoRA fine-tune, Fig. 5 study, dialogue render (presets beside them)
+  :mod:`~jax_drive.pipelines.talking_vehicles`  TalkingVehicles / CoopReflect: every Table 1 method,
+                                         the distilled policy, Table 3 latency / bytes (``run``)
 Nothing is imported here, so importing a sub-module stays as cheap as it can be.
 """

@@ -1,0 +1,119 @@
+"""Batched vs per-agent engine calls in the talking-agents loop: agent-decisions per second.
+
+The same E episodes (the six TalkingVehicles scenarios in turn, accident-prone and safe
+alternating) run for the same number of decisions with the same language policy twice:
+
+  * batched: ONE ``generate_chat`` call per decision for every live agent of every episode
+    (what :class:`~jax_drive.coop.agent.LanguagePolicy` does);
+  * per-agent: the same loop whose engine answers each agent with its own ``generate_chat``
+    call (:class:`PerAgentEngine`), as a driver that queries the model agent by agent would.
+
+Both paths are warmed up first (one untimed run each, so every shape they use is compiled).
+Reported: agent decisions, engine seconds and agent-decisions per second of each path, their
+ratio, and the per-agent decision cost (engine wall / agents) of the batched path.
+
+    # canonical (SmolLM2, compact prompts of the distilled policy, E = 16):
+    nice -n 10 python experiments/bench_coop.py --episodes 16 --json OUT
+    # the distilled student instead of the base model, or the tiny random model (a check):
+    python experiments/bench_coop.py --model runs/talking_vehicles/cpu-demo/student/model --json OUT
+    python experiments/bench_coop.py --model tiny --episodes 4 --decisions 2 --json OUT
+
+Heavy imports (JAX, the models) come after the argument checks: bad values exit 2 at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from jax_drive.runinfo import (add_output_args, command_line, require_min, run_main, run_metadata,
+                               script_environment, write_json)
+
+script_environment()
+
+
+class PerAgentEngine:
+    """Wraps an engine: ``generate_chat`` answers each conversation with its own call (keys
+    folded in per conversation); ``calls`` counts the inner calls."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls = 0
+
+    def generate_chat(self, conversations, params, key):
+        import jax
+
+        out = []
+        for n, conv in enumerate(conversations):
+            out += self.engine.generate_chat([conv], params, jax.random.fold_in(key, n))
+            self.calls += 1
+        return out
+
+
+def run_path(engine, specs, agent_config, decisions: int, seed: int) -> dict:
+    """Runs ``specs`` for ``decisions`` decisions with a LanguagePolicy over ``engine``."""
+    import jax
+
+    from jax_drive.coop.agent import LanguagePolicy
+    from jax_drive.coop.learning import run_specs
+
+    policy = LanguagePolicy(engine, agent_config, key=jax.random.key(seed))
+    start = time.perf_counter()
+    run_specs(specs, policy, max_time=decisions * 0.5 - 1e-6)
+    wall = time.perf_counter() - start
+    agents = sum(c.agents for c in policy.calls)
+    seconds = sum(c.seconds for c in policy.calls)
+    return {"decisions": len(policy.calls), "agent_decisions": agents, "engine_seconds": seconds,
+            "loop_seconds": wall, "agent_decisions_per_s": agents / max(seconds, 1e-9),
+            "agent_seconds_mean": seconds / max(agents, 1), "agents_per_decision": agents / max(len(policy.calls), 1)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="load_pretrained source (a distilled student directory works) or 'tiny'")
+    parser.add_argument("--episodes", type=int, default=16, help="E, episodes run together")
+    parser.add_argument("--decisions", type=int, default=4, help="timed decisions per path")
+    parser.add_argument("--style", choices=("compact", "full"), default="compact")
+    parser.add_argument("--max-new-tokens", type=int, default=28)
+    parser.add_argument("--seed", type=int, default=0)
+    add_output_args(parser, json_required=True)
+    args = parser.parse_args(argv)
+    require_min(1, episodes=args.episodes, decisions=args.decisions, max_new_tokens=args.max_new_tokens)
+
+    from jax_drive.coop.agent import AgentConfig
+    from jax_drive.coop.learning import EpisodeSpec
+    from jax_drive.pipelines.talking_vehicles import load_local, local_engine
+    from jax_drive.sim.scenarios import TALKING_VEHICLES
+
+    model, tokenizer = load_local(args.model)
+    engine = local_engine(model, tokenizer, max_batch=max(64, 4 * args.episodes))
+    config = AgentConfig(style=args.style, max_new_tokens=args.max_new_tokens, temperature=0.2)
+    specs = [EpisodeSpec(TALKING_VEHICLES[k % len(TALKING_VEHICLES)], args.seed, k // len(TALKING_VEHICLES), "eval")
+             for k in range(args.episodes)]
+    per_agent = PerAgentEngine(engine)
+    report = {"benchmark": "bench_coop", "model": args.model, "episodes": args.episodes, "decisions": args.decisions,
+              "style": args.style, "max_new_tokens": args.max_new_tokens,
+              "timing": "engine wall time of the decisions after one untimed warm-up run of each path; "
+                        "agent-decisions/s = agents asked / engine seconds"}
+    for name, eng in (("batched", engine), ("per_agent", per_agent)):
+        if not args.no_progress:
+            print(f"warm-up {name}", file=sys.stderr)
+        run_path(eng, specs, config, args.decisions, args.seed)
+    for name, eng in (("batched", engine), ("per_agent", per_agent)):
+        report[name] = run_path(eng, specs, config, args.decisions, args.seed)
+        if not args.no_progress:
+            print(f"{name}: {report[name]['agent_decisions_per_s']:.2f} agent-decisions/s", file=sys.stderr)
+    report["speedup"] = report["batched"]["agent_decisions_per_s"] / max(report["per_agent"]["agent_decisions_per_s"],
+                                                                         1e-12)
+    report["meta"] = run_metadata(command=command_line(__file__, argv))
+    print(f"batched {report['batched']['agent_decisions_per_s']:.2f} vs per-agent "
+          f"{report['per_agent']['agent_decisions_per_s']:.2f} agent-decisions/s: x{report['speedup']:.2f}; "
+          f"batched cost {report['batched']['agent_seconds_mean']:.3f} s per agent decision")
+    write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,208 @@
+"""TalkingVehicles / CoopReflect: the seed's Table 1 methods, the distilled policy and the
+Table 3 latency / bytes rows on the batched JAX simulator.
+
+    # the CPU run (embedded SmolLM2; restartable: finished methods are loaded from --run-dir)
+    nice -n 10 python experiments/talking_vehicles.py --preset cpu-demo \
+        --json experiments/results/talking_vehicles.json
+    # one method at a time (each writes <run-dir>/<method>.json)
+    python experiments/talking_vehicles.py --preset cpu-demo --method distilled --json OUT
+    # the GPU setting: LLM agents served by vLLM (see the preset's server command)
+    python experiments/talking_vehicles.py --preset paper --engine openai --json OUT
+
+Writes the JSON (every method's per-scenario CR / SR / TR per seed and mean ± SE over seeds,
+latency, bytes per message, parse failures, learning and distillation summaries), a bar plot
+(``<json stem>.png``: CR and SR per scenario and method with SE bars) and a storyboard of one
+episode with the messages over its frames (``<json stem>_storyboard.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import textwrap
+
+import numpy as np
+
+from jax_drive.runinfo import (InputError, add_output_args, command_line, run_main, run_metadata,
+                               script_environment, write_json)
+
+script_environment(cpu=False)
+
+# The seed's numbers our rows are read against (gpt-4o-mini agents; CR, SR in % per scenario in
+# the order overtake (perception), red light, left turn, overtake (negotiation), highway merge,
+# highway exit): Table 1 (Comm setting except the first row) and Table 2's distillation row.
+SEED_TABLES = {
+    "zero_shot_silent": ("Table 1 Zero-shot (Silent)", (93.3, 93.3, 93.3, 89.9, 100.0, 33.3), (0.0, 6.7, 6.7, 7.2, 0.0, 66.1)),
+    "zero_shot": ("Table 1 Zero-shot (Comm)", (91.1, 60.0, 85.6, 87.8, 67.2, 53.3), (4.4, 38.9, 14.4, 11.7, 32.8, 46.7)),
+    "reflection": ("Table 1 +Reflection (Comm)", (63.3, 37.8, 51.1, 55.6, 20.0, 53.9), (34.4, 47.8, 47.8, 43.3, 80.0, 45.6)),
+    "correction_rag": ("Table 1 +Correction+RAG (Comm)", (4.4, 13.3, 43.3, 38.3, 40.0, 49.4),
+                       (90.0, 66.7, 38.9, 61.1, 60.0, 43.3)),
+    "debrief": ("Table 1 +Debrief (Comm)", (1.1, 0.0, 6.7, 3.3, 6.7, 18.3), (94.4, 93.3, 92.2, 95.6, 93.3, 81.1)),
+    "distilled": ("Table 2 Distillation (0.14-0.45 s per decision on an A40, Table 3)", (0.0, 0.0, 0.0, 10.0, 0.0, 3.3),
+                  (83.3, 91.1, 96.7, 88.9, 100.0, 96.7)),
+}
+
+
+def seed_reference() -> dict:
+    """{method: {source, CR, SR (per scenario), CR_avg, SR_avg}} from :data:`SEED_TABLES`."""
+    return {m: {"source": src, "CR": list(cr), "SR": list(sr), "CR_avg": round(float(np.mean(cr)), 2),
+                "SR_avg": round(float(np.mean(sr)), 2)} for m, (src, cr, sr) in SEED_TABLES.items()}
+
+
+ROLE_COLOURS = {0: "tab:green", 1: "tab:red", 2: "tab:blue"}
+
+
+def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
+    """CR and SR per scenario (and their average) per method, SE over seeds as error bars."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(10, 1.6 * (len(scenarios) + 1) * max(len(results), 1) / 3), 7))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 1, sharex=True)
+    labels = [s.replace("tv_", "") for s in scenarios] + ["average"]
+    x = np.arange(len(labels))
+    width = 0.8 / max(len(results), 1)
+    for k, (method, r) in enumerate(results.items()):
+        aggs = [r["scenarios"][s]["aggregate"] for s in scenarios] + [r["average"]["aggregate"]]
+        for ax, metric in zip(axes, ("CR", "SR")):
+            ax.bar(x + (k - (len(results) - 1) / 2) * width, [a[metric]["mean"] for a in aggs], width,
+                   yerr=[a[metric]["se"] for a in aggs], capsize=2, label=method)
+    for ax, metric in zip(axes, ("CR", "SR")):
+        ax.set_ylabel(f"{metric} (%)")
+        ax.set_ylim(0, 105)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title("TalkingVehicles: collision rate (top) and success rate (bottom), mean ± SE over seeds",
+                      fontsize=10)
+    axes[0].legend(fontsize=7, ncol=min(len(results), 5))
+    axes[1].set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def storyboard_plot(story: dict, path: str, frames: int = 5, title: str = "") -> None:
+    """One episode as ``frames`` snapshots, one per row, each with the messages sent since
+    the previous snapshot beside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Polygon
+
+    from jax_drive.geometry import box_corners
+
+    poses = np.asarray(story["poses"], float)  # (T, n, 4)
+    dt = float(story["decision_dt"])
+    ticks = np.unique(np.linspace(0, len(poses) - 1, frames).round().astype(int))
+    fig = Figure(figsize=(12, 2.3 * len(ticks) + 0.6))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(ticks), 2, squeeze=False, gridspec_kw={"width_ratios": [3, 2]})
+    present = poses[..., 3] > 0.5
+    xy = poses[..., :2][present]
+    lo, hi = xy.min(0) - 12, xy.max(0) + 12
+    length, width = np.asarray(story["length"]), np.asarray(story["width"])
+    previous = -1.0
+    for (ax, side), t_idx in zip(axes, ticks):
+        for pts in story["lanes"]:
+            pts = np.asarray(pts)
+            ax.plot(pts[:, 0], pts[:, 1], color="0.85", lw=5, solid_capstyle="butt", zorder=0)
+        pose = poses[t_idx]
+        corners = np.asarray(box_corners(pose[:, 0], pose[:, 1], pose[:, 2], length, width))
+        for j in np.flatnonzero(pose[:, 3] > 0.5):
+            ax.add_patch(Polygon(corners[j], closed=True, fc=ROLE_COLOURS.get(int(story["role"][j]), "0.5"), ec="k",
+                                 lw=0.5, alpha=0.9, zorder=3))
+            ax.text(pose[j, 0], pose[j, 1] + width[j] / 2 + 1.5, str(story["vehicle_id"][j]), fontsize=7,
+                    ha="center", zorder=4)
+        ax.set_xlim(lo[0], hi[0])
+        ax.set_ylim(lo[1], hi[1])
+        ax.set_aspect("equal", adjustable="box")
+        ax.tick_params(labelsize=6)
+        now = t_idx * dt
+        ax.set_ylabel(f"t = {now:.1f} s", fontsize=9)
+        said = [m for m in story["messages"] if previous < m[0] <= now]
+        lines = [f"[{m[0]:.1f} s] {m[1]}: {m[2]}" for m in said[-5:]] or ["(no messages)"]
+        side.axis("off")
+        side.text(0.0, 1.0, "\n".join(textwrap.fill(line, 60) for line in lines), transform=side.transAxes,
+                  va="top", fontsize=7, family="monospace")
+        previous = now
+    fig.suptitle((title or story["episode"]) + f" ({'accident-prone' if story['accident_prone'] else 'safe'}): "
+                 + " ".join(story["outcomes"]) + "\ngreen: focal, red: potential collider, blue: background",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def parse_args(argv):
+    from jax_drive.pipelines.talking_vehicles_names import METHODS, PRESET_NAMES
+
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--preset", default="cpu-demo", choices=PRESET_NAMES)
+    parser.add_argument("--engine", choices=("jax", "openai"), default=None,
+                        help="LLM agents' engine (default: the preset's)")
+    parser.add_argument("--model", default=None, help="LLM agents' model (load_pretrained source or served name)")
+    parser.add_argument("--base-url", default=None, help="OpenAI-compatible server (engine openai)")
+    parser.add_argument("--answer-prefix", default=None,
+                        help="force the LLM agents' answers to start with this text, e.g. '{\"command\": \"' "
+                             "(needs a local chat template; give the run its own --run-dir; default: none)")
+    parser.add_argument("--method", action="append", default=None, choices=METHODS,
+                        help="method(s) to run, in order (default: all of them)")
+    parser.add_argument("--run-dir", default=None,
+                        help="per-method results, learning checkpoints, distillation data and the student "
+                             "(default: runs/talking_vehicles/<preset>)")
+    parser.add_argument("--force", action="store_true", help="rerun methods that already have a result")
+    add_output_args(parser, json_required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    import glob
+
+    args = parse_args(argv)
+    methods = args.method or None
+    run_dir = args.run_dir or os.path.join("runs", "talking_vehicles", args.preset)
+    if methods and len(set(methods)) != len(methods):
+        raise InputError("--method names a method twice")
+    if methods and "central_memory" in methods and "debrief" not in methods[:methods.index("central_memory")] \
+            and not glob.glob(os.path.join(run_dir, "debrief_learning_seed*.json")):
+        raise InputError(f"--method central_memory reads the debrief memories: run debrief first (into {run_dir})")
+    from jax_drive.pipelines import talking_vehicles as TV
+
+    preset = TV.PRESETS[args.preset]
+    changes = {k: v for k, v in (("engine", args.engine), ("model", args.model), ("base_url", args.base_url)) if v}
+    if args.answer_prefix:
+        changes["agent"] = dataclasses.replace(preset.agent, answer_prefix=args.answer_prefix)
+    try:
+        preset = dataclasses.replace(preset, **changes)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    if preset.engine == "openai" and not preset.base_url:
+        raise InputError("engine openai needs --base-url")
+    methods = methods or list(TV.METHODS)
+    progress = not args.no_progress
+    results = TV.run(preset, methods, run_dir, progress=progress, force=args.force,
+                     on_method=lambda m, r: print(f"{m}: done ({r['wall_seconds']:.0f} s)", file=sys.stderr))
+    print(TV.table_rows(results, list(preset.scenarios)))
+    print()
+    print(TV.table3_rows(results))
+    story_method = next((m for m in ("distilled", "debrief", "zero_shot") if m in results), methods[0])
+    payload = {
+        "command": command_line(__file__, argv),
+        "preset": dataclasses.asdict(preset), "methods": methods,
+        "seed_reference": seed_reference(),
+        "results": {m: {k: v for k, v in r.items() if k != "storyboard"} for m, r in results.items()},
+        "table": TV.table_rows(results, list(preset.scenarios)), "table3": TV.table3_rows(results),
+        "storyboard": {"method": story_method, **results[story_method].get("storyboard", {})},
+        "meta": run_metadata(benchmark="talking_vehicles", run_dir=run_dir),
+    }
+    write_json(args.json, payload)
+    stem = os.path.splitext(args.json)[0]
+    bar_plot(results, list(preset.scenarios), stem + ".png")
+    if results[story_method].get("storyboard"):
+        storyboard_plot(results[story_method]["storyboard"], stem + "_storyboard.png",
+                        title=f"[{story_method}] " + results[story_method]["storyboard"]["episode"])
+    print(f"results: {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,16 @@
+"""The tiny random model of the coop tests, imported in this one place (its module may move)."""
+
+from jax_drive.models.tiny import byte_tokenizer, tiny_policy  # noqa: F401
+
+
+def tiny_model(seed: int = 0):
+    """(model, tokenizer): a fresh tiny random CausalLM over the byte tokenizer, no LoRA."""
+    model, _, tokenizer = tiny_policy(seed=seed, lora_rank=None)
+    return model, tokenizer
+
+
+def tiny_engine(seed: int = 0):
+    """A JaxEngine over the tiny random model with the pipeline's prompt buckets."""
+    from jax_drive.pipelines.talking_vehicles import local_engine
+
+    return local_engine(*tiny_model(seed), max_batch=64)

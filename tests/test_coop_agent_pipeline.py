@@ -1,0 +1,110 @@
+"""The TalkingVehicles pipeline, the `jax-drive coop` command, the experiment script and the
+batched-vs-per-agent bench on small settings (tiny random model, smoke preset)."""
+
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from jax_drive.cli import main as cli_main
+from jax_drive.pipelines import talking_vehicles as TV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+
+def _record(scenario, seed, outcomes, messages=0, nbytes=0):
+    return {"episode": f"{scenario}/eval/seed{seed}/0", "scenario": scenario, "seed": seed, "index": 0,
+            "accident_prone": True, "policy": "p", "end_time": 10.0, "bytes_sent": nbytes, "messages_sent": messages,
+            "outcomes": [{"index": k, "vehicle_id": 100 + k, "outcome": o, "time": 5.0} for k, o in enumerate(outcomes)],
+            "metrics": {}, "parse_failures": {"no_json": 1}}
+
+
+def test_summary_averages_scenarios_per_seed_then_across_seeds():
+    records = [_record("a", 0, ["success"]), _record("b", 0, ["collision", "success"], 2, 60),
+               _record("a", 1, ["success"]), _record("b", 1, ["timeout", "timeout"])]
+    out = TV.summarise_records(records)
+    assert out["scenarios"]["b"]["aggregate"]["CR"]["mean"] == pytest.approx(25.0)
+    per_seed = out["average"]["per_seed"]
+    assert [p["SR"] for p in per_seed] == [75.0, 50.0] and [p["CR"] for p in per_seed] == [25.0, 0.0]
+    agg = out["average"]["aggregate"]["SR"]
+    assert agg["mean"] == pytest.approx(62.5) and agg["se"] == pytest.approx(np.std([75, 50], ddof=1) / np.sqrt(2))
+    assert out["bytes_per_message"] == 30.0 and out["parse_failures"] == {"no_json": 4} and out["episodes"] == 4
+
+
+def test_episode_counts_and_presets():
+    p = TV.PRESETS["cpu-demo"]
+    assert (p.episodes_for("zero_shot"), p.episodes_for("rule_based"), p.episodes_for("distilled")) == (2, 10, 4)
+    assert TV.PRESETS["paper"].engine == "openai" and "vllm serve" in TV.PRESETS["paper"].server_command
+    with pytest.raises(ValueError):
+        dataclasses.replace(p, engine="torch")
+    assert tuple(TV.PRESETS) == TV.PRESET_NAMES
+
+
+def test_cli_rejects_bad_input(capsys):
+    assert cli_main(["coop", "--scenario", "nowhere", "--method", "rule_based"]) == 2
+    assert "unknown scenario" in capsys.readouterr().err
+    assert cli_main(["coop", "--scenario", "tv_red_light", "--episodes", "0"]) == 2
+    with pytest.raises(SystemExit):
+        cli_main(["coop", "--scenario", "tv_red_light", "--method", "telepathy"])
+
+
+def test_cli_runs_one_scenario_and_prints_the_table(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    code = cli_main(["coop", "--preset", "cpu-demo", "--scenario", "tv_red_light", "--method", "rule_based",
+                     "--episodes", "2", "--run-dir", str(tmp_path / "run"), "--json", str(out), "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "red_light" in printed and "100.0" in printed and "bytes/msg" in printed
+    result = json.loads(out.read_text())["result"]
+    assert result["scenarios"]["tv_red_light"]["aggregate"]["SR"]["mean"] == 100.0 and result["episodes"] == 2
+
+
+class NoEngines(TV.Engines):
+    def agent(self):
+        raise AssertionError("a saved result or chunk must not run the model again")
+
+
+def test_llm_method_chunks_resume_without_running_again(tmp_path):
+    preset = dataclasses.replace(TV.PRESETS["smoke"], scenarios=("tv_red_light",), max_time=1.1)
+    run = str(tmp_path)
+    first = TV.run_method(preset, "zero_shot", run, progress=False)
+    assert os.path.exists(os.path.join(run, "zero_shot_eval_seed0.json"))
+    lat = first["latency"]
+    assert lat["calls"] == 3 and lat["agents_per_call_mean"] == 4.0  # 2 episodes x (car + truck), 3 decisions
+    assert first["latency"]["agent_seconds_median"] > 0 and first["parse_failures"]
+    again = TV.run_method(preset, "zero_shot", run, engines=NoEngines(preset), progress=False)
+    assert again["average"] == first["average"]
+    os.remove(os.path.join(run, "zero_shot.json"))  # only the chunk is left: evaluation resumes from it
+    resumed = TV.run_method(preset, "zero_shot", run, engines=NoEngines(preset), progress=False)
+    assert resumed["average"] == first["average"] and resumed["latency"] == first["latency"]
+
+
+def test_experiment_script_writes_json_table_and_plots(tmp_path):
+    import talking_vehicles as script
+
+    out = tmp_path / "tv.json"
+    code = script.main(["--preset", "smoke", "--method", "rule_based", "--method", "silent", "--run-dir",
+                        str(tmp_path / "run"), "--json", str(out), "--no-progress"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert set(data["results"]) == {"rule_based", "silent"} and "meta" in data and "CR" in data["table"]
+    assert data["seed_reference"]["debrief"]["SR_avg"] == pytest.approx(91.65, abs=0.01)
+    assert (tmp_path / "tv.png").stat().st_size > 0 and (tmp_path / "tv_storyboard.png").stat().st_size > 0
+    assert data["storyboard"]["method"] == "rule_based" and data["storyboard"]["messages"]
+
+
+def test_bench_runs_both_paths_at_tiny_size(tmp_path):
+    import bench_coop
+
+    out = tmp_path / "bench.json"
+    assert bench_coop.main(["--model", "tiny", "--episodes", "2", "--decisions", "2", "--max-new-tokens", "4",
+                            "--json", str(out), "--no-progress"]) == 0
+    data = json.loads(out.read_text())
+    assert data["batched"]["agent_decisions"] == data["per_agent"]["agent_decisions"] == 8
+    assert data["batched"]["decisions"] == 2 and data["speedup"] > 0
+    assert bench_coop.run_main(bench_coop.main, ["--episodes", "0", "--json", str(tmp_path / "bad.json")]) == 2
+    assert not (tmp_path / "bad.json").exists()
