@@ -144,7 +144,10 @@ def fit_profiles(poses: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex
     heading = poses[..., :-1, 2]
     proj = jnp.cos(heading) * disp[..., 0] + jnp.sin(heading) * disp[..., 1]
     k_v = jnp.asarray(velocity_fit_matrix(m, dt, config.jerk_penalty), jnp.float32)
-    sol = jnp.einsum("ij,...j->...i", k_v, proj)
+    # k_v @ proj as a multiply-and-sum, not a dot: XLA:CPU compiles this small dot differently
+    # for different batch sizes (1-ulp changes between scoring 16 scenes at once or 2 at a time,
+    # hence between 1 and 8 devices); the reduction gives each row the same bits at any batch.
+    sol = jnp.sum(k_v * proj[..., None, :], axis=-1)
     velocity = _profile(sol[..., 0], sol[..., 1:], dt)  # (..., M)
 
     # Curvature. NAVSIM solves for x = [k0, kr_1 .. kr_{M-1}] with
