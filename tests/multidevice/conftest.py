@@ -10,8 +10,16 @@ the backend with fewer devices, the ``devices`` fixture fails with instructions 
 import os
 
 FLAG = "--xla_force_host_platform_device_count=8"
-if FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip()
+# XLA:CPU aborts the process when a device waits 40 s for its peers at a collective. The 8
+# simulated devices share this machine's cores with everything else running, so one device's
+# share of a trainer step can lag that long on a loaded 2-core host: wait 5 minutes instead.
+PATIENCE = ("--xla_cpu_collective_call_warn_stuck_timeout_seconds=60",
+            "--xla_cpu_collective_call_terminate_timeout_seconds=300")
+_flags = os.environ.get("XLA_FLAGS", "")
+for _flag in (FLAG, *PATIENCE):
+    if _flag.split("=")[0] not in _flags:
+        _flags = f"{_flags} {_flag}".strip()
+os.environ["XLA_FLAGS"] = _flags
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
