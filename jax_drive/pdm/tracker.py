@@ -144,10 +144,12 @@ def fit_profiles(poses: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex
     heading = poses[..., :-1, 2]
     proj = jnp.cos(heading) * disp[..., 0] + jnp.sin(heading) * disp[..., 1]
     k_v = jnp.asarray(velocity_fit_matrix(m, dt, config.jerk_penalty), jnp.float32)
-    # k_v @ proj as a multiply-and-sum, not a dot: XLA:CPU compiles this small dot differently
-    # for different batch sizes (1-ulp changes between scoring 16 scenes at once or 2 at a time,
-    # hence between 1 and 8 devices); the reduction gives each row the same bits at any batch.
-    sol = jnp.sum(k_v * proj[..., None, :], axis=-1)
+    # k_v @ proj accumulated column by column in a fixed order, not a dot or a sum: XLA:CPU
+    # vectorises those reductions differently for different batch sizes (1-ulp changes
+    # between scoring 16 scenes at once or 8 at a time, hence between 1 and 8 devices); the
+    # elementwise accumulation gives each row the same bits at any batch size.
+    sol, _ = jax.lax.scan(lambda acc, col: (acc + col[0] * col[1][..., None], None),
+                          jnp.zeros(proj.shape[:-1] + (m,), proj.dtype), (k_v.T, jnp.moveaxis(proj, -1, 0)))
     velocity = _profile(sol[..., 0], sol[..., 1:], dt)  # (..., M)
 
     # Curvature. NAVSIM solves for x = [k0, kr_1 .. kr_{M-1}] with
