@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax_drive.parallel import MeshConfig
 from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.grpo import GRPOConfig
 from jax_drive.rl.loss import LossConfig
@@ -25,6 +26,8 @@ TEXT_PROMPT = PromptConfig(perception="text", image_placeholder=False)
 NO_PERCEPTION = PromptConfig(perception="none", image_placeholder=False)
 # Compact caption for the CPU demo: 3 nearest objects within 40 m, 2 route stations (0, 30 m).
 # The planning prompt is then ~550 SmolLM2 tokens instead of ~800 (default caption).
+# The paper preset trains data-parallel on every device present (a 1 x 1 mesh on one device).
+ALL_DEVICES = MeshConfig(data=-1)
 COMPACT_CAPTION = CaptionConfig(max_agents=3, radius=40.0, num_stations=2, station_spacing=30.0)
 
 
@@ -158,9 +161,9 @@ def _presets() -> dict[str, Preset]:
             name="paper", model="Qwen2.5-VL-3B-Instruct", lora_rank=0, train_scenes=100_000, eval_scenes=12_146,
             eval_seeds=(0,), sft_single=100_000, sft_multi=100_000, sft_qa_scenes=10_000,
             sft=SFTConfig(optim=OptimConfig(learning_rate=4e-5, trainable="full"), batch_size=128, epochs=4,
-                          checkpoint_every=500),
+                          checkpoint_every=500, mesh=ALL_DEVICES),
             rl=GRPOConfig(rollout=_rollout(8, 6, 256, 1.0), prompts_per_step=32, minibatch_size=128, steps=300,
-                          optim=OptimConfig(learning_rate=1e-6, trainable="full")),
+                          optim=OptimConfig(learning_rate=1e-6, trainable="full"), mesh=ALL_DEVICES),
             max_new_tokens=256, eval_turns=6,
         ),
     }

@@ -119,3 +119,13 @@ def test_trainer_step_rejects_rows_that_do_not_split():
     with pytest.raises(ValueError, match="multiple of 8"):
         grpo_update(graphdef, params, rest, make_optimizer(config.optim).init(params), None,
                     _grpo_batch(12, 16), dataclasses.replace(config, loss=LossConfig(kl_coef=0.0)), jax.random.key(0))
+
+
+def test_paper_preset_trains_on_every_device():
+    from jax_drive.pipelines.presets import PRESETS
+
+    paper = PRESETS["paper"]
+    for mesh_config in (paper.sft.mesh, paper.rl.mesh):
+        mesh = parallel.make_mesh(mesh_config)
+        assert mesh is not None and parallel.batch_shards(mesh) == len(jax.devices()) == 8
+    assert paper.rl.minibatch_size % 8 == 0 and paper.sft.batch_size % 8 == 0
