@@ -15,14 +15,14 @@ from jax_drive.scenes import generate_scenes, index_scene
 NUM_SCENES = 12  # not a multiple of 8: the sharded call pads and cuts the scene batch
 
 
-def _trajectories(scenes, steps: int, dt: float):
-    """(S, 3, steps, 3) constant-speed poses at 0.5, 1 and 1.5 x the ego speed, with lateral
-    offsets -2, 0 and 2 m: a mix of progress, comfort, lane and collision outcomes."""
+def _trajectories(scenes, steps: int, dt: float, count: int = 8):
+    """(S, count, steps, 3) constant-speed poses at 0.5 .. 1.5 x the ego speed with lateral
+    offsets -2 .. 2 m: a mix of progress, comfort, lane and collision outcomes."""
     speed = jnp.linalg.norm(scenes.ego.velocity, axis=-1)  # (S,)
     t = dt * jnp.arange(1, steps + 1)
-    scale = jnp.array([0.5, 1.0, 1.5])
-    x = speed[:, None, None] * scale[None, :, None] * t
-    y = jnp.broadcast_to(jnp.array([-2.0, 0.0, 2.0])[None, :, None] * t / t[-1], x.shape)
+    frac = jnp.linspace(0.0, 1.0, count)
+    x = speed[:, None, None] * (0.5 + frac)[None, :, None] * t
+    y = jnp.broadcast_to((4.0 * frac - 2.0)[None, :, None] * t / t[-1], x.shape)
     return jnp.stack([x, y, jnp.arctan2(y, jnp.maximum(x, 1.0)) * 0.1], axis=-1)
 
 
@@ -39,10 +39,10 @@ def _assert_same(actual, expected):
 
 def test_proposals_on_8_devices_equal_one_device_exactly(scenes):
     proposals = _trajectories(scenes, 8, 0.5)
-    reference = _trajectories(scenes, 40, 0.1)[:, 1]
+    reference = _trajectories(scenes, 40, 0.1, count=3)[:, 1]  # ego speed, no offset
     plain = score_proposals(scenes, proposals, reference)
     sharded = score_proposals(scenes, proposals, reference, mesh=parallel.MeshConfig(data=8))
-    assert sharded.pdms.shape == (NUM_SCENES, 3)
+    assert sharded.pdms.shape == (NUM_SCENES, 8)
     _assert_same(sharded, plain)
     pdms = np.asarray(plain.pdms)
     assert (pdms == 0).any() and ((pdms > 0) & (pdms < 1)).any(), "the scenes should score varied outcomes"
