@@ -10,6 +10,7 @@ between those two single-device runs already).
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jax_drive import parallel
 from jax_drive.sim import core, scenarios as S
@@ -27,6 +28,12 @@ def _episodes(count: int):
     return jnp.stack(keys), jax.tree.map(lambda *x: jnp.stack(x), *scs)
 
 
+@pytest.fixture(scope="module")
+def episodes():
+    """(keys, scenarios) of 8 episodes, built once for the module."""
+    return _episodes(8)
+
+
 def _steps(keys, batch, go, decisions: int = 3):
     st = core.batched_reset(CFG, keys, batch)
     for _ in range(decisions):
@@ -42,9 +49,9 @@ def _assert_trees(actual, expected, atol=0.0):
             np.testing.assert_array_equal(a, e)
 
 
-def test_sharded_steps_run_each_devices_episodes_like_one_device():
+def test_sharded_steps_run_each_devices_episodes_like_one_device(episodes):
     mesh = parallel.make_mesh(MESH)
-    keys, batch = _episodes(8)
+    keys, batch = episodes
     go = core.go_action(CFG, batch)
     sharded = _steps(*parallel.shard_batch((keys, batch, go), mesh))
     assert parallel.is_sharded(sharded.x, parallel.DATA) and parallel.is_sharded(sharded.x, parallel.FSDP)
@@ -53,9 +60,9 @@ def test_sharded_steps_run_each_devices_episodes_like_one_device():
     _assert_trees(sharded, _steps(keys, batch, go), atol=1e-5)
 
 
-def test_sharded_rollout_pads_and_cuts_the_episode_batch():
+def test_sharded_rollout_pads_and_cuts_the_episode_batch(episodes):
     mesh = parallel.make_mesh(MESH)
-    keys, batch = _episodes(6)  # padded to 8 over the devices, cut back to 6
+    keys, batch = jax.tree.map(lambda x: x[:6], episodes)  # padded to 8 over the devices, cut back to 6
     go = core.go_action(CFG, batch)
     acts = jax.tree.map(lambda v: jnp.stack([v] * 4, axis=1), go)  # (E, D, ...)
     rollout = jax.jit(lambda sc, st, a: core.batched_rollout(CFG, sc, st, a))
