@@ -38,7 +38,7 @@ install: $(STAMP)
 
 # MTDrive end to end on the embedded SmolLM2 (cpu-demo preset: SFT -> RL curation -> mtGRPO ->
 # held-out multi-turn evaluation, PDMS per turn for the untrained, SFT and RL policies):
-# 20.4 min on this 2-core CPU after installation (measured with `time make demo`). A killed
+# about 20 min on this 2-core CPU after installation (`time make demo`). A killed
 # demo continues where it stopped (--resume); delete runs/demo_mtdrive to start over.
 demo: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) experiments/mtdrive.py --preset cpu-demo --out runs/demo_mtdrive --resume

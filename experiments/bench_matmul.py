@@ -19,19 +19,17 @@ again under ``XLA_FLAGS`` (recorded in the JSON), e.g.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
+import sys
 
 import numpy as np
+from bench_sampler import time_call  # sibling script (experiments/ is on sys.path when run)
+from tqdm import tqdm
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_json
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from bench_sampler import time_call  # noqa: E402  (sibling script; experiments/ is on sys.path when run)
-from tqdm import tqdm  # noqa: E402
+script_environment()
 
 HIDDEN, QKV, INTER, VOCAB = 576, 960, 1536, 49152  # SmolLM2-135M: 9 q heads + 3 kv heads of 64
 NUM_LAYERS = 30
@@ -46,18 +44,23 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
+    parser.add_argument("--repeats", type=int, default=20)
+    add_output_args(parser, json_required=True)
+    args = parser.parse_args(argv)
+    require_min(1, threads=args.threads, repeats=args.repeats)
+    import jax
+    import jax.numpy as jnp
     import torch
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--json", required=True, help="output JSON path")
-    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    # XLA:CPU's library back ends (oneDNN, XNNPACK, YNNPACK) are opt-in flags: meta's xla_flags records them.
+    meta = run_metadata(benchmark="bench_matmul", threads=args.threads, torch_version=torch.__version__)
     rng = np.random.default_rng(0)
     rows = []
     cases = [(r, p, d) for r in ROWS for p in PROJECTIONS for d in ("float32", "bfloat16")]
-    for row_name, proj, dtype in tqdm(cases, desc="shapes", unit="shape"):
+    for row_name, proj, dtype in tqdm(cases, desc="shapes", unit="shape", disable=args.no_progress):
         m = ROWS[row_name]
         k, n = PROJECTIONS[proj]
         if proj == "lm_head" and m > 8:
@@ -91,28 +94,17 @@ def main(argv=None) -> int:
                 summary[f"{side}_decode_step_matmul_ms_{row_name}_{dtype}"] = (
                     NUM_LAYERS * layer + sel["lm_head"][f"{side}_ms"])
     out = {
-        "benchmark": "bench_matmul",
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "threads": args.threads,
-        "affinity": sorted(os.sched_getaffinity(0)),
-        "load_average_1m": os.getloadavg()[0],
-        "platform": platform.platform(),
-        "jax_version": jax.__version__,
-        "torch_version": torch.__version__,
-        # XLA:CPU's library back ends (oneDNN, XNNPACK, YNNPACK) are opt-in flags; record them.
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "meta": meta,
         "timing": f"median of {args.repeats} calls after one warm-up (JAX compilation excluded)",
         "summary_note": "geometric mean over shapes of jax_time / torch_time (> 1: torch faster)",
         **summary,
         "per_shape": rows,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=2)
+    write_json(args.json, out)
     print(json.dumps(summary, indent=2))
     print(f"wrote {args.json}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

@@ -14,24 +14,17 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
+import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import numpy as np
+from bench_sampler import time_call  # sibling script (experiments/ is on sys.path when run)
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_sampler import time_call  # noqa: E402  (sibling script; experiments/ is on sys.path when run)
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_json
 
-from jax_drive.models import load_pretrained, positions_from_mask  # noqa: E402
-from jax_drive.models.loading import smollm2_gguf_path  # noqa: E402
-from jax_drive.models.transformer import forward_logits, forward_token_logprobs  # noqa: E402
+script_environment()
 
 
 def _median_time(fn, repeats):
@@ -39,23 +32,29 @@ def _median_time(fn, repeats):
     return time_call(fn, repeats)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="B=2, L=64, 2 repeats, chunk 32")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--json", required=True, help="output JSON path")
-    args = parser.parse_args()
+    add_output_args(parser, json_required=True)
+    args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.length, args.repeats, args.chunk = 2, 64, 2, 32
+    require_min(1, batch=args.batch, length=args.length, repeats=args.repeats, chunk=args.chunk)
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.models import load_pretrained, positions_from_mask
+    from jax_drive.models.loading import smollm2_gguf_path
+    from jax_drive.models.transformer import forward_logits, forward_token_logprobs
+
     b, l = args.batch, args.length
-    steps = tqdm(total=7, desc="bench_models")
-    result: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "batch": b,
-                    "length": l, "repeats": args.repeats, "platform": platform.platform(),
-                    "jax_backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                    "load_average": os.getloadavg()}
+    steps = tqdm(total=7, desc="bench_models", disable=args.no_progress)
+    result: dict = {"meta": run_metadata(benchmark="bench_models"),
+                    "batch": b, "length": l, "repeats": args.repeats}
 
     start = time.perf_counter()
     model, config, tokenizer = load_pretrained("smollm2-135m-instruct")
@@ -65,6 +64,7 @@ def main() -> None:
     import torch
     import transformers
 
+    result["meta"].update(torch_version=torch.__version__, transformers_version=transformers.__version__)
     path = smollm2_gguf_path()
     start = time.perf_counter()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -120,11 +120,10 @@ def main() -> None:
     steps.close()
     for key in ("ours_prefill_f32_s", "ours_prefill_bf16_s", "torch_prefill_f32_s"):
         result[key.replace("_s", "_tokens_per_s")] = b * l / result[key]
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    write_json(args.json, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

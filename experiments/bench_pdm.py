@@ -1,25 +1,27 @@
-"""Benchmark: batched JAX PDM scorer vs the numpy/shapely reference on one scene.
+"""Benchmark: the batched JAX PDM scorer vs the numpy/shapely reference, in two regimes.
 
-For batch sizes 1 .. 4096 proposals of one scene, times ``jax_drive.pdm.score_proposals``
-after compilation (median of several calls) and the reference scorer
-(``jax_drive.pdm_reference``, one proposal at a time with the scene geometry and the
-PDM-Closed reference trajectory shared, like NAVSIM's batch scoring). The reference is timed
-on a subset of proposals and its per-proposal rate is extrapolated to the larger batches
-(recorded in the JSON). The reference subset is timed in several rounds spread over the run
-(before the JAX batches and after each batch of >= 1,024) and its median round is used, so a
-slow spell of the machine hits both scorers alike. Both scorers' PDMS are compared on that
-subset of the largest batch.
+* single scene (``--batches``): 1 .. 4,096 proposals of one busy scene, one
+  ``jax_drive.pdm.score_proposals`` call per batch;
+* many scenes (``--scenes S --proposals P``, default 256 x 8, MTDrive's regime): one call
+  scoring S generated scenes with P proposals each.
 
-Steal screening: on a shared VM the hypervisor can give our cores to other guests for a
-while (``st`` in vmstat), which slows whichever block is running. Each timed block (a JAX
-batch's calls, a reference round) records the share of CPU time stolen during it; a block
-above ``--max-steal`` (default 5 %) is timed again, up to ``--steal-retries`` more times, and
-the attempt with the least steal is kept. Every attempt is in the JSON (``attempts``), and the
-top-level ``speedup_first_attempts`` gives the figure without screening. ``--max-steal 1``
-turns screening off.
+JAX figures are the median of ``--repeats`` calls after compilation (the first call is
+recorded separately); the map budget is read off the concrete scenes inside each call, as
+users call it. The reference (``jax_drive.pdm_reference``) scores one proposal at a time
+with the scene geometry and the PDM-Closed reference trajectory shared per scene, like
+NAVSIM's batch scoring. It is timed on a subset (single scene: the first
+``--reference-subset`` proposals; many scenes: the first ``--reference-scenes`` scenes,
+including each scene's setup) in rounds spread over the run (median round used) and
+extrapolated; both scorers' PDMS are compared on that subset.
+
+Steal screening: on a shared VM the hypervisor can give our cores to other guests (``st``
+in vmstat). Each timed block records the share of CPU time stolen during it; a block above
+``--max-steal`` is timed again, up to ``--steal-retries`` more times, and the attempt with
+the least steal is kept (all attempts are in the JSON; ``--max-steal 1`` turns it off).
 
 Usage:
-  python experiments/bench_pdm.py [--quick] [--json experiments/results/bench_pdm.json]
+  python experiments/bench_pdm.py --scenes 256 --proposals 8 [--json OUT]
+  python experiments/bench_pdm.py --only multi --scenes 8 --proposals 2 --repeats 2   # tiny check
 """
 
 from __future__ import annotations
@@ -48,26 +50,7 @@ from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy  # noqa: E40
 
 T8 = np.arange(1, 9) * 0.5
 T40 = np.arange(1, 41) * 0.1
-
-
-def bench_scene():
-    """One busy scene: a generated scene when the generator exists, else a hand-built one."""
-    try:
-        from jax_drive.scenes import generate_scenes
-
-        scenes = generate_scenes(jax.random.PRNGKey(7), 8)
-        counts = np.asarray(scenes.agents.valid).any(-1).sum(-1)
-        idx = int(np.argmax(counts))  # the busiest of a few scenes
-        return jax.tree_util.tree_map(lambda a: a[idx], scenes), f"generate_scenes(PRNGKey(7), 8)[{idx}]"
-    except ImportError:
-        from jax_drive.scenes import add_agent, add_static, straight_road
-
-        spec = straight_road(ego_speed=10.0)
-        for i in range(8):
-            add_agent(spec, x=15.0 + 12 * i, y=3.5 * ((i % 3) - 1), speed=6.0 + i)
-        for i in range(3):
-            add_static(spec, x=40.0 + 10 * i, y=-3.5)
-        return spec.build(), "straight_road with 8 vehicles and 3 cones"
+DEFAULT_BATCHES = (1, 4, 16, 64, 256, 1024, 2048, 4096)
 
 
 def make_proposals(expert: np.ndarray, velocity: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
@@ -105,29 +88,201 @@ def expert_reference(expert: np.ndarray) -> np.ndarray:
     )
 
 
-def time_jax(fn, scene, proposals, reference, repeats: int) -> dict:
-    """One timed block of ``repeats`` (>= 1) calls of an already compiled ``fn``: median/min/max
-    seconds, the CPU steal share over the block, and the last call's PDMS."""
+def time_jax(fn, repeats: int) -> dict:
+    """One timed block of ``repeats`` (>= 1) calls of an already compiled ``fn()``: median /
+    min / max seconds, the CPU steal share over the block, and the last call's PDMS."""
     times = []
     before = cpu_times()
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = fn(scene, proposals, reference)
-        jax.block_until_ready(out)
+        out = jax.block_until_ready(fn())
         times.append(time.perf_counter() - t0)
     return {"jax_s": statistics.median(times), "jax_min_s": min(times), "jax_max_s": max(times),
             "cpu_steal_share": steal_share(before, cpu_times()), "pdms": np.asarray(out.pdms, np.float64)}
 
 
+def timed_jax(fn, args) -> tuple[dict, float]:
+    """(kept attempt without its PDMS, its PDMS, first-call seconds) for a zero-argument ``fn``."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    kept, attempts = screened(lambda: time_jax(fn, args.repeats), args.max_steal, args.steal_retries)
+    row = {"jax_first_call_s": first,
+           **{k: kept[k] for k in ("jax_s", "jax_min_s", "jax_max_s", "cpu_steal_share")},
+           "attempts": [{k: a[k] for k in ("jax_s", "jax_min_s", "jax_max_s", "cpu_steal_share")}
+                        for a in attempts]}
+    return row, kept["pdms"]
+
+
+class ReferenceRounds:
+    """Rounds of reference timing spread over a run; each round is steal-screened."""
+
+    def __init__(self, time_round, args):
+        self.time_round, self.args = time_round, args
+        self.kept, self.attempts = [], []
+
+    def run(self, desc: str) -> None:
+        kept, attempts = screened(lambda: self.time_round(desc), self.args.max_steal, self.args.steal_retries)
+        self.kept.append(kept)
+        self.attempts.append(attempts)
+
+    def median(self, key: str, first_attempts: bool = False) -> float:
+        rounds = [a[0] for a in self.attempts] if first_attempts else self.kept
+        return statistics.median(r[key] for r in rounds)
+
+    def summary(self, key: str) -> dict:
+        return {"rounds": [r[key] for r in self.kept], "rounds_cpu_steal_share": [r["cpu_steal_share"] for r in self.kept],
+                "rounds_attempts": [[{k: a[k] for k in (key, "cpu_steal_share")} for a in att] for att in self.attempts]}
+
+
+def single_scene(args, config, pdm) -> dict:
+    """1 .. max(batches) proposals of one busy generated scene."""
+    from jax_drive.scenes import generate_scenes
+
+    scenes = generate_scenes(jax.random.PRNGKey(7), 8)
+    idx = int(np.argmax(np.asarray(scenes.agents.valid).any(-1).sum(-1)))  # the busiest of a few
+    scene = jax.tree_util.tree_map(lambda a: a[idx], scenes)
+    scene_np = scene_to_numpy(scene)
+    expert = np.asarray(scene_np.expert, np.float64)
+    batches = sorted(args.batches)
+    proposals_all = make_proposals(expert, np.asarray(scene_np.ego.velocity, np.float64), max(batches))
+    reference = expert_reference(expert)
+    subset = min(args.reference_subset, max(batches))
+
+    scorer = ReferenceScorer(scene_np, config)
+    t0 = time.perf_counter()
+    scorer.score(proposals_all[0], reference)  # builds the reference trajectory once
+    setup_s = time.perf_counter() - t0
+
+    def time_round(desc: str) -> dict:
+        times, pdms = [], []
+        before = cpu_times()
+        for i in tqdm(range(subset), desc=desc, unit="proposal", leave=False):
+            t0 = time.perf_counter()
+            pdms.append(scorer.score(proposals_all[i], reference)["pdms"])
+            times.append(time.perf_counter() - t0)
+        return {"s_per_proposal": float(np.mean(times)), "cpu_steal_share": steal_share(before, cpu_times()),
+                "pdms": pdms}
+
+    rounds = ReferenceRounds(time_round, args)
+    rounds.run("single scene: reference round 1")
+    rows, largest_pdms = [], None
+    ref_j = jnp.asarray(reference, jnp.float32)
+    for b in tqdm(batches, desc="single scene: jax batches", unit="batch"):
+        props = jnp.asarray(proposals_all[:b], jnp.float32)
+        row, pdms = timed_jax(lambda: pdm.score_proposals(scene, props, ref_j, config), args)
+        rows.append({"batch": b, **row, "jax_proposals_per_s": b / row["jax_s"]})
+        if b == batches[-1]:
+            largest_pdms = pdms
+        if b >= 1024:
+            rounds.run(f"single scene: reference round {len(rounds.kept) + 1}")
+
+    per_proposal = rounds.median("s_per_proposal")
+    per_proposal_first = rounds.median("s_per_proposal", first_attempts=True)
+    for row in rows:
+        row["reference_s"] = setup_s + row["batch"] * per_proposal
+        row["reference_extrapolated"] = row["batch"] > subset
+        row["speedup"] = row["reference_s"] / row["jax_s"]
+        row["speedup_first_attempt"] = (setup_s + row["batch"] * per_proposal_first) / row["attempts"][0]["jax_s"]
+    diff = np.abs(np.asarray(rounds.kept[-1]["pdms"]) - largest_pdms[:subset])
+    last = rows[-1]
+    return {
+        "scene": f"generate_scenes(PRNGKey(7), 8)[{idx}]",
+        "num_agents_valid": int(np.asarray(scene_np.agents.valid).any(-1).sum()),
+        "jax_proposals_per_s": last["jax_proposals_per_s"],
+        "reference_proposals_per_s": 1.0 / per_proposal,
+        "reference_s_per_proposal": per_proposal,
+        "reference_setup_s": setup_s,
+        "reference": rounds.summary("s_per_proposal"),
+        "reference_timed_on_proposals": subset,
+        "speedup": last["speedup"],
+        "speedup_first_attempts": {r["batch"]: r["speedup_first_attempt"] for r in rows},
+        "min_speedup_at_1024_plus": min((r["speedup"] for r in rows if r["batch"] >= 1024), default=None),
+        "time_4096_s": next((r["jax_s"] for r in rows if r["batch"] == 4096), None),
+        "max_abs_pdms_diff": float(diff.max()),
+        "max_abs_pdms_diff_on": f"first {subset} proposals of batch {last['batch']}",
+        "per_batch": rows,
+    }
+
+
+def many_scenes(args, config, pdm) -> dict:
+    """S generated scenes x P proposals in one call (MTDrive's regime)."""
+    from jax_drive.scenes import generate_scenes
+
+    s_count, p_count = args.scenes, args.proposals
+    scenes = generate_scenes(jax.random.PRNGKey(args.seed), s_count)
+    scenes_np = scene_to_numpy(scenes)
+    expert = np.asarray(scenes_np.expert, np.float64)
+    velocity = np.asarray(scenes_np.ego.velocity, np.float64)
+    proposals = np.stack([make_proposals(expert[s], velocity[s], p_count, seed=args.seed + s)
+                          for s in range(s_count)])
+    reference = np.stack([expert_reference(e) for e in expert])
+    subset = min(args.reference_scenes, s_count)
+    pick = lambda tree, s: jax.tree_util.tree_map(lambda a: a[s], tree)  # noqa: E731
+
+    def time_round(desc: str) -> dict:
+        times, pdms = [], []
+        before = cpu_times()
+        for s in tqdm(range(subset), desc=desc, unit="scene", leave=False):
+            t0 = time.perf_counter()
+            scorer = ReferenceScorer(pick(scenes_np, s), config)  # the scene's geometry: part of the cost
+            pdms.append([scorer.score(proposals[s, p], reference[s])["pdms"] for p in range(p_count)])
+            times.append(time.perf_counter() - t0)
+        return {"s_per_scene": float(np.mean(times)), "cpu_steal_share": steal_share(before, cpu_times()),
+                "pdms": pdms}
+
+    rounds = ReferenceRounds(time_round, args)
+    rounds.run("many scenes: reference round 1")
+    props_j = jnp.asarray(proposals, jnp.float32)
+    ref_j = jnp.asarray(reference, jnp.float32)
+    row, pdms = timed_jax(lambda: pdm.score_proposals(scenes, props_j, ref_j, config), args)
+    rounds.run("many scenes: reference round 2")
+    per_scene = rounds.median("s_per_scene")
+    per_scene_first = rounds.median("s_per_scene", first_attempts=True)
+    total = s_count * p_count
+    diff = np.abs(np.asarray(rounds.kept[-1]["pdms"]) - pdms[:subset])
+    return {
+        "scenes": f"generate_scenes(PRNGKey({args.seed}), {s_count})",
+        "num_scenes": s_count,
+        "proposals_per_scene": p_count,
+        **row,
+        "jax_proposals_per_s": total / row["jax_s"],
+        "jax_s_per_scene": row["jax_s"] / s_count,
+        "reference_s_per_scene": per_scene,
+        "reference_s_per_proposal": per_scene / p_count,
+        "reference_proposals_per_s": p_count / per_scene,
+        "reference": rounds.summary("s_per_scene"),
+        "reference_timed_on_scenes": subset,
+        "reference_s": s_count * per_scene,
+        "reference_extrapolated": s_count > subset,
+        "speedup": s_count * per_scene / row["jax_s"],
+        "speedup_first_attempt": s_count * per_scene_first / row["attempts"][0]["jax_s"],
+        "max_abs_pdms_diff": float(diff.max()),
+        "max_abs_pdms_diff_on": f"first {subset} scenes",
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer batch sizes and repeats")
-    parser.add_argument("--json", default="experiments/results/bench_pdm.json", help="output JSON path")
-    parser.add_argument("--reference-subset", type=int, default=None, help="proposals timed on the reference")
+    parser.add_argument("--scenes", type=int, default=256, help="many-scenes regime: scenes per call (default 256)")
+    parser.add_argument("--proposals", type=int, default=8, help="many-scenes regime: proposals per scene (default 8)")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES),
+                        help="single-scene regime: proposal counts (default 1 4 16 64 256 1024 2048 4096)")
+    parser.add_argument("--only", choices=("single", "multi"), help="run one regime only (default both)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed JAX calls per block (default 15)")
+    parser.add_argument("--reference-subset", type=int, default=128, help="single scene: proposals timed on the reference")
+    parser.add_argument("--reference-scenes", type=int, default=16, help="many scenes: scenes timed on the reference")
+    parser.add_argument("--seed", type=int, default=0, help="scene generator seed of the many-scenes regime")
     parser.add_argument("--max-steal", type=float, default=0.05,
                         help="re-time a block whose CPU steal share is above this (1 = never)")
     parser.add_argument("--steal-retries", type=int, default=3, help="extra attempts per block at most")
+    parser.add_argument("--json", type=Path, default=None, help="write the result JSON here (default: print only)")
     args = parser.parse_args(argv)
+    for name in ("scenes", "proposals", "repeats", "reference_subset", "reference_scenes"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if any(b < 1 for b in args.batches):
+        parser.error("--batches must be >= 1")
     if not 0.0 <= args.max_steal <= 1.0:
         parser.error(f"--max-steal must be a share in [0, 1], got {args.max_steal}")
     if args.steal_retries < 0:
@@ -135,108 +290,11 @@ def main(argv=None) -> int:
 
     from jax_drive import pdm
 
-    batches = [1, 16, 256, 1024, 4096] if args.quick else [1, 4, 16, 64, 256, 1024, 2048, 4096]
-    repeats = 3 if args.quick else 15
-    subset = args.reference_subset or (32 if args.quick else 128)
-
-    scene, scene_desc = bench_scene()
-    scene_np = scene_to_numpy(scene)
-    expert = np.asarray(scene_np.expert, np.float64)
-    proposals_all = make_proposals(expert, np.asarray(scene_np.ego.velocity, np.float64), max(batches))
-    reference = expert_reference(expert)
     config = pdm.PDMConfig(check_finite=False)
-
-    def score(sc, props, ref):
-        # The public entry point, as users call it: it reads the map budget off the concrete
-        # scene on the host (included in the timing) and runs one jitted program.
-        return pdm.score_proposals(sc, props, ref, config)
-
-    # Reference: the first ``subset`` proposals of the largest batch, one at a time.
-    scorer = ReferenceScorer(scene_np)
-    t0 = time.perf_counter()
-    scorer.score(proposals_all[0], reference)  # builds the reference trajectory once
-    setup_s = time.perf_counter() - t0
-    rounds = []  # one kept attempt per reference round
-    round_attempts = []
-    ref_pdms = []
-
-    def time_reference(desc: str) -> dict:
-        times, pdms_round = [], []
-        before = cpu_times()
-        for i in tqdm(range(subset), desc=desc, unit="proposal", leave=False):
-            t0 = time.perf_counter()
-            r = scorer.score(proposals_all[i], reference)
-            times.append(time.perf_counter() - t0)
-            pdms_round.append(r["pdms"])
-        return {"s_per_proposal": float(np.mean(times)), "cpu_steal_share": steal_share(before, cpu_times()),
-                "pdms": pdms_round}
-
-    def reference_round(desc: str) -> None:
-        kept, attempts = screened(lambda: time_reference(desc), args.max_steal, args.steal_retries)
-        rounds.append(kept)
-        round_attempts.append(attempts)
-        ref_pdms[:] = kept["pdms"]
-
-    reference_round("reference round 1")
-    rows = []
-    largest_pdms = None
-    bar = tqdm(batches, desc="jax batches", unit="batch")
-    for b in bar:
-        props = jnp.asarray(proposals_all[:b], jnp.float32)
-        ref = jnp.asarray(reference, jnp.float32)
-        t0 = time.perf_counter()
-        jax.block_until_ready(score(scene, props, ref))
-        first = time.perf_counter() - t0
-        kept, attempts = screened(lambda: time_jax(score, scene, props, ref, repeats),
-                                  args.max_steal, args.steal_retries)
-        median = kept["jax_s"]
-        rows.append({"batch": b, "jax_first_call_s": first, "jax_s": median, "jax_proposals_per_s": b / median,
-                     "jax_min_s": kept["jax_min_s"], "jax_max_s": kept["jax_max_s"],
-                     "cpu_steal_share": kept["cpu_steal_share"],
-                     "attempts": [{k: a[k] for k in ("jax_s", "jax_min_s", "jax_max_s", "cpu_steal_share")}
-                                  for a in attempts]})
-        bar.set_postfix(batch=b, per_s=f"{b / median:.0f}", attempts=len(attempts))
-        if b == max(batches):
-            largest_pdms = kept["pdms"]
-        if b >= 1024:
-            reference_round(f"reference round {len(rounds) + 1}")
-
-    # Where the JAX time goes: interpolation + LQR/bicycle simulation alone at the largest batch.
-    big = max(batches)
-    scene_b = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (big,) + a.shape), scene)
-
-    @jax.jit
-    def simulate_only(sc, props):
-        return pdm.simulate_states(sc, pdm.interpolate_poses(sc, props, 0.5), config)
-
-    props_big = jnp.asarray(proposals_all[:big], jnp.float32)
-    jax.block_until_ready(simulate_only(scene_b, props_big))
-    sim_times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(simulate_only(scene_b, props_big))
-        sim_times.append(time.perf_counter() - t0)
-    sim_s = statistics.median(sim_times)
-
-    round_s_per_proposal = [r["s_per_proposal"] for r in rounds]
-    per_proposal = statistics.median(round_s_per_proposal)
-    per_proposal_first = statistics.median(a[0]["s_per_proposal"] for a in round_attempts)
-    ref_rate = 1.0 / per_proposal
-    diff = np.abs(np.asarray(ref_pdms) - largest_pdms[:subset])
-
-    for row in rows:
-        row["reference_s"] = setup_s + row["batch"] * per_proposal
-        row["reference_extrapolated"] = row["batch"] > subset
-        row["speedup"] = row["reference_s"] / row["jax_s"]
-        # Without steal screening: first attempts of every JAX block and reference round.
-        row["speedup_first_attempt"] = (setup_s + row["batch"] * per_proposal_first) / row["attempts"][0]["jax_s"]
-    last = rows[-1]
     result = {
-        "benchmark": "pdm_scorer_one_scene",
+        "benchmark": "pdm_scorer",
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "quick": args.quick,
-        "scene": scene_desc,
-        "num_agents_valid": int(np.asarray(scene_np.agents.valid).any(-1).sum()),
+        "argv": sys.argv[1:] if argv is None else list(argv),
         "device": str(jax.devices()[0]),
         "jax_backend": jax.default_backend(),
         "jax_version": jax.__version__,
@@ -244,54 +302,38 @@ def main(argv=None) -> int:
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "repeats": repeats,
+        "repeats": args.repeats,
         "pdm_chunk_size": config.chunk_size,
-        "jax_proposals_per_s": last["jax_proposals_per_s"],
-        "reference_proposals_per_s": ref_rate,
-        "reference_s_per_proposal": per_proposal,
-        "reference_setup_s": setup_s,
-        "reference_rounds_s_per_proposal": round_s_per_proposal,
-        "reference_rounds_cpu_steal_share": [r["cpu_steal_share"] for r in rounds],
-        "reference_rounds_attempts": [[{k: a[k] for k in ("s_per_proposal", "cpu_steal_share")} for a in att]
-                                      for att in round_attempts],
+        "pdm_jerk_matrix": config.jerk_matrix,
         "max_steal": args.max_steal,
         "steal_retries": args.steal_retries,
-        "reference_timed_on_proposals": subset,
-        "reference_note": (
-            f"reference timed on the first {subset} proposals of the largest batch, one at a time "
-            "with the scene geometry and reference trajectory shared, in rounds before the JAX "
-            "batches and after each batch >= 1024 (median round used); larger batches are "
-            "extrapolated as setup + batch * per-proposal time; jax_s is the median of "
-            f"{repeats} calls (jax_min_s / jax_max_s their range); cpu_steal_share is the share "
-            "of CPU time the hypervisor gave to other guests during a timed block (vmstat's st); "
-            f"blocks above {args.max_steal} were re-timed up to {args.steal_retries} times and the "
-            "attempt with the least steal kept (all attempts listed)"
-        ),
-        "speedup": last["speedup"],
-        "speedup_first_attempts": {r["batch"]: r["speedup_first_attempt"] for r in rows},
-        "min_speedup_at_1024_plus": min((r["speedup"] for r in rows if r["batch"] >= 1024), default=None),
-        "time_4096_s": next((r["jax_s"] for r in rows if r["batch"] == 4096), None),
-        "max_abs_pdms_diff": float(diff.max()),
-        "jax_profile": {
-            "batch": big,
-            "simulate_s": sim_s,
-            "total_s": last["jax_s"],
-            "simulate_share": sim_s / last["jax_s"],
-            "note": "simulate_s = interpolate_poses + simulate_states alone (jitted); the rest "
-            "of total_s is the metric stage (areas, collisions, TTC, progress, comfort)",
-        },
-        "max_abs_pdms_diff_on": f"first {subset} proposals of batch {last['batch']}",
-        "per_batch": rows,
+        "note": ("jax_s: median of `repeats` calls after compilation (first call separate); reference: "
+                 "one proposal at a time with the scene geometry and the PDM-Closed reference trajectory "
+                 "shared per scene (many scenes: each scene's setup included), timed on a subset in rounds "
+                 "(median round) and extrapolated; cpu_steal_share: share of CPU time the hypervisor gave "
+                 "to other guests during a block; blocks above max_steal re-timed, least-steal attempt kept"),
     }
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in (
-        "jax_proposals_per_s", "reference_proposals_per_s", "speedup", "min_speedup_at_1024_plus",
-        "speedup_first_attempts", "time_4096_s", "max_abs_pdms_diff")},
-        indent=2))
-    print(f"wrote {path}")
-    return 0 if math.isfinite(result["max_abs_pdms_diff"]) else 1
+    if args.only in (None, "multi"):
+        result["many_scenes"] = many_scenes(args, config, pdm)
+    if args.only in (None, "single"):
+        result["single_scene"] = single_scene(args, config, pdm)
+
+    summary = {}
+    if "many_scenes" in result:
+        m = result["many_scenes"]
+        summary["many_scenes"] = {k: m[k] for k in ("num_scenes", "proposals_per_scene", "jax_s", "jax_proposals_per_s",
+                                                    "reference_proposals_per_s", "speedup", "max_abs_pdms_diff")}
+    if "single_scene" in result:
+        s = result["single_scene"]
+        summary["single_scene"] = {k: s[k] for k in ("jax_proposals_per_s", "reference_proposals_per_s", "speedup",
+                                                     "min_speedup_at_1024_plus", "time_4096_s", "max_abs_pdms_diff")}
+    print(json.dumps(summary, indent=2))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    diffs = [part["max_abs_pdms_diff"] for part in summary.values()]
+    return 0 if all(math.isfinite(d) for d in diffs) else 1
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from jax_drive.runinfo import InputError, add_output_args, run_main, run_metadata, write_json
+from jax_drive.runinfo import InputError, add_output_args, require_min, run_main, run_metadata, write_json
 
 
 class NullBackend:
@@ -118,14 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-size", type=int, default=4)
     parser.add_argument("--xla-cache", default=None, metavar="DIR",
                         help="persistent XLA cache for the workers (default: a temporary one)")
-    add_output_args(parser)
+    add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
     try:
         counts = sorted({int(w) for w in args.workers.split(",") if w.strip()})
     except ValueError:
         raise InputError(f"--workers wants comma-separated integers, got {args.workers!r}") from None
-    if not counts or counts[0] < 1 or args.episodes < 1 or args.chunk_size < 1:
-        raise InputError("--workers, --episodes and --chunk-size must be >= 1")
+    if not counts:
+        raise InputError("--workers names no worker count")
+    require_min(1, workers=counts, episodes=args.episodes, chunk_size=args.chunk_size)
 
     import jax
 
@@ -182,9 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if overhead is not None:
         print(f"Ray overhead per episode (1 worker vs in-process chunks): {1e3 * overhead:.1f} ms")
     print(f"results identical to in-process: {identical}")
-    if args.json:
-        write_json(args.json, out)
-        print(f"results: {args.json}")
+    write_json(args.json, out)
+    print(f"results: {args.json}")
     return 0 if identical else 1
 
 

@@ -15,7 +15,7 @@ decode-only rate from the difference between a full run and a 1-new-token run, a
 prompt has about N tokens (MTDrive's cpu-demo prompts are ~550 tokens in turn 1 and up to
 ~1,400 in turn 2), which measures the long-context prefill and decode the demo pays for.
 
-  python experiments/bench_sampler.py --json experiments/results/bench_sampler.json [--quick]
+  python experiments/bench_sampler.py --json OUT [--quick]
   python experiments/bench_sampler.py --json OUT --prompt-tokens 1280 --batches 8 --new-tokens 168
 """
 
@@ -23,20 +23,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
+                               script_environment, write_json)
+
+script_environment()
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -68,13 +66,6 @@ def long_prompt(tokenizer, question: str, target: int) -> list[int]:
     return ids(repeats)
 
 
-def load_avg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 def time_call(fn, repeats: int) -> float:
     """Median wall seconds of `fn()` over `repeats` runs."""
     times = []
@@ -87,7 +78,7 @@ def time_call(fn, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, help="output JSON path")
+    add_output_args(parser, json_required=True)
     parser.add_argument("--quick", action="store_true", help="32 new tokens, 1 timed repeat")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 128 (quick: 32)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3, quick 1)")
@@ -99,24 +90,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=None,
                         help="pad each prompt with driving filler text to about this many tokens")
     args = parser.parse_args(argv)
+    require_min(1, new_tokens=args.new_tokens, repeats=args.repeats, batches=args.batches,
+                prompt_tokens=args.prompt_tokens)
+    if max(args.batches) > len(QUESTIONS):
+        raise InputError(f"--batches: at most {len(QUESTIONS)} prompts available, got {max(args.batches)}")
     new_tokens = args.new_tokens or (32 if args.quick else 128)
     repeats = args.repeats or (1 if args.quick else 3)
+
+    import jax
 
     from jax_drive.models import load_pretrained
     from jax_drive.models.loading import smollm2_gguf_path
     from jax_drive.sampling import SamplerConfig, generate_tokens
 
-    load_before = load_avg()
     model, config, tokenizer = load_pretrained("smollm2-135m-instruct", dtype=args.dtype)
     chats = [tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
     prompt_ids = [tokenizer.encode(c) for c in chats]
     if args.prompt_tokens:
         prompt_ids = [long_prompt(tokenizer, q, args.prompt_tokens) for q in QUESTIONS]
-    if max(args.batches) > len(prompt_ids):
-        raise SystemExit(f"at most {len(prompt_ids)} prompts available")
 
+    meta = {"benchmark": "bench_sampler"}
     results: dict = {
-        "benchmark": "bench_sampler",
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised)",
         "new_tokens": new_tokens,
         "repeats": repeats,
@@ -128,9 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         "timing": "median wall time of full generate calls after one untimed warm-up call "
                   "(JAX compilation excluded); throughput = batch*new_tokens/time, prompt "
                   "prefill included; *_decode_only = batch*(new_tokens-1)/(t_full - t_1token)",
-        "host": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                 "python": sys.version.split()[0], "jax": jax.__version__,
-                 "jax_devices": [str(d) for d in jax.devices()]},
     }
 
     # Long prompts pad to multiples of 128 (as the MTDrive engine does), not to a power of two.
@@ -151,9 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import transformers
 
-        results["host"]["torch"] = torch.__version__
-        results["host"]["transformers"] = transformers.__version__
-        results["host"]["torch_threads"] = torch.get_num_threads()
+        meta.update(torch_version=torch.__version__, transformers_version=transformers.__version__,
+                    torch_threads=torch.get_num_threads())
         path = smollm2_gguf_path()
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
@@ -173,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             return out
 
     engines = [("jax", jax_run)] + ([("torch", torch_run)] if hf is not None else [])
+    results = {"meta": run_metadata(**meta), **results}  # before any timed call: the machine's load then
     steps = len(args.batches) * len(engines) * (2 + 2 * repeats)
-    bar = tqdm(total=steps, desc="bench_sampler", unit="call")
+    bar = tqdm(total=steps, desc="bench_sampler", unit="call", disable=args.no_progress)
     agree = {}
     for batch in args.batches:
         outputs = {}
@@ -208,14 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     if agree:
         results["rows_with_identical_greedy_tokens"] = agree
-    results["load_avg_before"] = load_before
-    results["load_avg_after"] = load_avg()
 
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in results.items() if "per_s" in k or "speedup" in k
-                      or "load" in k}, indent=2))
+    out = Path(write_json(args.json, results))
+    print(json.dumps({k: v for k, v in results.items() if "per_s" in k or "speedup" in k}, indent=2))
     if args.plot:
         import matplotlib
 
@@ -238,4 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -21,22 +21,19 @@ Only the measured call is timed (turn 1 of a session is re-run untimed before ea
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import numpy as np
+from bench_sampler import QUESTIONS, long_prompt  # sibling script (experiments/ is on sys.path when run)
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_sampler import QUESTIONS, load_avg, long_prompt  # noqa: E402  (sibling script)
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
+                               script_environment, write_json)
+
+script_environment()
 
 FEEDBACK = ("PDM Agent: point 5 of your trajectory leaves the drivable area and point 7 comes "
             "within 1.2 m of the car ahead. Keep every other point exactly as it was and write "
@@ -68,7 +65,7 @@ def max_logprob_diff(a, b) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, help="output JSON path")
+    add_output_args(parser, json_required=True)
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes to check the script: 2 prompts x 2, ~96-token prompts, "
                              "16 new tokens, 1 repeat")
@@ -81,31 +78,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.group, args.prompt_tokens, args.new_tokens, args.repeats = 2, 2, 96, 16, 1
+    require_min(1, prompts=args.prompts, group=args.group, prompt_tokens=args.prompt_tokens,
+                new_tokens=args.new_tokens, num_draft=args.num_draft, repeats=args.repeats)
     if args.prompts > len(QUESTIONS):
-        raise SystemExit(f"--prompts: at most {len(QUESTIONS)}")
+        raise InputError(f"--prompts: at most {len(QUESTIONS)}, got {args.prompts}")
+
+    import jax
 
     from jax_drive.models import load_pretrained
     from jax_drive.sampling import JaxEngine, PromptLookup, SamplerConfig, SamplingParams, generate_tokens
 
-    load_before = load_avg()
     model, _, tokenizer = load_pretrained("smollm2-135m-instruct")
     prompts = [long_prompt(tokenizer, q + ANSWER_FORMAT, args.prompt_tokens) for q in QUESTIONS[:args.prompts]]
     rows = [p for p in prompts for _ in range(args.group)]
     n = args.new_tokens
     buckets = SamplerConfig(prompt_buckets=tuple(range(64, 16_385, 64)))
     results: dict = {
-        "benchmark": "bench_sampler_features",
+        "meta": run_metadata(benchmark="bench_sampler_features"),  # before any timed call: the load then
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised, float32)",
         "rows": len(rows), "prompts": args.prompts, "group": args.group,
         "prompt_lengths": [len(p) for p in prompts], "new_tokens": n, "repeats": args.repeats,
         "num_draft": args.num_draft,
         "timing": "median over repeats after one untimed warm-up; wall and process CPU seconds",
-        "meta": {"date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                 "python": sys.version.split()[0], "jax": jax.__version__,
-                 "load_average_1m_before": load_before[0] if load_before else None},
     }
-    bar = tqdm(total=3, desc="bench_sampler_features", unit="feature")
+    bar = tqdm(total=3, desc="bench_sampler_features", unit="feature", disable=args.no_progress)
 
     # 1. shared-prefix prefill -----------------------------------------------------------
     def sample(share: bool):
@@ -172,11 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     results["prompt_lookup"]["speedup"] = speedup(results["prompt_lookup"]["off"], results["prompt_lookup"]["on"])
     bar.update()
     bar.close()
-    results["meta"]["load_average_1m_after"] = load_avg()[0] if load_avg() else None
 
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk in ("speedup", "tokens_identical",
                                                                  "max_abs_logprob_diff")}
                       for k, v in results.items() if k in ("shared_prefix", "kv_reuse", "prompt_lookup")},
@@ -185,4 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

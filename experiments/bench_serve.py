@@ -25,26 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from bench_sampler import QUESTIONS  # the same chat prompts as the sampler bench (sibling script)
+from tqdm import tqdm
 
-import jax  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
-from bench_sampler import QUESTIONS  # noqa: E402 - the same chat prompts as the sampler bench
-
-from jax_drive.serve.launch import free_port, llama_cpp_command, server_process  # noqa: E402
-
+script_environment()
 
 
 def chat_prompts(tokenizer, batch: int) -> list[list[int]]:
@@ -56,13 +50,15 @@ def chat_prompts(tokenizer, batch: int) -> list[list[int]]:
     return out
 
 
-def time_calls(generate, prompts, params, repeats: int, label: str) -> dict:
+def time_calls(generate, prompts, params, repeats: int, label: str, show_progress: bool) -> dict:
     """Warm-up call, then ``repeats`` timed calls; tokens/s from the median time."""
+    import jax
+
     start = time.perf_counter()
     first = generate(prompts, params, jax.random.key(0))
     warmup_s = time.perf_counter() - start
     times, tokens = [], []
-    for r in tqdm(range(repeats), desc=label, leave=False):
+    for r in tqdm(range(repeats), desc=label, leave=False, disable=not show_progress):
         start = time.perf_counter()
         out = generate(prompts, params, jax.random.key(r + 1))
         times.append(time.perf_counter() - start)
@@ -95,7 +91,7 @@ def tiny_checkpoint(out_dir: Path) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, help="output JSON path")
+    add_output_args(parser, json_required=True)
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="'smollm2-135m-instruct' (default), 'tiny' (random, no llama.cpp), "
                         "or an HF dir / .gguf")
@@ -105,25 +101,35 @@ def main(argv=None) -> int:
     parser.add_argument("--max-wait-ms", type=float, default=20.0,
                         help="jax-drive serve's batching wait")
     parser.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--skip-llama-cpp", action="store_true")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
     args = parser.parse_args(argv)
-    if min(args.batch, args.max_new_tokens, args.repeats) < 1:
-        parser.error("--batch, --max-new-tokens and --repeats must be >= 1")
+    require_min(1, batch=args.batch, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                llama_threads=args.llama_threads)
+    require_min(0, max_wait_ms=args.max_wait_ms)
+    with tempfile.TemporaryDirectory(prefix="bench_serve-") as workdir:
+        return run(args, Path(workdir))
 
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
     from jax_drive.models import load_pretrained
     from jax_drive.sampling import JaxEngine, OpenAIEngine, SamplingParams
+    from jax_drive.serve.launch import free_port, llama_cpp_command, server_process
 
-    workdir = tempfile.TemporaryDirectory(prefix="bench_serve-")
-    source = tiny_checkpoint(Path(workdir.name) / "tiny") if args.model == "tiny" else args.model
-    model, _, tokenizer = load_pretrained(source)
+    source = tiny_checkpoint(workdir / "tiny") if args.model == "tiny" else args.model
+    try:
+        model, _, tokenizer = load_pretrained(source)
+    except (FileNotFoundError, ValueError) as error:
+        raise InputError(f"--model: {error}") from None
     prompts = chat_prompts(tokenizer, args.batch)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
                             temperature=1.0)
     results: dict = {}
+    meta = run_metadata(benchmark="bench_serve")  # before any timed call: the machine's load then
+    progress = not args.no_progress
 
     print("in-process JaxEngine ...", file=sys.stderr)
     results["jax_engine"] = time_calls(JaxEngine(model, tokenizer).generate, prompts, params,
-                                       args.repeats, "jax_engine")
+                                       args.repeats, "jax_engine", progress)
     del model
 
     port = free_port()
@@ -134,13 +140,13 @@ def main(argv=None) -> int:
     with server_process(command, port, "policy", "bench-jax-drive-serve") as server:
         client = OpenAIEngine(server.base_url, "policy", tokenizer=tokenizer,
                               max_concurrency=args.batch, timeout_s=1800)
-        results["serve"] = time_calls(client.generate, prompts, params, args.repeats, "serve")
+        results["serve"] = time_calls(client.generate, prompts, params, args.repeats, "serve", progress)
         counts = server_counts(server.base_url)
         results["serve"]["server_counts"] = counts
         results["serve"]["rows_per_engine_call"] = counts["rows"] / max(1, counts["engine_calls"])
 
     gguf = None
-    if not args.skip_llama_cpp:
+    if not args.no_llama_cpp:
         from jax_drive.models.loading import resolve_source
 
         path = resolve_source(source) if args.model != "tiny" else None
@@ -153,9 +159,9 @@ def main(argv=None) -> int:
             client = OpenAIEngine(server.base_url, server.model, tokenizer=tokenizer,
                                   max_concurrency=args.batch, timeout_s=1800)
             results["llama_cpp"] = time_calls(client.generate, prompts, params, args.repeats,
-                                              "llama_cpp")
+                                              "llama_cpp", progress)
     else:
-        results["llama_cpp"] = {"skipped": "needs a .gguf model (and not --skip-llama-cpp)"}
+        results["llama_cpp"] = {"skipped": "needs a .gguf model (and not --no-llama-cpp)"}
 
     jax_rate = results["jax_engine"]["tokens_per_s"]
     serve_rate = results["serve"]["tokens_per_s"]
@@ -167,18 +173,15 @@ def main(argv=None) -> int:
     if "tokens_per_s" in results["llama_cpp"]:
         summary["serve_over_llama_cpp"] = serve_rate / results["llama_cpp"]["tokens_per_s"]
     report = {
+        "meta": meta,
         "config": vars(args) | {"prompt_tokens": [len(p) for p in prompts]},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "loadavg_at_end": os.getloadavg(), "jax": jax.__version__},
         "results": results,
         "summary": summary,
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     print(json.dumps(summary, indent=2))
-    workdir.cleanup()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -14,30 +14,34 @@ simulation_frequency 20 and policy_frequency 2 (the same 0.05 s tick and 0.5 s
 decision), IDLE actions, resetting when an episode ends; agent-steps = vehicles on the
 road x ticks.
 
-    python experiments/bench_sim.py --json experiments/results/bench_sim.json
+    python experiments/bench_sim.py --json OUT
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jax_drive.sim import core, scenarios as S
-from jax_drive.sim.state import SimConfig
+from jax_drive.runinfo import (add_output_args, command_line, require_min, run_main, run_metadata,
+                               script_environment, write_json)
+
+script_environment(cpu=False)
 
 
-def bench_jax(episodes: int, decisions: int, repeats: int, cfg: SimConfig) -> dict:
+def bench_jax(episodes: int, decisions: int, repeats: int, cfg, show_progress: bool = True) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.sim import core, scenarios as S
+
     keys = [jax.random.key(k) for k in range(episodes)]
     items = [S.build("tv_highway_merge", k, accident_prone=bool(i % 2), background=True, cfg=cfg)
-             for i, k in enumerate(tqdm(keys, desc="build scenarios", leave=False))]
+             for i, k in enumerate(tqdm(keys, desc="build scenarios", leave=False, disable=not show_progress))]
     sc = jax.tree.map(lambda *x: jnp.stack(x), *items)
     st0 = core.batched_reset(cfg, jnp.stack(keys), sc)
     act = core.go_action(cfg, sc)
@@ -51,7 +55,7 @@ def bench_jax(episodes: int, decisions: int, repeats: int, cfg: SimConfig) -> di
     jax.block_until_ready(run(sc, st0, acts))
     compile_s = time.perf_counter() - t0
     times = []
-    for _ in tqdm(range(repeats), desc="jax rollouts", leave=False):
+    for _ in tqdm(range(repeats), desc="jax rollouts", leave=False, disable=not show_progress):
         t0 = time.perf_counter()
         final = jax.block_until_ready(run(sc, st0, acts))
         times.append(time.perf_counter() - t0)
@@ -71,7 +75,7 @@ def bench_jax(episodes: int, decisions: int, repeats: int, cfg: SimConfig) -> di
     }
 
 
-def bench_highway_env(steps: int) -> dict:
+def bench_highway_env(steps: int, show_progress: bool = True) -> dict:
     import gymnasium as gym
     import highway_env  # noqa: F401  (registers the envs)
 
@@ -80,7 +84,7 @@ def bench_highway_env(steps: int) -> dict:
     env.reset(seed=0)
     ticks_per_step = 20 // 2
     agent_steps, total = 0, 0.0
-    for _ in tqdm(range(steps), desc="highway-env steps", leave=False):
+    for _ in tqdm(range(steps), desc="highway-env steps", leave=False, disable=not show_progress):
         n = len(env.unwrapped.road.vehicles)
         t0 = time.perf_counter()
         _, _, term, trunc, _ = env.step(1)  # IDLE
@@ -99,12 +103,19 @@ def main(argv=None) -> int:
     parser.add_argument("--decisions", type=int, default=20, help="decisions per rollout (10 ticks each)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--highway-steps", type=int, default=100)
-    parser.add_argument("--json", default=None)
+    add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
-    cfg = SimConfig()
-    hw = bench_highway_env(args.highway_steps)
-    jx = bench_jax(args.episodes, args.decisions, args.repeats, cfg)
+    require_min(1, episodes=args.episodes, decisions=args.decisions, repeats=args.repeats,
+                highway_steps=args.highway_steps)
+    import jax
+
+    from jax_drive.sim.state import SimConfig
+
+    meta = run_metadata(benchmark="bench_sim", command=command_line(__file__, argv))
+    hw = bench_highway_env(args.highway_steps, not args.no_progress)
+    jx = bench_jax(args.episodes, args.decisions, args.repeats, SimConfig(), not args.no_progress)
     out = {
+        "meta": meta,
         "jax_agent_steps_per_s": jx["agent_steps_per_s"],
         "highway_env_agent_steps_per_s": hw["agent_steps_per_s"],
         "speedup": jx["agent_steps_per_s"] / hw["agent_steps_per_s"],
@@ -112,20 +123,12 @@ def main(argv=None) -> int:
         "highway_env": hw,
         "jax_policy": "GO at cruise speed for policy agents, IDM for background agents",
         "device": str(jax.devices()[0]),
-        "cpu_affinity": sorted(os.sched_getaffinity(0)),
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "load_average": os.getloadavg(),
-        "command": "python experiments/bench_sim.py " + " ".join(argv or []),
     }
     print(json.dumps({k: out[k] for k in ("jax_agent_steps_per_s", "highway_env_agent_steps_per_s", "speedup")},
                      indent=2))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

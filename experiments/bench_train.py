@@ -24,26 +24,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import numpy as np
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
-from jax_drive.rl.grpo import GRPOConfig, _compiled  # noqa: E402
-from jax_drive.rl.logging import peak_rss_gb  # noqa: E402
-from jax_drive.rl.loss import LossConfig  # noqa: E402
-from jax_drive.rl.optim import OptimConfig, copy_tree, make_optimizer, split_model  # noqa: E402
+script_environment()
 
 
 def fixed_batch(b: int, l: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -75,13 +71,20 @@ def _median(fn, repeats, bar):
 
 
 def run_jax(model, batch, repeats, bar, chunk):
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.rl.grpo import GRPOConfig, _compiled
+    from jax_drive.rl.loss import LossConfig
+    from jax_drive.rl.optim import OptimConfig, copy_tree, make_optimizer, split_model
+
     cfg = GRPOConfig(loss=LossConfig(kl_coef=0.01), optim=OptimConfig(learning_rate=1e-6, trainable="full"),
                      chunk_size=chunk)
     graphdef, params, rest = split_model(model, "full")
     ref = copy_tree(params)
     tx = make_optimizer(cfg.optim)
     state = {"params": params, "opt": tx.init(params)}
-    step_fn, logp_fn = _compiled(graphdef, cfg.loss, cfg.chunk_size, cfg.optim)
+    step_fn, logp_fn = _compiled(graphdef, cfg.loss, cfg.chunk_size, cfg.optim, cfg.logprob_temperature)
     data = {k: jnp.asarray(v) for k, v in batch.items()}
     model_keys = ("input_ids", "targets", "positions", "attention_mask")
     first = {}
@@ -146,7 +149,7 @@ def run_torch(hf_dir, batch, repeats, bar, threads):
     return median, times, first
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--batch", type=int, default=4)
@@ -155,19 +158,26 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="B=2, L=128, 2 repeats")
-    parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--no-torch", action="store_true", help="skip the transformers + torch peer")
     parser.add_argument("--remat-layers", action="store_true",
                         help="recompute decoder blocks in the backward pass (ModelConfig.remat_layers)")
-    parser.add_argument("--json", default="experiments/results/bench_train.json")
-    args = parser.parse_args()
+    add_output_args(parser, json_required=True)
+    args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.length, args.repeats = 2, 128, 2
+    require_min(1, batch=args.batch, length=args.length, repeats=args.repeats, chunk=args.chunk,
+                threads=args.threads)
+
     from jax_drive.models import load_pretrained
     from jax_drive.models.export import save_safetensors
+    from jax_drive.rl.logging import peak_rss_gb
 
-    bar = tqdm(total=2 * (args.repeats + 1) + 1, desc="bench_train")
+    bar = tqdm(total=2 * (args.repeats + 1) + 1, desc="bench_train", disable=args.no_progress)
     t0 = time.perf_counter()
-    model, config, _ = load_pretrained(args.model, dtype="float32")
+    try:
+        model, config, _ = load_pretrained(args.model, dtype="float32")
+    except (FileNotFoundError, ValueError) as error:
+        raise InputError(f"--model: {error}") from None
     if args.remat_layers:
         model.config = dataclasses.replace(config, remat_layers=True)
     load_s = time.perf_counter() - t0
@@ -175,20 +185,19 @@ def main() -> None:
     batch = fixed_batch(args.batch, args.length, config.vocab_size)
     tokens = int(batch["attention_mask"].sum())
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "host": platform.node(), "cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
+        "meta": run_metadata(benchmark="bench_train", host=platform.node()),
         "model": args.model, "batch": args.batch, "length": args.length, "tokens_per_update": tokens,
         "repeats": args.repeats, "update": "old logp + ref logp + clipped loss/K3 KL + grad + clip + AdamW, full fine-tuning",
         "load_seconds": load_s, "remat_layers": args.remat_layers,
     }
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(tmp) / "hf"
-        if not args.skip_torch:
+        if not args.no_torch:
             save_safetensors(model, hf_dir)  # the same weights for torch, exported before any update
         j_med, j_times, j_first = run_jax(model, batch, args.repeats, bar, args.chunk)
         result.update(jax_seconds_per_update=j_med, jax_times=j_times, jax_tokens_per_s=tokens / j_med,
                       jax_first_loss=j_first["loss"])
-        if not args.skip_torch:
+        if not args.no_torch:
             t_med, t_times, t_first = run_torch(str(hf_dir), batch, args.repeats, bar, args.threads)
             m = batch["loss_mask"] > 0
             result.update(torch_seconds_per_update=t_med, torch_times=t_times, torch_tokens_per_s=tokens / t_med,
@@ -199,11 +208,10 @@ def main() -> None:
             result.update(torch_tokens_per_s=None, speedup=None)
     bar.close()
     result["peak_rss_gb"] = peak_rss_gb()
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     print(json.dumps({k: result[k] for k in ("jax_tokens_per_s", "torch_tokens_per_s", "speedup", "peak_rss_gb")}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -3,10 +3,10 @@ and the ten InterDrive types without and with background traffic (DS / RC / IS /
 3 seeds, mean ± standard error across seeds. Episodes alternate accident-prone and safe
 configurations (accident-prone first).
 
-    python experiments/coop_baselines.py --json experiments/results/coop_baselines.json
+    python experiments/coop_baselines.py --json OUT.json
 
-Writes the JSON (with the command line), a plot next to it (coop_baselines.png) and one
-rendering per TalkingVehicles scenario (coop_<scenario>.png, rule-based, accident-prone).
+Writes the JSON (its ``meta`` holds the command line), a plot next to it (<OUT>.png) and one
+rendering per TalkingVehicles scenario (coop_<scenario>.png beside it, rule-based, accident-prone).
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ import os
 import sys
 import time
 
-import jax
-import matplotlib
+import numpy as np
+from tqdm import tqdm
 
-matplotlib.use("Agg")  # a script: choosing the backend here is fine (the library never does)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, command_line, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
-from jax_drive.coop import baselines  # noqa: E402
-from jax_drive.coop.evaluate import ID_KEYS, TV_KEYS, episode_flags, jsonable, summarise  # noqa: E402
-from jax_drive.coop.runner import run_episodes  # noqa: E402
-from jax_drive.sim import metrics as M, scenarios as S  # noqa: E402
+script_environment(cpu=False)
 
 
-def run_group(names, policy, seeds, episodes, background, keep_trajectory=False, max_time=None):
+def run_group(names, policy, seeds, episodes, background, keep_trajectory=False, max_time=None, show_progress=True):
     """All scenarios x seeds x episodes of one policy in a single batch; returns
     {scenario: {seed: [EpisodeResult]}}."""
+    import jax
+
+    from jax_drive.coop.evaluate import episode_flags
+    from jax_drive.coop.runner import run_episodes
+
     flags = episode_flags("alternate", episodes)
     batch_names, keys, batch_flags, tags = [], [], [], []
     for name in names:
@@ -44,7 +44,7 @@ def run_group(names, policy, seeds, episodes, background, keep_trajectory=False,
                 batch_flags.append(flags[k])
                 tags.append((name, seed))
     bar = tqdm(desc=f"{policy.name}{' bg' if background else ''} ({len(keys)} episodes)", unit="decision",
-               leave=False)
+               leave=False, disable=not show_progress)
     results, _ = run_episodes(batch_names, keys, accident_prone=batch_flags, policy=policy,
                               background=background, keep_trajectory=keep_trajectory,
                               progress=lambda d: bar.update(1), max_time=max_time)
@@ -56,6 +56,13 @@ def run_group(names, policy, seeds, episodes, background, keep_trajectory=False,
 
 
 def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # a script: choosing the backend here is fine (the library never does)
+    import matplotlib.pyplot as plt
+
+    from jax_drive.sim import scenarios as S
+
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     tv = report["talking_vehicles"]
     names = list(S.TALKING_VEHICLES)
@@ -90,14 +97,22 @@ def plot(report: dict, path: str) -> None:
     plt.close(fig)
 
 
+def read_tv_section(path: str) -> tuple[dict, str | None]:
+    """The TalkingVehicles section of an earlier results file and the command that made it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        return old["talking_vehicles"], old.get("meta", old).get("command")  # older files: command at the top
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise InputError(f"--reuse-tv {path}: not a coop_baselines results file ({error!r})") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--tv-episodes", type=int, default=10, help="episodes per seed per TalkingVehicles scenario")
     parser.add_argument("--id-episodes", type=int, default=4, help="episodes per seed per InterDrive type and setting")
-    parser.add_argument("--json", required=True,
-                        help="results JSON (the plot and renderings go next to it); canonical: "
-                             "experiments/results/coop_baselines.json")
+    add_output_args(parser, json_required=True)  # the plot and renderings go next to the JSON
     parser.add_argument("--no-render", action="store_true")
     parser.add_argument("--reuse-tv", default=None,
                         help="take the TalkingVehicles section from this earlier JSON instead of re-running it")
@@ -106,9 +121,16 @@ def main(argv=None) -> int:
                         help="optional cap on InterDrive episode length, s (default: each scenario's own "
                              "time limit; episodes also end when every ego is done or blocked for 30 s)")
     args = parser.parse_args(argv)
+    require_min(1, seeds=args.seeds, tv_episodes=args.tv_episodes, id_episodes=args.id_episodes)
+    require_min(0, id_max_time=args.id_max_time)
+    reused = read_tv_section(args.reuse_tv) if args.reuse_tv else None
+    from jax_drive.coop import baselines
+    from jax_drive.coop.evaluate import ID_KEYS, TV_KEYS, jsonable, summarise
+    from jax_drive.sim import metrics as M, scenarios as S
+
     seeds = list(range(args.seeds))
     t0 = time.time()
-    report = {"command": "python experiments/coop_baselines.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    report = {"meta": run_metadata(benchmark="coop_baselines", command=command_line(__file__, argv)),
               "seeds": seeds, "tv_episodes_per_seed": args.tv_episodes, "id_episodes_per_seed": args.id_episodes,
               "configs": "alternating accident-prone / safe, accident-prone first",
               "id_max_time_s": args.id_max_time,
@@ -116,17 +138,16 @@ def main(argv=None) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.json))
     os.makedirs(out_dir, exist_ok=True)
     policies = [baselines.SilentPolicy(), baselines.RuleBasedPolicy()]
-    if args.reuse_tv:
-        with open(args.reuse_tv, encoding="utf-8") as f:
-            old = json.load(f)
-        report["talking_vehicles"] = old["talking_vehicles"]
-        report["tv_command"] = old["command"]
+    if reused is not None:
+        report["talking_vehicles"], report["tv_command"] = reused
+    progress = not args.no_progress
     for policy in policies:
         if args.reuse_tv:
             groups = {}
         else:
             groups = run_group(S.TALKING_VEHICLES, policy, seeds, args.tv_episodes, False,
-                               keep_trajectory=not args.no_render and policy.name == "rule_based")
+                               keep_trajectory=not args.no_render and policy.name == "rule_based",
+                               show_progress=progress)
         for name, by_seed in groups.items():
             report["talking_vehicles"].setdefault(name, {})[policy.name] = summarise(by_seed, "talking_vehicles")
             if not args.no_render and policy.name == "rule_based":
@@ -136,12 +157,12 @@ def main(argv=None) -> int:
         for bg, label in ((False, "without_background"), (True, "with_background")):
             if bg and args.no_id_background:
                 continue
-            groups = run_group(S.INTERDRIVE, policy, seeds, args.id_episodes, bg, max_time=args.id_max_time)
+            groups = run_group(S.INTERDRIVE, policy, seeds, args.id_episodes, bg, max_time=args.id_max_time,
+                               show_progress=progress)
             for name, by_seed in groups.items():
                 report["interdrive"][label].setdefault(name, {})[policy.name] = summarise(by_seed, "interdrive")
     report["wall_seconds"] = time.time() - t0
-    with open(args.json, "w", encoding="utf-8") as f:
-        json.dump(jsonable(report), f, indent=2)
+    write_json(args.json, jsonable(report))
     plot(report, os.path.splitext(args.json)[0] + ".png")
     # tables
     for fam, keys in (("talking_vehicles", TV_KEYS),):
@@ -159,4 +180,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

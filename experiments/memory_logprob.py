@@ -7,10 +7,9 @@ kept for the backward pass, gradients, logits) and argument bytes. Three ways to
 (B, L) log-probs:
 
 * ``full``: ``model(ids)`` logits (B, L, V) float32 -> log_softmax -> gather;
-* ``token_chunked``: ``CausalLM.token_logprobs`` (today's trainer path: chunk_size tokens at
-  a time with the whole vocabulary, rematerialised in the backward pass);
-* ``vocab_chunked``: ``kernels.token_logprobs`` on the model's hidden states (token_chunk x
-  vocab_chunk logits blocks, online logsumexp, custom VJP).
+* ``trainer``: ``CausalLM.token_logprobs``, the trainer's path (``head_token_logprobs``:
+  ``kernels.token_logprobs`` on the hidden states, chunk_size tokens x a vocabulary chunk per
+  logits block, online logsumexp, custom VJP).
 
 Models, random weights (only shapes matter; nothing is allocated): SmolLM2-135M (V 49,152,
 D 576, 30 layers) and Qwen2.5-3B's vocabulary and width (V 151,936, D 2048, tied head) with
@@ -27,39 +26,32 @@ respect to both (full fine-tuning) or the hidden states only (LoRA), no decoder 
 Usage:
   python experiments/memory_logprob.py --json OUT [--batch 2 --length 1024 --qwen-layers 2]
       [--sections update,head]
-  python experiments/memory_logprob.py --quick   # tiny sizes, to check that it runs
+  python experiments/memory_logprob.py --quick --json OUT   # tiny sizes, to check that it runs
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
-import datetime as dt
 import json
-import os
-import platform
+import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from tqdm import tqdm
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
-from jax_drive.models import CausalLM, ModelConfig, chunked_token_logprobs  # noqa: E402
-from jax_drive.models.lora import apply_lora  # noqa: E402
-from jax_drive.rl.loss import LossConfig, policy_loss  # noqa: E402
-from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model  # noqa: E402
-from kernels import LogprobConfig, token_logprobs  # noqa: E402
+script_environment()
 
-VARIANTS = ("full", "token_chunked", "vocab_chunked")
+VARIANTS = ("full", "trainer")
 LORA_RANK = 8
 
 
-def model_configs(qwen_layers: int, quick: bool) -> dict[str, ModelConfig]:
+def model_configs(qwen_layers: int, quick: bool) -> dict:
     """SmolLM2-135M (ModelConfig's defaults) and Qwen2.5-3B's shapes with fewer layers."""
+    from jax_drive.models import ModelConfig
+
     smollm2 = ModelConfig()
     qwen = ModelConfig(architecture="qwen2", vocab_size=151936, hidden_size=2048,
                        intermediate_size=11008, num_layers=qwen_layers, num_heads=16,
@@ -71,27 +63,24 @@ def model_configs(qwen_layers: int, quick: bool) -> dict[str, ModelConfig]:
     return {"smollm2-135m": smollm2, f"qwen2.5-3b-vocab-{qwen.num_layers}-layers": qwen}
 
 
-def logprob_fn(variant: str, chunk_size: int, config: LogprobConfig):
+def logprob_fn(variant: str, chunk_size: int):
     """(model, batch) -> (B, L) log-probs of batch['targets'] by one of the VARIANTS."""
+    import jax
+    import jax.numpy as jnp
+
     def fn(model, batch):
         ids, pos, mask, targets = (batch[k] for k in ("input_ids", "positions", "attention_mask", "targets"))
         if variant == "full":
             logits, _ = model(ids, pos, mask)
             return jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-        if variant == "token_chunked":
-            return model.token_logprobs(ids, pos, mask, targets, chunk_size=chunk_size)
-        hidden = model.hidden_states(ids, pos, mask)
-        # The head as stored: the (V, D) embedding when tied, else the (D, V) lm_head
-        # (``head_matrix()`` would transpose the tied embedding into a (D, V) copy).
-        if model.lm_head is None:
-            return token_logprobs(hidden, model.embed[...], targets, mask.astype(bool),
-                                  head_layout="vd", config=config)
-        return token_logprobs(hidden, model.lm_head[...], targets, mask.astype(bool),
-                              head_layout="dv", config=config)
+        return model.token_logprobs(ids, pos, mask, targets, chunk_size=chunk_size)
     return fn
 
 
 def abstract_batch(b: int, l: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
     ints = jax.ShapeDtypeStruct((b, l), jnp.int32)
     floats = jax.ShapeDtypeStruct((b, l), jnp.float32)
     return {"input_ids": ints, "targets": ints, "positions": ints,
@@ -99,9 +88,16 @@ def abstract_batch(b: int, l: int) -> dict:
             "old_logp": floats, "ref_logp": floats, "advantages": floats}
 
 
-def step_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: int,
-                chunk_size: int, logprob_config: LogprobConfig) -> dict:
+def step_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int) -> dict:
     """memory_analysis() of one compiled update; weights and optimiser state are abstract."""
+    import jax
+    from flax import nnx
+
+    from jax_drive.models import CausalLM
+    from jax_drive.models.lora import apply_lora
+    from jax_drive.rl.loss import LossConfig, policy_loss
+    from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model
+
     def build():
         model = CausalLM(config, rngs=nnx.Rngs(0))
         if trainable == "lora":
@@ -112,7 +108,7 @@ def step_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: in
     graphdef, params, rest = split_model(model, trainable)
     tx = make_optimizer(OptimConfig(learning_rate=1e-6, trainable=trainable))
     opt_state = jax.eval_shape(tx.init, params)
-    logp = logprob_fn(variant, chunk_size, logprob_config)
+    logp = logprob_fn(variant, chunk_size)
     loss_config = LossConfig(kl_coef=0.01)
 
     def loss_fn(m, batch):
@@ -130,9 +126,13 @@ def step_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: in
             "compile_s": round(time.perf_counter() - start, 2)}
 
 
-def head_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: int,
-                chunk_size: int, logprob_config: LogprobConfig) -> dict:
+def head_memory(config, trainable: str, variant: str, b: int, l: int, chunk_size: int) -> dict:
     """memory_analysis() of d/d(hidden[, head]) sum(w * logp) for one way to get logp."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.models import head_token_logprobs
+
     d, v = config.hidden_size, config.vocab_size
     hidden = jax.ShapeDtypeStruct((b, l, d), jnp.float32)
     head = jax.ShapeDtypeStruct((v, d), jnp.float32)  # a tied embedding, as stored
@@ -143,10 +143,8 @@ def head_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: in
         if variant == "full":
             logits = jnp.einsum("bld,vd->blv", h, w)
             logp = jnp.take_along_axis(jax.nn.log_softmax(logits), t[..., None], -1)[..., 0]
-        elif variant == "token_chunked":
-            logp = chunked_token_logprobs(h, t, w.T, chunk_size)
         else:
-            logp = token_logprobs(h, w, t, config=logprob_config)
+            logp = head_token_logprobs({"embed": w, "lm_head": None}, h, t, chunk_size)
         return jnp.sum(weight * logp)
 
     argnums = (0, 1) if trainable == "full" else 0
@@ -163,58 +161,57 @@ def head_memory(config: ModelConfig, trainable: str, variant: str, b: int, l: in
 SECTIONS = {"update": step_memory, "head": head_memory}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here (default: print only)")
+    add_output_args(parser, json_required=True)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--qwen-layers", type=int, default=2)
-    parser.add_argument("--chunk-size", type=int, default=256, help="token chunk of token_chunked")
+    parser.add_argument("--chunk-size", type=int, default=256, help="tokens per logits block of the trainer path")
     parser.add_argument("--trainable", choices=("full", "lora", "both"), default="both")
     parser.add_argument("--sections", default="update,head",
                         help=f"comma-separated subset of {tuple(SECTIONS)}")
     parser.add_argument("--quick", action="store_true", help="B=1, L=64, 1-2 layers, 1/10 Qwen vocab")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sections = [x for x in args.sections.split(",") if x]
     if not sections or any(x not in SECTIONS for x in sections):
-        parser.error(f"--sections must name some of {tuple(SECTIONS)}, got {args.sections!r}")
+        raise InputError(f"--sections must name some of {tuple(SECTIONS)}, got {args.sections!r}")
+    require_min(1, batch=args.batch, length=args.length, qwen_layers=args.qwen_layers, chunk_size=args.chunk_size)
     b, l = (1, 64) if args.quick else (args.batch, args.length)
-    logprob_config = LogprobConfig()
+    from kernels import LogprobConfig
+
+    vocab_chunk = LogprobConfig().vocab_chunk
     trainables = ("full", "lora") if args.trainable == "both" else (args.trainable,)
     configs = model_configs(args.qwen_layers, args.quick)
     result: dict = {
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "platform": platform.platform(), "jax": jax.__version__, "backend": jax.default_backend(),
-        "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
-        "batch": b, "length": l, "token_chunked_chunk_size": args.chunk_size,
-        "vocab_chunked_config": dataclasses.asdict(logprob_config), "lora_rank": LORA_RANK,
+        "meta": run_metadata(benchmark="memory_logprob"),
+        "batch": b, "length": l, "trainer_token_chunk": args.chunk_size,
+        "trainer_vocab_chunk": vocab_chunk, "lora_rank": LORA_RANK,
         "models": {},
     }
     jobs = [(section, name, trainable, variant) for section in sections for name in configs
             for trainable in trainables for variant in VARIANTS]
-    for section, name, trainable, variant in tqdm(jobs, desc="memory_logprob"):
+    for section, name, trainable, variant in tqdm(jobs, desc="memory_logprob", disable=args.no_progress):
         config = configs[name]
         entry = result["models"].setdefault(name, {
             "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
             "num_layers": config.num_layers, "dtype": config.dtype,
             "full_logits_float32_bytes": 4 * b * l * config.vocab_size,
-            "vocab_chunk_block_float32_bytes": 4 * min(logprob_config.token_chunk, b * l)
-            * min(logprob_config.vocab_chunk, config.vocab_size),
+            "trainer_block_float32_bytes": 4 * min(args.chunk_size, b * l)
+            * min(vocab_chunk, config.vocab_size),
         })
         entry.setdefault(section, {}).setdefault(trainable, {})[variant] = SECTIONS[section](
-            config, trainable, variant, b, l, args.chunk_size, logprob_config)
+            config, trainable, variant, b, l, args.chunk_size)
     for entry in result["models"].values():
         for section, trainable in itertools.product(sections, trainables):
             mem = entry[section][trainable]
             full = mem["full"]["temp_bytes"]
             mem["temp_saved_bytes"] = {v: full - mem[v]["temp_bytes"] for v in VARIANTS[1:]}
             mem["temp_ratio_to_full"] = {v: round(mem[v]["temp_bytes"] / full, 4) for v in VARIANTS[1:]}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    write_json(args.json, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -4,14 +4,20 @@
 * :func:`evaluate_planner`: run a named planner over scenes in fixed-size chunks (one
   compilation; the last chunk is padded by repeating scenes and the padding is dropped),
   optionally with a tqdm bar; returns a per-scene :class:`PDMResult` (N,).
-* :func:`summarize`: mean of every metric.
-* :func:`load_trajectories`: JSONL trajectory files with line-numbered errors.
+* :func:`evaluate_scene_file`: the same on a scene file (:mod:`jax_drive.scenes.io`),
+  capacity group by capacity group, with the file's own PDM-Closed plans as references.
+* :func:`summarize`: mean of every metric (over the valid entries).
+* :func:`load_trajectories` (by generated scene id) and :func:`load_token_trajectories`
+  (by scene token: JSONL at any spacing, or a NAVSIM submission pickle): trajectory files
+  with errors naming the line and the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import pickle
 from pathlib import Path
 from typing import Callable
 
@@ -70,6 +76,46 @@ def _slice(scene: Scene, start: int, stop: int, size: int) -> Scene:
     return jax.tree.map(lambda a: a[idx], scene)
 
 
+def _score_batch(name: str, scenes: Scene, config: PDMConfig, proposals=None, references=None) -> PDMResult:
+    """One jitted batch: the planner's (or the given) proposals (B, 8, 3) against PDM-Closed
+    or the given references (B, 40, 3; rows with NaN use PDM-Closed). Returns PDMResult (B,)."""
+    need_pdm_closed = name == "pdm_closed" or references is None or bool(np.isnan(references).any())
+    closed = pdm_closed(scenes) if need_pdm_closed else None
+    if references is None:
+        reference = closed.poses
+    else:
+        missing = np.isnan(references).any(axis=(-2, -1))
+        reference = references if closed is None else np.where(missing[:, None, None], np.asarray(closed.poses),
+                                                                references)
+    if name == "file":
+        props = jnp.asarray(proposals)
+    elif name == "pdm_closed":
+        props = closed.output
+    else:
+        props = PLANNERS[name](scenes)
+    result = score_proposals(scenes, props[:, None], reference, config)
+    return jax.tree.map(lambda a: np.asarray(a)[:, 0], result)
+
+
+def _check_planner(name: str, proposals, n: int):
+    if name == "file":
+        if proposals is None:
+            raise ValueError(f"planner 'file' needs proposals ({n}, 8, 3)")
+        proposals = np.asarray(proposals, np.float32)
+        if proposals.shape != (n, NUM_OUTPUT_POSES, 3):
+            raise ValueError(f"proposals must have shape ({n}, {NUM_OUTPUT_POSES}, 3), got {proposals.shape}")
+    elif name not in PLANNERS:
+        raise ValueError(f"unknown planner {name!r}; choose from {sorted(PLANNERS) + ['file']}")
+    return proposals
+
+
+def _file_config(config: PDMConfig, proposals) -> PDMConfig:
+    """Missing trajectories (NaN rows) score 0 with ``finite`` False instead of raising."""
+    if proposals is not None and not np.all(np.isfinite(proposals)):
+        return dataclasses.replace(config, check_finite=False)
+    return config
+
+
 def evaluate_planner(
     name: str,
     scenes: Scene,
@@ -77,29 +123,26 @@ def evaluate_planner(
     proposals=None,
     batch_size: int = 64,
     progress: bool = False,
+    references=None,
 ) -> PDMResult:
     """Scores a named planner on scenes with batch dim (N,).
 
     Args:
       name: one of ``PLANNERS`` (constant_velocity, idm, pdm_closed, expert) or "file"
-        (then ``proposals`` (N, 8, 3) must be given).
+        (then ``proposals`` (N, 8, 3) must be given; rows with NaN score 0, ``finite`` False).
       scenes: Scene with one batch dim (N,).
       batch_size: scenes per jitted call (the last chunk is padded).
       progress: show a tqdm bar over chunks.
+      references: optional (N, 40, 3) PDM-Closed poses at 0.1 s (rows with NaN, or None:
+        computed with :func:`jax_drive.planners.pdm_closed`).
     Returns: PDMResult with fields (N,).
     """
     shape = batch_shape(scenes)
     if len(shape) != 1:
         raise ValueError(f"scenes must have one batch dim (N,), got batch shape {shape}")
     n = shape[0]
-    if name == "file":
-        if proposals is None:
-            raise ValueError("planner 'file' needs proposals (N, 8, 3)")
-        proposals = np.asarray(proposals, np.float32)
-        if proposals.shape != (n, NUM_OUTPUT_POSES, 3):
-            raise ValueError(f"proposals must have shape ({n}, {NUM_OUTPUT_POSES}, 3), got {proposals.shape}")
-    elif name not in PLANNERS:
-        raise ValueError(f"unknown planner {name!r}; choose from {sorted(PLANNERS) + ['file']}")
+    proposals = _check_planner(name, proposals, n)
+    config = _file_config(config, proposals)
     size = max(1, min(batch_size, n))
     chunks = range(math.ceil(n / size))
     if progress:
@@ -109,27 +152,89 @@ def evaluate_planner(
     outs = []
     for c in chunks:
         start, stop = c * size, min(n, (c + 1) * size)
+        idx = np.minimum(np.arange(start, start + size), stop - 1)
         sc = _slice(scenes, start, stop, size)
-        ref_out = pdm_closed(sc)
-        if name == "file":
-            idx = np.minimum(np.arange(start, start + size), stop - 1)
-            props = jnp.asarray(proposals[idx])
-        elif name == "pdm_closed":
-            props = ref_out.output
-        else:
-            props = PLANNERS[name](sc)
-        res = score_proposals(sc, props[:, None], ref_out.poses, config)
-        outs.append(jax.tree.map(lambda a: np.asarray(a)[: stop - start, 0], res))
+        res = _score_batch(name, sc, config, None if proposals is None else proposals[idx],
+                           None if references is None else np.asarray(references, np.float32)[idx])
+        outs.append(jax.tree.map(lambda a: a[: stop - start], res))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
-def summarize(result: PDMResult) -> dict[str, float]:
-    """Mean of each metric in :data:`METRICS` over all entries."""
-    return {field: float(np.mean(np.asarray(getattr(result, field)))) for field, _ in METRICS}
+def evaluate_scene_file(
+    scene_file,
+    name: str,
+    config: PDMConfig = PDMConfig(),
+    proposals=None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> PDMResult:
+    """Scores a planner (or ``proposals`` (S, 8, 3), name "file") on a
+    :class:`jax_drive.scenes.io.SceneFile`.
+
+    Scenes are built and scored group by group (one capacity bucket each, see
+    ``SceneFile.groups``) in chunks of ``batch_size`` (the last chunk padded), so a file
+    never has to fit in memory at once. A scene's own PDM-Closed plan (``pdm_closed`` in
+    the file) is the EP reference where it has one; the others use our PDM-Closed.
+    Returns: PDMResult with fields (S,), in file order.
+    """
+    n = len(scene_file)
+    proposals = _check_planner(name, proposals, n)
+    config = _file_config(config, proposals)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, desc=f"scoring {name}", unit="scene")
+    parts: list[tuple[np.ndarray, PDMResult]] = []
+    for indices, sizes in scene_file.groups():
+        size = max(1, min(batch_size, len(indices)))
+        for start in range(0, len(indices), size):
+            chunk = indices[start: start + size]
+            padded = np.concatenate([chunk, np.repeat(chunk[-1:], size - len(chunk))])
+            scenes = scene_file.build(padded, sizes)
+            res = _score_batch(name, scenes, config, None if proposals is None else proposals[padded],
+                               scene_file.references[padded])
+            parts.append((chunk, jax.tree.map(lambda a: a[: len(chunk)], res)))
+            if bar is not None:
+                bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    order = np.argsort(np.concatenate([idx for idx, _ in parts]), kind="stable")
+    return jax.tree.map(lambda *xs: np.concatenate(xs)[order], *[r for _, r in parts])
+
+
+def summarize(result: PDMResult, valid=None) -> dict[str, float]:
+    """Mean of each metric in :data:`METRICS` over all entries (or those where ``valid``;
+    NaN when none is)."""
+    keep = slice(None) if valid is None else np.asarray(valid, bool)
+    out = {}
+    for field, _ in METRICS:
+        values = np.asarray(getattr(result, field))[keep]
+        out[field] = float(np.mean(values)) if values.size else math.nan
+    return out
 
 
 class TrajectoryFileError(ValueError):
     """A bad trajectory file; the message names the line and the reason."""
+
+
+def _jsonl_objects(path: Path, key: str):
+    """Yields ("file:line", line number, object) for the non-blank lines of a JSONL file
+    whose objects have ``key`` and "poses"."""
+    if not path.is_file():
+        raise TrajectoryFileError(f"{path}: no such file")
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TrajectoryFileError(f"{where}: invalid JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or key not in obj or "poses" not in obj:
+                raise TrajectoryFileError(f"{where}: expected an object with keys '{key}' and 'poses'")
+            yield where, lineno, obj
 
 
 def load_trajectories(path: str | Path, num_scenes: int) -> np.ndarray:
@@ -140,46 +245,149 @@ def load_trajectories(path: str | Path, num_scenes: int) -> np.ndarray:
     Raises: TrajectoryFileError naming the line number and the reason.
     """
     path = Path(path)
-    if not path.is_file():
-        raise TrajectoryFileError(f"{path}: no such file")
     out = np.full((num_scenes, NUM_OUTPUT_POSES, 3), np.nan, np.float32)
     seen: dict[int, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TrajectoryFileError(f"{where}: invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or "scene" not in obj or "poses" not in obj:
-                raise TrajectoryFileError(f"{where}: expected an object with keys 'scene' and 'poses'")
-            sid = obj["scene"]
-            if isinstance(sid, bool) or not isinstance(sid, int):
-                raise TrajectoryFileError(f"{where}: 'scene' must be an integer, got {sid!r}")
-            if not 0 <= sid < num_scenes:
-                raise TrajectoryFileError(f"{where}: scene {sid} out of range [0, {num_scenes})")
-            if sid in seen:
-                raise TrajectoryFileError(f"{where}: duplicate scene {sid} (first on line {seen[sid]})")
-            poses = obj["poses"]
-            ok = (
-                isinstance(poses, list)
-                and len(poses) == NUM_OUTPUT_POSES
-                and all(isinstance(p, list) and len(p) == 3 for p in poses)
-            )
-            if not ok:
-                raise TrajectoryFileError(f"{where}: 'poses' must be a list of {NUM_OUTPUT_POSES} [x, y, heading] triples")
-            try:
-                arr = np.asarray(poses, np.float64)
-            except (TypeError, ValueError):
-                raise TrajectoryFileError(f"{where}: 'poses' must contain numbers only") from None
-            if arr.dtype.kind not in "fiu" or not np.all(np.isfinite(arr)):
-                raise TrajectoryFileError(f"{where}: 'poses' must contain finite numbers only")
-            seen[sid] = lineno
-            out[sid] = arr
+    for where, lineno, obj in _jsonl_objects(path, "scene"):
+        sid = obj["scene"]
+        if isinstance(sid, bool) or not isinstance(sid, int):
+            raise TrajectoryFileError(f"{where}: 'scene' must be an integer, got {sid!r}")
+        if not 0 <= sid < num_scenes:
+            raise TrajectoryFileError(f"{where}: scene {sid} out of range [0, {num_scenes})")
+        if sid in seen:
+            raise TrajectoryFileError(f"{where}: duplicate scene {sid} (first on line {seen[sid]})")
+        poses = obj["poses"]
+        ok = (
+            isinstance(poses, list)
+            and len(poses) == NUM_OUTPUT_POSES
+            and all(isinstance(p, list) and len(p) == 3 for p in poses)
+        )
+        if not ok:
+            raise TrajectoryFileError(f"{where}: 'poses' must be a list of {NUM_OUTPUT_POSES} [x, y, heading] triples")
+        try:
+            arr = np.asarray(poses, np.float64)
+        except (TypeError, ValueError):
+            raise TrajectoryFileError(f"{where}: 'poses' must contain numbers only") from None
+        if arr.dtype.kind not in "fiu" or not np.all(np.isfinite(arr)):
+            raise TrajectoryFileError(f"{where}: 'poses' must contain finite numbers only")
+        seen[sid] = lineno
+        out[sid] = arr
     missing = [i for i in range(num_scenes) if i not in seen]
     if missing:
         head = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise TrajectoryFileError(f"{path}: no trajectory for {len(missing)} scene(s): {head}")
+    return out
+
+
+def _resampled(poses, dt: float, where: str) -> np.ndarray:
+    """Ego-frame poses (K, 3) at dt -> the 8 output poses at 0.5 .. 4.0 s (NAVSIM's
+    interpolation: the t0 pose in front, x, y linear, heading unwrapped)."""
+    from jax_drive.scenes.io import resample_poses
+
+    arr = np.asarray(poses, np.float64)
+    if arr.ndim != 2 or arr.shape[1] != 3 or len(arr) < 1:
+        raise TrajectoryFileError(f"{where}: poses must be a list of [x, y, heading] triples, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise TrajectoryFileError(f"{where}: poses must contain finite numbers only")
+    if not (math.isfinite(dt) and dt > 0):
+        raise TrajectoryFileError(f"{where}: dt must be a positive number, got {dt}")
+    horizon = NUM_OUTPUT_POSES * 0.5
+    if len(arr) * dt < horizon - 1e-9:
+        raise TrajectoryFileError(f"{where}: {len(arr)} poses at {dt} s cover {len(arr) * dt:g} s, need {horizon:g} s")
+    return resample_poses(arr, dt, (np.arange(NUM_OUTPUT_POSES) + 1) * 0.5).astype(np.float32)
+
+
+class _SubmissionUnpickler(pickle.Unpickler):
+    """Reads NAVSIM submission pickles without NAVSIM: its Trajectory and nuPlan's
+    TrajectorySampling become plain attribute holders; anything else outside numpy's array
+    reconstruction and a few builtins is refused (pickles can run code)."""
+
+    class _Holder:
+        def __setstate__(self, state):
+            self.__dict__.update(state if isinstance(state, dict) else state[1] or {})
+
+    _ALLOWED = {
+        ("navsim.common.dataclasses", "Trajectory"), ("nuplan.planning.simulation.trajectory.trajectory_sampling",
+                                                      "TrajectorySampling"),
+    }
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return self._Holder
+        if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name in ("_reconstruct", "scalar"):
+            return getattr(np.core.multiarray if module == "numpy.core.multiarray" else np._core.multiarray, name)
+        if module == "numpy" and name in ("ndarray", "dtype"):
+            return getattr(np, name)
+        if module == "numpy.dtypes":
+            return getattr(np.dtypes, name)
+        if module in ("copyreg", "builtins") and name in ("__newobj__", "_reconstructor", "object", "dict", "list"):
+            import builtins
+            import copyreg
+
+            return getattr(copyreg if module == "copyreg" else builtins, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a submission pickle")
+
+
+def _submission_predictions(path: Path) -> tuple[dict, str]:
+    try:
+        with path.open("rb") as f:
+            data = _SubmissionUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as e:
+        raise TrajectoryFileError(f"{path}: not a readable NAVSIM submission pickle ({e})") from None
+    for key in ("predictions", "first_stage_predictions"):
+        if isinstance(data, dict) and isinstance(data.get(key), list) and data[key] \
+                and all(isinstance(p, dict) for p in data[key]):
+            merged: dict = {}
+            for part in data[key]:
+                merged.update(part)
+            return merged, key
+    raise TrajectoryFileError(f"{path}: expected a NAVSIM submission dict with 'predictions' "
+                              "(v1.x) or 'first_stage_predictions' (v2.x), a list of {token: Trajectory}")
+
+
+def load_token_trajectories(path: str | Path, tokens) -> np.ndarray:
+    """Trajectories by scene token for a scene file, in ``tokens`` order.
+
+    Accepts JSONL lines ``{"token": str, "poses": [[x, y, heading], ...], "dt": 0.5}``
+    (ego rear-axle frame at t0; any spacing covering 4 s, resampled to 8 poses at 0.5 s;
+    ``dt`` defaults to 0.5) or a NAVSIM submission pickle (``.pkl``: v1.x "predictions",
+    v2.x "first_stage_predictions").
+    Returns: (S, 8, 3) float32; rows of tokens without a trajectory are NaN (they score as
+    invalid). Raises TrajectoryFileError naming the line (or token) and the reason, also
+    for tokens that are not in ``tokens``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TrajectoryFileError(f"{path}: no such file")
+    index = {t: i for i, t in enumerate(tokens)}
+    out = np.full((len(index), NUM_OUTPUT_POSES, 3), np.nan, np.float32)
+    if path.suffix == ".pkl":
+        predictions, key = _submission_predictions(path)
+        for token, traj in predictions.items():
+            where = f"{path}: {key}[{token!r}]"
+            if token not in index:
+                raise TrajectoryFileError(f"{where}: token not in the scene file")
+            sampling = getattr(traj, "trajectory_sampling", None)
+            dt = float(getattr(sampling, "interval_length", 0.5)) if sampling is not None else 0.5
+            out[index[token]] = _resampled(getattr(traj, "poses", None), dt, where)
+        return out
+    seen: dict[str, int] = {}
+    for where, lineno, obj in _jsonl_objects(path, "token"):
+        token = obj["token"]
+        if not isinstance(token, str):
+            raise TrajectoryFileError(f"{where}: 'token' must be a string, got {token!r}")
+        if token not in index:
+            raise TrajectoryFileError(f"{where}: token {token!r} is not in the scene file")
+        if token in seen:
+            raise TrajectoryFileError(f"{where}: duplicate token {token!r} (first on line {seen[token]})")
+        dt = obj.get("dt", 0.5)
+        if isinstance(dt, bool) or not isinstance(dt, (int, float)):
+            raise TrajectoryFileError(f"{where}: 'dt' must be a number")
+        try:
+            poses = np.asarray(obj["poses"])
+        except (TypeError, ValueError):
+            poses = None
+        if poses is None or poses.dtype.kind not in "fiu":
+            raise TrajectoryFileError(f"{where}: 'poses' must be a list of [x, y, heading] numbers")
+        seen[token] = lineno
+        out[index[token]] = _resampled(poses, float(dt), where)
     return out

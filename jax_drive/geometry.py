@@ -71,8 +71,11 @@ def ego_corners(pose: chex.Array, params: VehicleParameters = VehicleParameters(
     return box_corners(centre[..., 0], centre[..., 1], pose[..., 2], params.length, params.width)
 
 
-def _oriented_overlap(dx, dy, cos_a, sin_a, half_l_a, half_w_a, cos_b, sin_b, half_l_b, half_w_b) -> chex.Array:
+def rectangles_overlap(dx, dy, cos_a, sin_a, half_l_a, half_w_a, cos_b, sin_b, half_l_b, half_w_b) -> chex.Array:
     """Separating-axis test of two rectangles on their four edge directions, in closed form.
+
+    The one home of the oriented-box overlap test: the PDM collision / TTC checks, the
+    simulator's collisions and the ``kernels.box_overlap`` Pallas kernel all call it.
 
     Args (all broadcastable): dx, dy: centre of b minus centre of a; (cos, sin): unit
       length direction of each box; half_l, half_w: half length and half width.
@@ -106,7 +109,7 @@ def boxes_overlap(corners_a: chex.Array, corners_b: chex.Array) -> chex.Array:
     centre_a, cos_a, sin_a, hl_a, hw_a = frame(corners_a)
     centre_b, cos_b, sin_b, hl_b, hw_b = frame(corners_b)
     d = centre_b - centre_a
-    return _oriented_overlap(d[..., 0], d[..., 1], cos_a, sin_a, hl_a, hw_a, cos_b, sin_b, hl_b, hw_b)
+    return rectangles_overlap(d[..., 0], d[..., 1], cos_a, sin_a, hl_a, hw_a, cos_b, sin_b, hl_b, hw_b)
 
 
 def boxes_overlap_pairwise(
@@ -121,7 +124,7 @@ def boxes_overlap_pairwise(
     hl, hw = length / 2, width / 2
     col = lambda v: v[..., :, None]  # noqa: E731  (box a along rows)
     row = lambda v: v[..., None, :]  # noqa: E731  (box b along columns)
-    return _oriented_overlap(row(x) - col(x), row(y) - col(y), col(c), col(s), col(hl), col(hw),
+    return rectangles_overlap(row(x) - col(x), row(y) - col(y), col(c), col(s), col(hl), col(hw),
                              row(c), row(s), row(hl), row(hw))
 
 

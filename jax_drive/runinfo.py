@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,17 +29,50 @@ class InputError(ValueError):
     """Bad input at a boundary (a file, a flag, a request): reported, exit code 2."""
 
 
-def add_output_args(parser: argparse.ArgumentParser, *, json_required: bool = False) -> None:
-    """Adds ``--json OUT`` and ``--no-progress`` to an argument parser."""
+def add_output_args(parser: argparse.ArgumentParser, *, json_required: bool = False, progress: bool = True) -> None:
+    """Adds ``--json OUT`` and, for commands that show progress bars, ``--no-progress``."""
     parser.add_argument("--json", required=json_required, default=None, metavar="OUT",
                         help="write the results to this JSON file" + ("" if json_required else " (default: none)"))
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    if progress:
+        parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def require_min(minimum: float, **flags: Any) -> None:
+    """Raises :class:`InputError` for the first flag below ``minimum`` (None means unset and passes).
+
+    Keywords name the flags (``max_new_tokens`` -> ``--max-new-tokens``); a list checks each item.
+    """
+    for name, value in flags.items():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and item < minimum:
+                raise InputError(f"--{name.replace('_', '-')} must be >= {minimum}, got {item}")
+
+
+def script_environment(*, cpu: bool = True) -> None:
+    """Environment defaults for the ``experiments/`` scripts, set before JAX or transformers is imported.
+
+    Nothing is fetched from a model hub (``HF_HUB_OFFLINE``), the tokenizers' thread pool does not
+    compete with the timed code and, with ``cpu``, JAX runs on the CPU unless ``JAX_PLATFORMS``
+    names a platform. Values already in the environment win.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if cpu:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def command_line(script: str, argv: list[str] | None = None) -> str:
+    """How to rerun a script: ``python <script relative to the checkout> <args>`` (args: sys.argv[1:] when None)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return shlex.join(["python", os.path.relpath(os.path.abspath(script), _REPO_ROOT), *args])
 
 
 def _git_commit() -> str | None:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+        out = subprocess.run(["git", "-C", _REPO_ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -48,8 +82,8 @@ def _git_commit() -> str | None:
 def run_metadata(**extra: Any) -> dict[str, Any]:
     """What a results file needs to be read later: when, where, which code and JAX devices.
 
-    Keys: ``date_utc``, ``git_commit``, ``platform``, ``python``, ``cpu_count``,
-    ``load_average`` ([1, 5, 15] min), ``xla_flags``, ``jax_version``, ``jax_devices``
+    Keys: ``date_utc``, ``git_commit``, ``platform``, ``python``, ``cpu_count``, ``cpu_affinity``
+    (the cores this process may use, e.g. under ``taskset``), ``load_average`` ([1, 5, 15] min), ``xla_flags``, ``jax_version``, ``jax_devices``
     (the last two only when JAX is already imported, so asking never starts a backend),
     plus ``extra``.
     """
@@ -59,6 +93,7 @@ def run_metadata(**extra: Any) -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }

@@ -128,7 +128,8 @@ class Agents:
       x, y, z: (..., N, T) box centre, metres.
       heading: (..., N, T) rad.
       vx, vy: (..., N, T) velocity in the ego frame at t0, m/s.
-      length, width, height: (..., N) box size, metres.
+      length, width, height: (..., N) box size, metres (one per object: NAVSIM's metric
+        cache builds every frame's box with the size of the object's first appearance).
       agent_type: (..., N) int32 :class:`AgentType`.
       valid: (..., N, T) bool: the object exists at that step.
     An object's class, speed and heading used for collision classification come from its
@@ -150,11 +151,15 @@ class Agents:
 
 @chex.dataclass(frozen=True)
 class Polygons:
-    """Padded simple polygons.
+    """Padded polygons, optionally with holes.
 
     Fields:
-      vertices: (..., P, V, 2) counter-clockwise vertices, metres. Padding vertices repeat
-        the first vertex so every edge test stays correct on the padded ring.
+      vertices: (..., P, V, 2) metres: the exterior ring counter-clockwise, then for each
+        hole [the exterior's first vertex, the hole ring clockwise, the hole's first
+        vertex] (:func:`jax_drive.scenes.builders.ring_layout`); padding repeats the first
+        vertex. Every consecutive pair is an edge, so an even-odd test over the padded
+        ring is correct: each bridge between the exterior and a hole is walked once each
+        way and cancels.
       valid: (..., P) bool: the polygon exists.
       kind: (..., P) int32: :class:`PolygonType` for drivable polygons; for lane polygons
         0 = lane, 1 = lane connector.

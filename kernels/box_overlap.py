@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from jax_drive import geometry
 from kernels.dispatch import resolve_impl
 
 BOX_FIELDS = ("x", "y", "heading", "length", "width")
@@ -45,23 +46,16 @@ class BoxOverlapConfig:
 
 
 def rectangles_overlap(a: tuple, b: tuple) -> jax.Array:
-    """Overlap-or-touch of rectangles A and B (the formula in the module docstring).
+    """Overlap-or-touch of rectangles A and B, each given as a tuple of fields.
 
     Args:
       a, b: (x, y, cos, sin, half_length, half_width), arrays broadcastable together
         (metres; cos / sin of the heading).
-    Returns: bool, the broadcast shape.
+    Returns: bool, the broadcast shape (:func:`jax_drive.geometry.rectangles_overlap`).
     """
     xa, ya, ca, sa, la, wa = a
     xb, yb, cb, sb, lb, wb = b
-    dx, dy = xb - xa, yb - ya
-    cos_ab = jnp.abs(ca * cb + sa * sb)
-    sin_ab = jnp.abs(ca * sb - sa * cb)
-    sep = jnp.abs(dx * ca + dy * sa) > la + lb * cos_ab + wb * sin_ab
-    sep |= jnp.abs(dy * ca - dx * sa) > wa + lb * sin_ab + wb * cos_ab
-    sep |= jnp.abs(dx * cb + dy * sb) > lb + la * cos_ab + wa * sin_ab
-    sep |= jnp.abs(dy * cb - dx * sb) > wb + la * sin_ab + wa * cos_ab
-    return ~sep
+    return geometry.rectangles_overlap(xb - xa, yb - ya, ca, sa, la, wa, cb, sb, lb, wb)
 
 
 def _features(boxes: jax.Array, valid: jax.Array) -> tuple:

@@ -1,11 +1,17 @@
 """Shared test setup: CPU JAX, deterministic hypothesis profile."""
 
 import os
+import tempfile
+import uuid
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# matplotlib writes a font cache under ~/.config or ~/.cache unless told otherwise
+os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), "jax_drive_mpl"))
+# a local Ray cluster turns on token auth and saves a new token in ~/.ray unless one is given
+os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
 
 from hypothesis import settings  # noqa: E402
 
@@ -16,7 +22,11 @@ import jax  # noqa: E402
 
 # Persist XLA executables between test processes: compilation dominates this suite on a
 # 2-core CPU, and a compiled program is keyed by its exact HLO, so reuse is always exact.
-jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_drive_xla"))
+# The cache lives in the system temp dir (never the user's home); the environment variable
+# carries it to subprocesses (Ray workers, notebooks, the multi-device run).
+XLA_CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                                  os.path.join(tempfile.gettempdir(), "jax_drive_xla"))
+jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 # Real servers (llama.cpp's OpenAI-compatible server) as session fixtures: see servers.py.

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import jax
 import psutil
 import pytest
 import ray
@@ -26,7 +27,7 @@ from jax_drive.distributed.pool import PoolConfig, ScenarioPool
 from jax_drive.distributed.store import ResultStore
 
 # the compilation cache tests/conftest.py sets for this process, shared with the workers
-XLA_CACHE = os.path.expanduser("~/.cache/jax_drive_xla")
+XLA_CACHE = jax.config.jax_compilation_cache_dir
 SCENARIO, SEEDS, EPISODES = "tv_red_light", (0, 1, 2), 2
 SPECS = plan_episodes([SCENARIO], SEEDS, EPISODES)  # N = 6 full-length episodes
 IDS = [s.id for s in SPECS]

@@ -19,7 +19,7 @@ from jax_drive.models import (
     CausalLM,
     KVCache,
     ModelConfig,
-    chunked_token_logprobs,
+    head_token_logprobs,
     init_cache,
     positions_from_mask,
 )
@@ -388,14 +388,16 @@ def test_token_logprobs_never_materialises_full_logits():
     assert max(size for size, _ in sizes(jaxpr)) >= big
 
 
-@pytest.mark.parametrize("b,l,chunk", [(1, 1, 1), (2, 7, 3), (3, 5, 30)])
-def test_chunked_token_logprobs_shapes(b, l, chunk):
+@pytest.mark.parametrize("b,l,chunk,tied", [(1, 1, 1, True), (2, 7, 3, False), (3, 5, 30, True)])
+def test_head_token_logprobs_matches_log_softmax(b, l, chunk, tied):
+    """Both head layouts (tied (V, H) embedding, untied (H, V) lm_head), ragged chunks."""
     key = jax.random.key(b * 100 + l)
     hidden = jax.random.normal(key, (b, l, 8))
     head = jax.random.normal(jax.random.fold_in(key, 1), (8, 11))
     targets = jax.random.randint(jax.random.fold_in(key, 2), (b, l), 0, 11)
-    out = chunked_token_logprobs(hidden, targets, head, chunk)
-    ref = jnp.take_along_axis(jax.nn.log_softmax(hidden @ head), targets[..., None], -1)[..., 0]
+    params = {"embed": head.T, "lm_head": None} if tied else {"embed": None, "lm_head": head}
+    out = head_token_logprobs(params, hidden, targets, chunk, temperature=0.7)
+    ref = jnp.take_along_axis(jax.nn.log_softmax(hidden @ head / 0.7), targets[..., None], -1)[..., 0]
     np.testing.assert_allclose(out, ref, atol=1e-5)
 
 

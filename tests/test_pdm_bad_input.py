@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jax_drive.pdm import PDMConfig, score_candidates, score_proposals
-from jax_drive.pdm.testing import make_agent, straight_poses, straight_scene
+from pdm_scenes import moving_agent, road_scene, straight_poses
 
 CFG = PDMConfig()
 REF = straight_poses(8.0, num=40, dt=0.1)
@@ -26,30 +26,30 @@ def test_non_finite_proposals_raise(bad):
     props = _props()
     props[2, 3, 1] = bad
     with pytest.raises(ValueError, match="NaN or inf"):
-        score_proposals(straight_scene([], speed=8.0), props, REF, CFG)
+        score_proposals(road_scene([], speed=8.0), props, REF, CFG)
 
 
 def test_non_finite_reference_raises():
     ref = REF.copy()
     ref[5, 0] = np.nan
     with pytest.raises(ValueError, match="reference"):
-        score_proposals(straight_scene([], speed=8.0), _props(), ref, CFG)
+        score_proposals(road_scene([], speed=8.0), _props(), ref, CFG)
 
 
 @pytest.mark.parametrize("shape", [(4, 7, 3), (4, 8, 2), (8, 3), (2, 4, 8, 3)])
 def test_wrong_proposal_shapes_raise(shape):
     with pytest.raises(ValueError, match="proposals must have shape"):
-        score_proposals(straight_scene([], speed=8.0), np.zeros(shape, np.float32), REF, CFG)
+        score_proposals(road_scene([], speed=8.0), np.zeros(shape, np.float32), REF, CFG)
 
 
 def test_wrong_reference_shape_raises():
     with pytest.raises(ValueError, match="reference must have shape"):
-        score_proposals(straight_scene([], speed=8.0), _props(), REF[:8], CFG)
+        score_proposals(road_scene([], speed=8.0), _props(), REF[:8], CFG)
 
 
 def test_wrong_candidate_shape_raises():
     with pytest.raises(ValueError, match="candidates must have shape"):
-        score_candidates(straight_scene([], speed=8.0), _props(), CFG)
+        score_candidates(road_scene([], speed=8.0), _props(), CFG)
 
 
 def test_scene_type_checked():
@@ -62,7 +62,7 @@ def test_unchecked_non_finite_scores_zero_and_is_flagged():
     props = _props()
     props[1, 0, 0] = np.nan
     props[3, 7, 2] = np.inf
-    scene = straight_scene([make_agent(40.0, 0.0, vx=8.0)], speed=8.0)
+    scene = road_scene([moving_agent(40.0, 0.0, vx=8.0)], speed=8.0)
     r = score_proposals(scene, props, REF, cfg)
     finite = np.asarray(r.finite)
     assert finite.tolist() == [True, False, True, False]
@@ -80,7 +80,7 @@ def test_unchecked_non_finite_scores_zero_and_is_flagged():
 
 def test_unchecked_inside_jit():
     cfg = dataclasses.replace(CFG, check_finite=False)
-    scene = straight_scene([], speed=8.0)
+    scene = road_scene([], speed=8.0)
 
     @jax.jit
     def run(sc, p):
@@ -93,14 +93,15 @@ def test_unchecked_inside_jit():
 
 
 def test_scene_without_agents_has_full_nc_and_ttc():
-    scene = straight_scene([], speed=8.0)
+    scene = road_scene([], speed=8.0)
     r = score_proposals(scene, _props(), REF, CFG)
     assert np.all(np.asarray(r.nc) == 1.0) and np.all(np.asarray(r.ttc) == 1.0)
     assert np.all(np.asarray(r.violations.nc_object) == -1)
 
 
 def test_degenerate_route_defined_scores():
-    scene = straight_scene([], speed=8.0, route=False)
+    scene = road_scene([], speed=8.0)
+    scene = scene.replace(route=scene.route.replace(valid=jnp.zeros_like(scene.route.valid)))
     r = score_proposals(scene, _props(), REF, CFG)
     assert np.all(np.asarray(r.progress) == 0.0)
     # Both progresses are 0 <= 5 m: EP = 1 where NC * DAC > 0; LK sees no deviation.

@@ -9,7 +9,10 @@ The same holds for scenes placed at UTM-sized offsets and rotated (the reference
 in float64 global coordinates; the JAX side goes through jax_drive.scenes.frames). The
 NAVSIM v2 parts TLC, LK, v2 TTC and v2 EP are compared too.
 The stand-in for the PDM-Closed reference is the (sometimes stretched) expert: both scorers
-get the same reference poses, which only matter through the EP normaliser.
+get the same reference poses, which only matter through the EP normaliser. Both scorers use
+NAVSIM's jerk matrix in the tracker (their default; each builds it with its own code): the
+parity with NAVSIM itself rests on that pinned matrix and the rules too, not only on this test
+(see tests/test_pdm_scorer.py and tests/test_pdm_navsim.py).
 
 Nothing is cached between runs: scenes, proposals and both scorers run every time.
 """
@@ -23,12 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax_drive import pdm
+from jax_drive import scenes as scenes_mod
 from jax_drive.pdm_reference import ReferenceScorer, scene_to_global, scene_to_numpy
-
-pdm = pytest.importorskip("jax_drive.pdm")
-scenes_mod = pytest.importorskip("jax_drive.scenes")
-if not hasattr(scenes_mod, "generate_scenes"):  # pragma: no cover
-    pytest.skip("jax_drive.scenes.generate_scenes is not available yet", allow_module_level=True)
+from jax_drive.scenes import frames
 
 pytestmark = pytest.mark.slow
 
@@ -266,9 +267,6 @@ def test_jax_scorer_after_global_frame_round_trip(generated, scored):
     """Scenes moved to UTM-sized, rotated global frames with jax_drive.scenes.frames and
     converted back with to_ego_frame score, on the JAX side, like the reference does on the
     original scenes (all 500: same shapes, so the compiled scorer is reused)."""
-    frames = pytest.importorskip("jax_drive.scenes.frames")
-    if not (hasattr(frames, "to_ego_frame") and hasattr(frames, "scene_to_global")):
-        pytest.skip("jax_drive.scenes.frames lacks to_ego_frame / scene_to_global")
     _, scenes_np, proposals, reference = generated
     _, ref_out = scored
     rng = np.random.default_rng(SEED + 2)

@@ -51,8 +51,8 @@ def _bits_to_bool(bits: np.ndarray, count: int) -> np.ndarray:
     return ((words[..., idx // 32] >> (idx % 32).astype(np.uint64)) & 1).astype(bool)
 
 
-@pytest.mark.parametrize("count", [5, 40])  # 40 polygons need two bit words
-def test_band_lookup_equals_brute_and_shapely(count):
+@pytest.mark.parametrize("count, bands", [(5, 16), (40, NUM_BANDS)])  # 40 polygons need two bit words
+def test_band_lookup_equals_brute_and_shapely(count, bands):
     rng = np.random.default_rng(count)
     verts = _random_polygons(rng, count, 12)
     valid = rng.uniform(size=count) < 0.8
@@ -61,10 +61,11 @@ def test_band_lookup_equals_brute_and_shapely(count):
     on_vertex = verts[:, :5].reshape(-1, 2)
     same_y = np.stack([rng.uniform(-32, 32, len(on_vertex)), on_vertex[:, 1]], -1)
     mid = ((verts[:, :4] + verts[:, 1:5]) / 2).reshape(-1, 2)
-    budget = polygon_budget(verts[None], valid[None])
+    budget = polygon_budget(verts[None], valid[None], bands)
     table = build_band_table(jnp.asarray(verts), jnp.asarray(valid), budget)
+    assert table.rows.shape[0] == bands + 2
     # Ordinates on every band boundary and one float step either side of it.
-    edges_y = np.float32(table.y0) + np.arange(NUM_BANDS + 1, dtype=np.float32) / np.float32(table.inv_height)
+    edges_y = np.float32(table.y0) + np.arange(bands + 1, dtype=np.float32) / np.float32(table.inv_height)
     near = np.concatenate([edges_y, np.nextafter(edges_y, -np.inf), np.nextafter(edges_y, np.inf)])
     on_bands = np.stack([rng.uniform(-32, 32, len(near)), near], -1)
     pts = np.concatenate([pts, on_vertex, same_y, mid, on_bands]).astype(np.float32)
@@ -134,7 +135,9 @@ def test_scorer_same_result_with_and_without_budget():
                               for c in range(3)], -1) for e in expert])
     cfg = PDMConfig()
     args = (scenes, jnp.asarray(props, jnp.float32), jnp.asarray(ref, jnp.float32), cfg)
-    with_budget = scorer_mod._score_proposals_jit(*args, map_budget(scenes))
+    budget = map_budget(scenes, num_trajectories=7)  # what score_proposals uses for 6 proposals
+    assert budget.lanes.bands < NUM_BANDS
+    with_budget = scorer_mod._score_proposals_jit(*args, budget)
     brute = scorer_mod._score_proposals_jit(*args, None)
     for name in ("nc", "dac", "ttc", "ep", "pdms", "tlc", "ddc", "lk", "epdms"):
         np.testing.assert_array_equal(np.asarray(getattr(with_budget, name)), np.asarray(getattr(brute, name)),

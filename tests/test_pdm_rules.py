@@ -7,14 +7,14 @@ call scores P = 4 proposals, so the scorer compiles once for the whole file.
 from __future__ import annotations
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jax_drive.pdm import PDMConfig, score_proposals
 from jax_drive.pdm.comfort import comfort_checks, comfort_signals
-from jax_drive.pdm.testing import make_agent, stack_scenes, straight_poses, straight_scene
+from jax_drive.scenes import stack_scenes
+from pdm_scenes import braking_poses, moving_agent, road_scene, straight_poses
 from jax_drive.types import AgentType
 
 CFG = PDMConfig()
@@ -33,20 +33,10 @@ def score(scene, proposals, reference=None, speed=None):
     return score_proposals(scene, props, reference, CFG)
 
 
-def braking_poses(v0: float, stop_at: float) -> np.ndarray:
-    """Constant deceleration from v0 to a stop after ``stop_at`` metres (then standing)."""
-    a = v0**2 / (2 * stop_at)
-    t = np.arange(1, 9) * 0.5
-    t_stop = v0 / a
-    tt = np.minimum(t, t_stop)
-    x = v0 * tt - 0.5 * a * tt**2
-    return np.stack([x, np.zeros(8), np.zeros(8)], -1).astype(np.float32)
-
-
 # ------------------------------------------------------------------ NC
 def test_rear_ended_is_not_at_fault():
     # A faster car from behind runs into the ego (ego keeps 5 m/s).
-    scene = straight_scene([make_agent(-7.0, 0.0, vx=12.0)], speed=5.0)
+    scene = road_scene([moving_agent(-7.0, 0.0, vx=12.0)], speed=5.0)
     r = score(scene, straight_poses(5.0))
     assert float(r.nc[0]) == 1.0
     assert not bool(np.any(r.violations.nc_point[0]))
@@ -54,7 +44,7 @@ def test_rear_ended_is_not_at_fault():
 
 def test_front_collision_is_at_fault():
     # Ego at 10 m/s drives into a slower car 15 m ahead in its lane.
-    scene = straight_scene([make_agent(15.0, 0.0, vx=3.0)], speed=10.0)
+    scene = road_scene([moving_agent(15.0, 0.0, vx=3.0)], speed=10.0)
     r = score(scene, straight_poses(10.0))
     assert float(r.nc[0]) == 0.0
     assert float(r.pdms[0]) == 0.0
@@ -64,53 +54,51 @@ def test_front_collision_is_at_fault():
 
 def test_stopped_ego_is_not_at_fault():
     # Ego stands still; an oncoming car drives into its front.
-    scene = straight_scene([make_agent(15.0, 0.0, heading=np.pi, vx=-6.0)], speed=0.0)
+    scene = road_scene([moving_agent(15.0, 0.0, heading=np.pi, vx=-6.0)], speed=0.0)
     r = score(scene, np.zeros((8, 3), np.float32), speed=0.0)
     assert float(r.nc[0]) == 1.0
 
 
 def test_static_object_gives_half():
-    cone = make_agent(20.0, 0.0, length=0.5, width=0.5, agent_type=AgentType.TRAFFIC_CONE)
-    r = score(straight_scene([cone], speed=10.0), straight_poses(10.0))
+    cone = moving_agent(20.0, 0.0, length=0.5, width=0.5, agent_type=AgentType.TRAFFIC_CONE)
+    r = score(road_scene([cone], speed=10.0), straight_poses(10.0))
     assert float(r.nc[0]) == 0.5
     assert int(np.max(r.violations.nc_class[0])) == int(AgentType.TRAFFIC_CONE)
 
 
 def test_stopped_vehicle_gives_zero():
-    parked = make_agent(20.0, 0.0)
-    r = score(straight_scene([parked], speed=10.0), straight_poses(10.0))
+    parked = moving_agent(20.0, 0.0)
+    r = score(road_scene([parked], speed=10.0), straight_poses(10.0))
     assert float(r.nc[0]) == 0.0
 
 
 def test_first_appearance_speed_decides_stopped_track():
-    # The vehicle is parked when first seen and only starts later: "stopped track" (at fault)
-    # even if it is hit side-on while moving. Same car moving from the start: lateral,
-    # not at fault on a single lane.
-    start_late = make_agent(6.0, 3.2, vx=0.0, heading=-np.pi / 2)
-    moving = make_agent(6.0, 3.2, vy=-0.5, heading=-np.pi / 2)
-    r_static = score(straight_scene([start_late], speed=0.0), np.zeros((8, 3)), speed=0.0)
-    # Ego stopped -> not at fault in both cases.
-    assert float(r_static.nc[0]) == 1.0
-    r_move = score(straight_scene([moving], speed=2.0), straight_poses(2.0))
-    assert float(r_move.nc[0]) in (0.0, 1.0)
+    # A car from the left lane drifts into the ego's flank on a single lane: active lateral,
+    # not at fault. The same motion, but with the car's first observed speed 0, makes it a
+    # "stopped track" (class and speed come from the first appearance): at fault.
+    moving = moving_agent(1.5, 3.5, vx=8.0, vy=-1.0)
+    parked_first = moving_agent(1.5, 3.5, vx=8.0, vy=-1.0)
+    parked_first.vx[0], parked_first.vy[0] = 0.0, 0.0
+    assert float(score(road_scene([moving], speed=8.0), straight_poses(8.0)).nc[0]) == 1.0
+    assert float(score(road_scene([parked_first], speed=8.0), straight_poses(8.0)).nc[0]) == 0.0
 
 
 def test_not_at_fault_hit_is_ignored_afterwards():
     # Rear-ended and then pushed: the object stays overlapping for many steps, but the
     # first not-at-fault classification puts it on the ignore list.
-    scene = straight_scene([make_agent(-6.0, 0.0, vx=6.5)], speed=5.0)
+    scene = road_scene([moving_agent(-6.0, 0.0, vx=6.5)], speed=5.0)
     r = score(scene, straight_poses(5.0))
     assert float(r.nc[0]) == 1.0
 
 
 def test_lateral_collision_at_fault_only_across_lanes():
     # Single lane: a car from the left lane drifts into the ego's side -> not at fault.
-    drifter = make_agent(1.5, 3.5, vx=8.0, vy=-1.0)
-    r_single = score(straight_scene([drifter], speed=8.0), straight_poses(8.0))
+    drifter = moving_agent(1.5, 3.5, vx=8.0, vy=-1.0)
+    r_single = score(road_scene([drifter], speed=8.0), straight_poses(8.0))
     assert float(r_single.nc[0]) == 1.0
     # The ego drifts left across the lane line into a car beside it -> at fault.
-    beside = make_agent(1.5, 3.8, vx=8.0)
-    r_multi = score(straight_scene([beside], speed=8.0), straight_poses(8.0, lateral=2.0))
+    beside = moving_agent(1.5, 3.8, vx=8.0)
+    r_multi = score(road_scene([beside], speed=8.0), straight_poses(8.0, lateral=2.0))
     assert float(r_multi.nc[0]) == 0.0
 
 
@@ -118,7 +106,7 @@ def test_lateral_collision_at_fault_only_across_lanes():
 def test_one_corner_off_road_fails_dac():
     inside = straight_poses(5.0, lateral=-0.3)
     outside = straight_poses(5.0, lateral=-1.2)
-    r = score(straight_scene([], speed=5.0), np.stack([inside, outside]))
+    r = score(road_scene([], speed=5.0), np.stack([inside, outside]))
     assert float(r.dac[0]) == 1.0
     assert float(r.dac[1]) == 0.0
     assert float(r.pdms[1]) == 0.0
@@ -131,8 +119,8 @@ def test_one_corner_off_road_fails_dac():
 def test_ttc_object_ahead_fails_even_without_collision():
     # Braking to stand 2 m behind a parked car: no collision, but the 0.9 s projection
     # at speed reaches it.
-    parked = make_agent(25.0 + 2.25, 0.0)
-    scene = straight_scene([parked], speed=10.0)
+    parked = moving_agent(25.0 + 2.25, 0.0)
+    scene = road_scene([parked], speed=10.0)
     front = 25.0 - 2.0 - 4.049  # stop so that the bumper is 2 m behind the car's rear
     r = score(scene, braking_poses(10.0, front))
     assert float(r.nc[0]) == 1.0
@@ -145,9 +133,9 @@ def test_ttc_ahead_vs_behind():
     # Ahead: a slower car in front. Behind: a long truck closing from behind; its centre
     # stays behind the ego rear axle when its front first reaches the projected ego box, so
     # it is put on the TTC ignore list (and the later rear-end hit is not at fault).
-    ahead = straight_scene([make_agent(12.0, 0.0, vx=6.0)], speed=10.0)
-    truck = make_agent(-8.0, 0.0, vx=14.0, length=12.0, width=2.5)
-    behind = straight_scene([truck], speed=10.0)
+    ahead = road_scene([moving_agent(12.0, 0.0, vx=6.0)], speed=10.0)
+    truck = moving_agent(-8.0, 0.0, vx=14.0, length=12.0, width=2.5)
+    behind = road_scene([truck], speed=10.0)
     r_a = score(ahead, straight_poses(10.0))
     r_b = score(behind, straight_poses(10.0))
     assert float(r_a.ttc[0]) == 0.0
@@ -158,19 +146,19 @@ def test_ttc_ahead_vs_behind():
 def test_ttc_counts_fast_follower_that_gets_ahead():
     # NAVSIM compares the ego projected from its current state with the object d seconds
     # later: a short fast follower whose centre passes the current rear axle counts as ahead.
-    r = score(straight_scene([make_agent(-7.0, 0.0, vx=12.0)], speed=5.0), straight_poses(5.0))
+    r = score(road_scene([moving_agent(-7.0, 0.0, vx=12.0)], speed=5.0), straight_poses(5.0))
     assert float(r.ttc[0]) == 0.0
 
 
 def test_ttc_skipped_when_ego_stopped():
-    scene = straight_scene([make_agent(4.5, 0.0, heading=np.pi, vx=-3.0)], speed=0.0)
+    scene = road_scene([moving_agent(4.5, 0.0, heading=np.pi, vx=-3.0)], speed=0.0)
     r = score(scene, np.zeros((8, 3)), speed=0.0)
     assert float(r.ttc[0]) == 1.0
 
 
 # ------------------------------------------------------------------ EP
 def test_ep_5m_threshold():
-    scene = straight_scene([], speed=0.0)
+    scene = road_scene([], speed=0.0)
     tiny = braking_poses(1e-3, 1e-3) * 0  # standing still
     ref_small = np.stack([np.linspace(0.1, 4.0, 40), np.zeros(40), np.zeros(40)], -1)  # ~4 m
     ref_large = np.stack([np.linspace(0.25, 10.0, 40), np.zeros(40), np.zeros(40)], -1)  # ~10 m
@@ -185,7 +173,7 @@ def test_ep_5m_threshold():
 
 
 def test_ep_equals_ratio_of_progress():
-    scene = straight_scene([], speed=8.0)
+    scene = road_scene([], speed=8.0)
     slow, fast = straight_poses(8.0, accel=-1.0), straight_poses(8.0, accel=1.0)
     r = score(scene, np.stack([slow, fast]), straight_poses(8.0, num=40, dt=0.1))
     ref_progress = float(score(scene, straight_poses(8.0)).progress[0])
@@ -261,14 +249,14 @@ def test_comfort_heading_wraps_across_pi():
 
 
 def test_hard_braking_is_uncomfortable():
-    r = score(straight_scene([], speed=10.0), np.stack([straight_poses(10.0), braking_poses(10.0, 5.0)]))
+    r = score(road_scene([], speed=10.0), np.stack([straight_poses(10.0), braking_poses(10.0, 5.0)]))
     assert float(r.comfort[0]) == 1.0
     assert float(r.comfort[1]) == 0.0
 
 
 # ------------------------------------------------------------------ batch properties
 def test_scores_do_not_depend_on_other_proposals():
-    scene = straight_scene([make_agent(30.0, 0.0, vx=5.0), make_agent(10.0, 3.5, vx=9.0)], speed=8.0)
+    scene = road_scene([moving_agent(30.0, 0.0, vx=5.0), moving_agent(10.0, 3.5, vx=9.0)], speed=8.0)
     a = straight_poses(8.0, lateral=0.5)
     others1 = [straight_poses(8.0), braking_poses(8.0, 6.0), straight_poses(8.0, lateral=3.5)]
     others2 = [straight_poses(3.0), straight_poses(8.0, accel=2.0), straight_poses(8.0, lateral=-2.0)]
@@ -279,7 +267,7 @@ def test_scores_do_not_depend_on_other_proposals():
 
 
 def test_result_shapes():
-    r = score(straight_scene([make_agent(30.0, 0.0, vx=5.0)], speed=8.0), straight_poses(8.0))
+    r = score(road_scene([moving_agent(30.0, 0.0, vx=5.0)], speed=8.0), straight_poses(8.0))
     for name in ("nc", "dac", "ddc", "ttc", "ep", "comfort", "pdms", "tlc", "lk", "hc", "ec",
                  "epdms", "progress", "ttc_v2", "ep_v2", "ddc_v2", "finite"):
         chex.assert_shape(getattr(r, name), (P,))
@@ -291,8 +279,8 @@ def test_result_shapes():
 
 
 def test_jit_vmap_over_scenes_and_proposals():
-    scenes = [straight_scene([make_agent(15.0, 0.0, vx=3.0)], speed=10.0),
-              straight_scene([make_agent(-7.0, 0.0, vx=12.0)], speed=5.0)]
+    scenes = [road_scene([moving_agent(15.0, 0.0, vx=3.0)], speed=10.0),
+              road_scene([moving_agent(-7.0, 0.0, vx=12.0)], speed=5.0)]
     batch = stack_scenes(scenes)
     props = np.stack([np.stack([straight_poses(10.0)] * P), np.stack([straight_poses(5.0)] * P)])
     refs = np.stack([straight_poses(10.0, num=40, dt=0.1), straight_poses(5.0, num=40, dt=0.1)])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jax_drive.pdm import PDMConfig, interpolate_poses, score_candidates, score_proposals, simulate_states
-from jax_drive.pdm.testing import make_agent, straight_poses, straight_scene
+from pdm_scenes import moving_agent, road_scene, straight_poses
 
 CFG = PDMConfig()
 
@@ -35,9 +35,13 @@ def np_track(states: np.ndarray, v0: float, a0: float, steer0: float, cfg: PDMCo
             coef = dt if j == 0 else (dt * dt if j <= i else 0.0)
             a_mat[2 * i, j] = c * coef
             a_mat[2 * i + 1, j] = s * coef
+    # Jerk regulariser on [v0, a_0 ..]: NAVSIM's as built (-a_i, the last row a difference)
+    # or nuPlan's true difference a_{i+1} - a_i.
     r = np.zeros((m - 2, m))
     for i in range(m - 2):
-        r[i, i + 1], r[i, i + 2] = -1.0, 1.0
+        r[i, i + 1] = -1.0
+        if cfg.jerk_matrix == "nuplan" or i == m - 3:
+            r[i, i + 2] = 1.0
     y = disp[:, :2].reshape(-1)
     sol = np.linalg.pinv(a_mat.T @ a_mat + cfg.jerk_penalty * r.T @ r) @ a_mat.T @ y
     vel = sol[0] + np.concatenate([[0.0], np.cumsum(sol[1:] * dt)])
@@ -110,7 +114,7 @@ TRACK_CASES = [
 
 @pytest.mark.parametrize("name, speed, accel, make", TRACK_CASES, ids=[c[0] for c in TRACK_CASES])
 def test_tracker_matches_float64_oracle(name, speed, accel, make):
-    scene = straight_scene([], speed=speed, ego_accel=accel)
+    scene = road_scene([], speed=speed, ego_accel=accel)
     poses = make()
     states = interpolate_poses(scene, jnp.asarray(poses), 0.5)
     traj = simulate_states(scene, states, CFG)
@@ -124,14 +128,14 @@ def test_tracker_matches_float64_oracle(name, speed, accel, make):
 
 
 def test_tracker_follows_a_plain_straight_plan():
-    scene = straight_scene([], speed=10.0)
+    scene = road_scene([], speed=10.0)
     traj = simulate_states(scene, interpolate_poses(scene, jnp.asarray(straight_poses(10.0)), 0.5))
     np.testing.assert_allclose(np.asarray(traj.x), np.arange(41) * 1.0, atol=0.05)
     np.testing.assert_allclose(np.asarray(traj.vx), 10.0, atol=0.05)
 
 
 def test_simulate_false_returns_interpolated_states():
-    scene = straight_scene([], speed=10.0)
+    scene = road_scene([], speed=10.0)
     states = interpolate_poses(scene, jnp.asarray(straight_poses(10.0, accel=1.0)), 0.5)
     traj = simulate_states(scene, states, PDMConfig(simulate=False))
     np.testing.assert_allclose(np.asarray(traj.poses), np.asarray(states), atol=1e-6)
@@ -169,7 +173,7 @@ def test_interpolation_clips_past_last_pose():
 
 # ------------------------------------------------------------ candidates / violations
 def test_score_candidates_normalises_against_best():
-    scene = straight_scene([], speed=8.0)
+    scene = road_scene([], speed=8.0)
     cands = np.stack([straight_poses(8.0, num=40, dt=0.1), straight_poses(8.0, num=40, dt=0.1, accel=1.0),
                       straight_poses(8.0, num=40, dt=0.1, accel=-1.0),
                       straight_poses(8.0, num=40, dt=0.1, lateral=-3.0)])
@@ -183,7 +187,7 @@ def test_score_candidates_normalises_against_best():
 
 
 def test_violation_details_point_at_the_collision():
-    scene = straight_scene([make_agent(15.0, 0.0, vx=3.0, length=4.0, width=1.8)], speed=10.0)
+    scene = road_scene([moving_agent(15.0, 0.0, vx=3.0, length=4.0, width=1.8)], speed=10.0)
     props = np.stack([straight_poses(10.0)] * 4)
     r = score_proposals(scene, props, straight_poses(10.0, num=40, dt=0.1), CFG)
     v = r.violations
@@ -200,8 +204,8 @@ def test_violation_details_point_at_the_collision():
 
 
 def test_tlc_red_light_and_v2_metrics():
-    red = straight_scene([], speed=10.0, red_light_frames=(0, 50))
-    green = straight_scene([], speed=10.0, red_light_frames=None)
+    red = road_scene([], speed=10.0, red_light_frames=(0, 50))
+    green = road_scene([], speed=10.0, red_light_frames=None)
     props = np.stack([straight_poses(10.0), braking_poses_np(10.0, 20.0), straight_poses(10.0),
                       straight_poses(10.0)])
     ref = straight_poses(10.0, num=40, dt=0.1)
@@ -216,7 +220,7 @@ def test_tlc_red_light_and_v2_metrics():
 
 
 def test_lane_keeping_and_ddc():
-    scene = straight_scene([], speed=8.0)
+    scene = road_scene([], speed=8.0)
     props = np.stack([straight_poses(8.0), straight_poses(8.0, lateral=3.5),
                       straight_poses(8.0, lateral=0.4), straight_poses(8.0, lateral=1.0)])
     r = score_proposals(scene, props, straight_poses(8.0, num=40, dt=0.1), CFG)
@@ -260,8 +264,8 @@ def test_ego_frame_overlap_matches_shapely():
 
 def test_scores_stay_in_range_on_random_proposals():
     rng = np.random.default_rng(3)
-    scene = straight_scene([make_agent(25.0, 0.0, vx=5.0), make_agent(5.0, 3.5, vx=9.0),
-                            make_agent(40.0, -0.5, length=0.6, width=0.6, agent_type=3)], speed=8.0)
+    scene = road_scene([moving_agent(25.0, 0.0, vx=5.0), moving_agent(5.0, 3.5, vx=9.0),
+                            moving_agent(40.0, -0.5, length=0.6, width=0.6, agent_type=3)], speed=8.0)
     ref = straight_poses(8.0, num=40, dt=0.1)
     for _ in range(3):
         props = straight_poses(8.0)[None] + rng.normal(size=(4, 8, 3)).astype(np.float32) * [2.0, 1.0, 0.1]
@@ -280,7 +284,7 @@ def test_scores_stay_in_range_on_random_proposals():
 def test_chunked_scoring_matches_unchunked(chunk_size):
     import dataclasses
 
-    scene = straight_scene([make_agent(15.0, 0.0, vx=3.0), make_agent(-7.0, 0.0, vx=12.0)], speed=10.0)
+    scene = road_scene([moving_agent(15.0, 0.0, vx=3.0), moving_agent(-7.0, 0.0, vx=12.0)], speed=10.0)
     props = np.stack([straight_poses(10.0), braking_poses_np(10.0, 8.0), straight_poses(10.0, lateral=3.0),
                       straight_poses(10.0, lateral=-1.5)])
     ref = straight_poses(10.0, num=40, dt=0.1)
@@ -292,3 +296,54 @@ def test_chunked_scoring_matches_unchunked(chunk_size):
             np.testing.assert_allclose(np.asarray(getattr(part, name)), np.asarray(getattr(full, name)),
                                        atol=1e-6, err_msg=name)
         np.testing.assert_array_equal(np.asarray(part.violations.nc_point), np.asarray(full.violations.nc_point))
+
+
+# ------------------------------------------------------------ NAVSIM's jerk matrix
+NAVSIM_BAND_4 = np.array([[-1, 0, 0, 0, 0],
+                          [0, -1, 0, 0, 0],
+                          [0, 0, -1, 0, 0],
+                          [0, 0, 0, -1, 1]], np.float64)
+NUPLAN_BAND_4 = np.array([[-1, 1, 0, 0, 0],
+                          [0, -1, 1, 0, 0],
+                          [0, 0, -1, 1, 0],
+                          [0, 0, 0, -1, 1]], np.float64)
+
+
+def test_jerk_matrix_is_pinned_to_navsims_and_shared_with_the_reference():
+    """NAVSIM (batch_lqr_utils.py, v1.0 .. v2.2) assigns +I above the diagonal and then -I
+    on it, so only its last row is a difference; nuPlan's is the true difference. Both
+    scorers build these matrices on their own and default to NAVSIM's."""
+    from jax_drive.pdm.tracker import jerk_difference_matrix
+    from jax_drive.pdm_reference.config import ReferenceConfig, as_reference_config
+    from jax_drive.pdm_reference.simulation import jerk_regularizer
+
+    np.testing.assert_array_equal(jerk_difference_matrix(4, "navsim"), NAVSIM_BAND_4)
+    np.testing.assert_array_equal(jerk_difference_matrix(4, "nuplan"), NUPLAN_BAND_4)
+    # The reference's regulariser acts on [v0, a_0 ..]: a zero column, then the band.
+    for kind, band in (("navsim", NAVSIM_BAND_4), ("nuplan", NUPLAN_BAND_4)):
+        np.testing.assert_array_equal(jerk_regularizer(6, kind), np.concatenate([np.zeros((4, 1)), band], 1))
+    assert PDMConfig().jerk_matrix == "navsim" and ReferenceConfig().jerk_matrix == "navsim"
+    assert as_reference_config(PDMConfig(jerk_matrix="nuplan")).jerk_matrix == "nuplan"
+    with pytest.raises(ValueError, match="jerk_matrix"):
+        PDMConfig(jerk_matrix="difference")
+
+
+def test_jerk_matrix_decides_nc_behind_a_parked_car():
+    """Hard braking from 14 m/s towards a parked car: NAVSIM's matrix penalises the
+    accelerations themselves, so the tracked ego brakes a little less and stops ~7.5 cm
+    further. The car's rear sits between the two stopping points (about 3.7 cm from each),
+    so NC (and with it PDMS and EPDMS) differs, in the JAX scorer and in the reference."""
+    from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy
+    from jax_drive.pdm_reference.config import ReferenceConfig
+
+    v0, decel = 14.0, 10.0
+    t = np.minimum(np.arange(1, 9) * 0.5, v0 / decel)
+    brake = np.stack([v0 * t - 0.5 * decel * t**2, np.zeros(8), np.zeros(8)], -1).astype(np.float32)
+    scene = road_scene([moving_agent(20.34 + 2.25, 0.0)], speed=v0)  # parked, rear edge at x = 20.34
+    reference = np.asarray(interpolate_poses(scene, jnp.asarray(brake), 0.5))[1:]
+    for kind, nc in (("navsim", 0.0), ("nuplan", 1.0)):
+        r = score_proposals(scene, brake[None], reference, PDMConfig(jerk_matrix=kind))
+        assert float(r.nc[0]) == nc, kind
+        assert (float(r.epdms[0]) == 0.0) == (nc == 0.0), kind  # v2 uses the same tracker
+        ref = ReferenceScorer(scene_to_numpy(scene), ReferenceConfig(jerk_matrix=kind)).score(brake, reference)
+        assert ref["nc"] == nc, kind

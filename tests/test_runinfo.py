@@ -2,13 +2,19 @@
 
 import argparse
 import json
+import os
+from pathlib import Path
 
-from jax_drive.runinfo import InputError, add_output_args, run_main, run_metadata, write_json
+import pytest
+
+from jax_drive.runinfo import (InputError, add_output_args, command_line, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
 
 def test_metadata_keys():
     meta = run_metadata(benchmark="x")
-    for key in ("date_utc", "git_commit", "platform", "python", "cpu_count", "load_average", "xla_flags"):
+    for key in ("date_utc", "git_commit", "platform", "python", "cpu_count", "cpu_affinity", "load_average",
+                "xla_flags"):
         assert key in meta
     assert meta["benchmark"] == "x"
 
@@ -35,3 +41,38 @@ def test_output_args():
     add_output_args(parser)
     args = parser.parse_args([])
     assert args.json is None and args.no_progress is False
+    quiet = argparse.ArgumentParser()
+    add_output_args(quiet, json_required=True, progress=False)  # a command without progress bars
+    assert quiet.parse_args(["--json", "x.json"]).json == "x.json"
+    assert not hasattr(quiet.parse_args(["--json", "x.json"]), "no_progress")
+    with pytest.raises(SystemExit):
+        quiet.parse_args([])
+
+
+def test_require_min_names_the_flag():
+    require_min(1, batch=1, max_time=None, batches=[1, 2])  # None is unset; lists are checked item by item
+    with pytest.raises(InputError, match="--max-new-tokens must be >= 1, got 0"):
+        require_min(1, batch=3, max_new_tokens=0)
+    with pytest.raises(InputError, match="--batches must be >= 1, got -2"):
+        require_min(1, batches=[4, -2])
+    with pytest.raises(InputError, match="--max-wait-ms must be >= 0, got -0.5"):
+        require_min(0, max_wait_ms=-0.5)
+
+
+def test_command_line_is_relative_to_the_checkout(tmp_path):
+    import jax_drive
+
+    script = Path(jax_drive.__file__).parents[1] / "experiments" / "bench_x.py"
+    assert command_line(str(script), ["--json", "a b.json"]) == "python experiments/bench_x.py --json 'a b.json'"
+
+
+def test_script_environment_keeps_what_is_set(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    script_environment()
+    assert os.environ["JAX_PLATFORMS"] == "cuda" and os.environ["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.delenv("JAX_PLATFORMS")
+    script_environment(cpu=False)
+    assert "JAX_PLATFORMS" not in os.environ
+    script_environment()
+    assert os.environ["JAX_PLATFORMS"] == "cpu"

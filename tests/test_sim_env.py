@@ -69,4 +69,5 @@ def test_cli_sim_run_prints_table_and_renders(tmp_path, capsys, monkeypatch):
 
     data = json.loads(js.read_text())
     assert data["aggregate"]["CR"]["mean"] == 0.0 and data["aggregate"]["SR"]["mean"] == 100.0
+    assert data["meta"]["command"] == "sim run"
     assert main(["sim", "run", "--scenario", "bogus"]) == 2

@@ -2,8 +2,10 @@
 
 Each sub-command lives in its own module of this package and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` on it. The modules are
-imported lazily by name so a broken optional dependency of one command never breaks the
-others.
+imported by name so a broken optional dependency of one command never breaks the others;
+they import only argparse-level things at module level (heavy imports happen when a command
+runs), so building this parser stays cheap. Exit codes follow :mod:`jax_drive.runinfo`:
+0 done, 2 bad usage or input, 1 a failure while running.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from jax_drive.runinfo import run_main
 
 # sub-command name -> module under jax_drive.cli that registers it
 COMMAND_MODULES = {
@@ -39,10 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _dispatch(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one command; :class:`jax_drive.runinfo.InputError` becomes a message and exit code 2."""
+    return run_main(_dispatch, argv)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,15 @@ import argparse
 import sys
 import time
 
+from jax_drive.runinfo import InputError, add_output_args, require_min, run_metadata, write_json
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "chat",
         help="chat with a local Flax language model",
-        description="One-shot with --prompt, otherwise an interactive loop (empty line or "
-        "/quit ends it, /reset clears the history).",
+        description="One-shot with --prompt (optionally written to --json), otherwise an interactive "
+        "loop (empty line or /quit ends it, /reset clears the history).",
     )
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="HF directory, .gguf file or 'smollm2-135m-instruct' (default)")
@@ -27,17 +29,24 @@ def register(subparsers) -> None:
     parser.add_argument("--lora", default=None,
                         help="optional PEFT adapter directory (adapter_config.json + "
                         "adapter_model.safetensors) to apply")
+    add_output_args(parser, progress=False)  # --json: the one-shot reply (needs --prompt)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    require_min(1, max_new_tokens=args.max_new_tokens)
+    if args.json and args.prompt is None:
+        raise InputError("--json writes a one-shot reply: it needs --prompt")
     import jax
 
     from jax_drive.models import load_pretrained
+    from jax_drive.sampling import JaxEngine, SamplingParams
 
-    if args.max_new_tokens < 1:
-        print("error: --max-new-tokens must be >= 1", file=sys.stderr)
-        return 2
+    try:  # checked before the model loads
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k)
+    except ValueError as error:
+        raise InputError(str(error)) from None
     try:
         model, _, tokenizer = load_pretrained(args.model, dtype=args.dtype)
         if args.lora:
@@ -45,23 +54,14 @@ def run(args: argparse.Namespace) -> int:
 
             load_peft(model, args.lora)
     except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    from jax_drive.sampling import JaxEngine, SamplingParams
-
+        raise InputError(str(error)) from None
     engine = JaxEngine(model, tokenizer)
-    try:
-        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_p=args.top_p, top_k=args.top_k)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     key = jax.random.key(args.seed)
     history: list[dict] = []
     if args.system:
         history.append({"role": "system", "content": args.system})
 
-    def reply(text: str) -> str:
+    def reply(text: str) -> dict:
         nonlocal key
         key, sub = jax.random.split(key)
         history.append({"role": "user", "content": text})
@@ -71,10 +71,19 @@ def run(args: argparse.Namespace) -> int:
         answer = completion.text.strip()
         history.append({"role": "assistant", "content": answer})
         print(f"[{completion.num_tokens} tokens, {elapsed:.1f} s]", file=sys.stderr)
-        return answer
+        return {"reply": answer, "num_tokens": completion.num_tokens,
+                "finish_reason": completion.finish_reason, "seconds": elapsed}
 
     if args.prompt is not None:
-        print(reply(args.prompt))
+        answer = reply(args.prompt)
+        print(answer["reply"])
+        if args.json:
+            write_json(args.json, {
+                "meta": run_metadata(command="chat"),
+                "model": args.model, "lora": args.lora, "dtype": args.dtype, "seed": args.seed,
+                "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                             "top_p": args.top_p, "top_k": args.top_k},
+                "messages": history, **answer})
         return 0
     print("chat: empty line or /quit to exit, /reset to clear the history", file=sys.stderr)
     while True:
@@ -88,4 +97,4 @@ def run(args: argparse.Namespace) -> int:
         if line == "/reset":
             del history[1 if args.system else 0:]
             continue
-        print(f"model> {reply(line)}")
+        print(f"model> {reply(line)['reply']}")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from jax_drive.runinfo import InputError
 
 
 def register(subparsers) -> None:
@@ -22,13 +23,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise InputError(f"{out} exists and is not empty (use --force)")
     from jax_drive.models import load_pretrained
     from jax_drive.models.export import save_safetensors
 
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.force:
-        print(f"error: {out} exists and is not empty (use --force)", file=sys.stderr)
-        return 2
     try:
         model, config, tokenizer = load_pretrained(args.source, dtype=args.dtype)
         if args.lora:
@@ -36,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
             load_peft(model, args.lora)
     except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        raise InputError(str(error)) from None
     save_safetensors(model, out, tokenizer=tokenizer)
     print(f"wrote {config.architecture} model ({config.num_layers} layers, {args.dtype}) to {out}")
     return 0

@@ -3,6 +3,7 @@
 Example::
 
     jax-drive data build --kind multi --scenes 256 --out data/multi.jsonl --seed 0
+    jax-drive data build --kind multi --scenes-file scenes.json.gz --out data/multi.jsonl
 
 Scenes come from ``jax_drive.scenes.generate_scenes(jax.random.key(seed), ...)``; scene ``i``
 is reproducible from (seed, hard fraction, scene_id) alone (``meta.scene_seed`` and
@@ -10,6 +11,10 @@ is reproducible from (seed, hard fraction, scene_id) alone (``meta.scene_seed`` 
 chunk of ``--batch-size`` scenes is scored in one jitted scorer call (default: all scenes
 in one chunk). A data card (records per kind, first-turn failures per metric, RL
 categories, QA balance) is printed at the end and optionally written as JSON.
+
+With ``--scenes-file`` (format: ``jax_drive/scenes/io.py``) the records come from the
+file's scenes instead, built capacity group by capacity group; ``scene_id`` is the scene's
+index in the file and ``meta.token`` its token.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="data_command", required=True)
     build = sub.add_parser("build", help="build one dataset kind from generated scenes")
     build.add_argument("--kind", choices=KINDS, required=True, help="dataset kind")
-    build.add_argument("--scenes", type=int, required=True, help="number of generated scenes")
+    build.add_argument("--scenes", type=int, default=None, help="number of generated scenes")
+    build.add_argument("--scenes-file", default=None, help="build from the scenes of this scene file instead")
     build.add_argument("--out", required=True, help="output JSONL file")
     build.add_argument("--seed", type=int, default=0, help="PRNG seed of scenes and sampling (default 0)")
     build.add_argument("--hard-fraction", type=float, default=None,
@@ -48,7 +54,11 @@ def register(subparsers) -> None:
 
 
 def _check(args) -> None:
-    if args.scenes < 1:
+    if (args.scenes is None) == (args.scenes_file is None):
+        raise SystemExit("error: give either --scenes N (generated scenes) or --scenes-file FILE")
+    if args.scenes_file is not None and args.hard_fraction is not None:
+        raise SystemExit("error: --hard-fraction applies to generated scenes, not to --scenes-file")
+    if args.scenes is not None and args.scenes < 1:
         raise SystemExit("error: --scenes must be >= 1")
     if args.batch_size < 0:
         raise SystemExit("error: --batch-size must be >= 0")
@@ -85,15 +95,36 @@ def run_build(args) -> int:
     gen_config = GeneratorConfig() if args.hard_fraction is None else GeneratorConfig(hard_fraction=args.hard_fraction)
     scene_key = jax.random.key(args.seed)
     build_key = jax.random.fold_in(scene_key, 0x5EED)
-    batch = args.batch_size or args.scenes
     predictor = B.ConstantVelocityPredictor()
-    card = DataCard(kind=args.kind, num_scenes=args.scenes, seed=args.seed, out=args.out)
+    if args.scenes_file is not None:
+        from jax_drive.scenes.io import SceneFileError, load_scenes
+
+        try:
+            scene_file = load_scenes(args.scenes_file)
+        except SceneFileError as e:
+            raise SystemExit(f"error: {e}") from None
+        num_scenes = len(scene_file)
+        batch = args.batch_size or num_scenes
+
+        def batches():  # (key offset, scene batch builder, count) per capacity group and chunk
+            for indices, sizes in scene_file.groups():
+                for start in range(0, len(indices), batch):
+                    chunk = indices[start: start + batch]
+                    yield int(chunk[0]), (lambda c=chunk, z=sizes: scene_file.build(c, z)), len(chunk)
+    else:
+        num_scenes = args.scenes
+        batch = args.batch_size or num_scenes
+
+        def batches():
+            for start, size in B.iterate_batches(num_scenes, batch):
+                yield start, (lambda a=start, z=size: generate_scenes(scene_key, z, gen_config, start_id=a)), size
+    card = DataCard(kind=args.kind, num_scenes=num_scenes, seed=args.seed, out=args.out)
     with open(args.out, "w", encoding="utf-8") as out, tqdm(
-        total=args.scenes, desc=f"data build {args.kind}", unit="scene", disable=args.no_progress
+        total=num_scenes, desc=f"data build {args.kind}", unit="scene", disable=args.no_progress
     ) as bar:
-        for start, size in B.iterate_batches(args.scenes, batch):
-            bar.set_postfix_str("generating")
-            scene = generate_scenes(scene_key, size, gen_config, start_id=start)
+        for start, make, size in batches():
+            bar.set_postfix_str("loading" if args.scenes_file else "generating")
+            scene = make()
             key = jax.random.fold_in(build_key, start)
             bar.set_postfix_str("building")
             if args.kind == "single":
@@ -106,8 +137,11 @@ def run_build(args) -> int:
             else:
                 records, stats = B.build_rl(scene, predictor, key, config)
             for record in records:
-                record["meta"]["scene_seed"] = args.seed
-                record["meta"]["hard_fraction"] = gen_config.hard_fraction
+                if args.scenes_file is not None:
+                    record["meta"]["token"] = scene_file.tokens[record["scene_id"]]
+                else:
+                    record["meta"]["scene_seed"] = args.seed
+                    record["meta"]["hard_fraction"] = gen_config.hard_fraction
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             card.add_records(records)
             card.add_stats(stats)

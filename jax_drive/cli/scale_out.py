@@ -12,7 +12,7 @@ answer, prints their ports and restarts any that crash until interrupted.
 
 from __future__ import annotations
 
-import argparse
+from jax_drive.runinfo import InputError, add_output_args, require_min, run_metadata, write_json
 
 
 def register(subparsers) -> None:
@@ -41,12 +41,12 @@ def register(subparsers) -> None:
                      help="local (a Ray instance on this machine), auto or HOST:PORT (a `ray start --head` cluster)")
     run.add_argument("--xla-cache", default=None, metavar="DIR",
                      help="persistent XLA cache for the workers (restarted workers skip compilation)")
-    _output_args(run)
+    add_output_args(run)
     run.set_defaults(func=_run)
 
     status = sub.add_parser("status", help="progress and metrics of a results directory")
     status.add_argument("--results", required=True, metavar="DIR")
-    _output_args(status)
+    add_output_args(status, progress=False)
     status.set_defaults(func=_status)
 
     pool = sub.add_parser("carla-pool", help="start and supervise CARLA servers")
@@ -63,35 +63,12 @@ def register(subparsers) -> None:
                       help="readiness: the CARLA client's get_server_version (needs the carla extra), or a TCP connect")
     pool.add_argument("--max-restarts", type=int, default=20, help="restarts per server before giving up")
     pool.add_argument("--once", action="store_true", help="exit once every server is ready (leaves them running)")
-    _output_args(pool)
+    add_output_args(pool, progress=False)
     pool.set_defaults(func=_carla_pool)
-
-
-def _output_args(parser: argparse.ArgumentParser) -> None:
-    from jax_drive.runinfo import add_output_args
-
-    add_output_args(parser)
-
-
-def _guard(fn):
-    def wrapped(args) -> int:
-        import sys
-
-        from jax_drive.runinfo import InputError
-
-        try:
-            return fn(args)
-        except InputError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-
-    return wrapped
 
 
 def parse_carla_servers(items: list[str]) -> list[tuple[str, int, int]]:
     """``HOST:PORT:TM_PORT`` strings -> (host, port, tm_port); InputError when malformed."""
-    from jax_drive.runinfo import InputError
-
     out = []
     for item in items:
         parts = item.rsplit(":", 2)
@@ -117,18 +94,16 @@ def _table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@_guard
 def _run(args) -> int:
     import os
 
+    # 0 would silently mean "the default" below; the rest is checked where it is used (plan_episodes, PoolConfig)
+    require_min(1, seeds=args.seeds, workers=args.workers, chunk_size=args.chunk_size)
     from jax_drive.distributed.backends import CarlaBackend, JaxBackend
     from jax_drive.distributed.episodes import plan_episodes, summarise_records
     from jax_drive.distributed.pool import PoolConfig, ScenarioPool, init_ray
     from jax_drive.distributed.store import ResultStore
-    from jax_drive.runinfo import InputError, run_metadata, write_json
 
-    if args.seeds < 1:
-        raise InputError("--seeds must be >= 1")
     specs = plan_episodes(args.scenario, range(args.seed, args.seed + args.seeds), args.episodes, config=args.config,
                           background=args.background, max_time=args.max_time)
     if args.backend == "carla":
@@ -167,13 +142,11 @@ def _run(args) -> int:
     return 0 if summary.complete else 1
 
 
-@_guard
 def _status(args) -> int:
     import os
 
     from jax_drive.distributed.episodes import summarise_records
     from jax_drive.distributed.store import ResultStore
-    from jax_drive.runinfo import InputError, run_metadata, write_json
 
     if not os.path.isdir(args.results):
         raise InputError(f"no results directory {args.results}")
@@ -189,10 +162,9 @@ def _status(args) -> int:
     return 0
 
 
-@_guard
 def _carla_pool(args) -> int:
+    require_min(0, ready_timeout=args.ready_timeout, max_restarts=args.max_restarts)
     from jax_drive.carla.server import ServerPool, carla_probe, server_specs, tcp_probe
-    from jax_drive.runinfo import InputError, run_metadata, write_json
 
     try:
         gpus = [int(g) for g in args.gpus.split(",") if g.strip()]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jax_drive.runinfo import InputError, require_min
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -39,41 +41,37 @@ def _parse_loras(specs: list[str]) -> list[tuple[str, str]]:
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise ValueError(f"--lora takes NAME=PATH, got {spec!r}")
+            raise InputError(f"--lora takes NAME=PATH, got {spec!r}")
         out.append((name, path))
     return out
 
 
 def run(args: argparse.Namespace) -> int:
+    require_min(1, port=args.port, max_batch_rows=args.max_batch_rows, default_max_tokens=args.default_max_tokens)
+    require_min(0, max_loras=args.max_loras, max_wait_ms=args.max_wait_ms)
+    if args.port > 65535:
+        raise InputError(f"--port must be <= 65535, got {args.port}")
+    loras = _parse_loras(args.lora)
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ModuleNotFoundError as error:
-        print(f"error: jax-drive serve needs {error.name} (pip install -r requirements.txt)",
-              file=sys.stderr)
-        return 2
+        raise InputError(f"jax-drive serve needs {error.name} (pip install -r requirements.txt)") from None
     from jax_drive.models import load_pretrained
     from jax_drive.serve import BatcherConfig, PolicyRegistry, PolicyServer, ServeConfig
     from jax_drive.serve import run as serve_forever
     from jax_drive.serve.protocol import InvalidRequest
 
+    config = ServeConfig(batcher=BatcherConfig(args.max_batch_rows, args.max_wait_ms / 1000.0),
+                         default_max_tokens=args.default_max_tokens, seed=args.seed)
     try:
-        loras = _parse_loras(args.lora)
-        config = ServeConfig(
-            batcher=BatcherConfig(args.max_batch_rows, args.max_wait_ms / 1000.0),
-            default_max_tokens=args.default_max_tokens,
-            seed=args.seed,
-        )
-        if config.default_max_tokens < 1:
-            raise ValueError("--default-max-tokens must be >= 1")
         model, _, tokenizer = load_pretrained(args.model, dtype=args.dtype)
         registry = PolicyRegistry(model, tokenizer, args.served_model_name or args.model,
                                   max_loras=args.max_loras)
         for name, path in loras:
             registry.load_adapter(name, path)
     except (FileNotFoundError, ValueError, InvalidRequest) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        raise InputError(str(error)) from None
     names = ", ".join(registry.names())
     print(f"jax-drive serve: {names} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve_forever(PolicyServer(registry, config), args.host, args.port, args.log_level)

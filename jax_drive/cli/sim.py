@@ -3,14 +3,14 @@
     jax-drive sim list
     jax-drive sim run --scenario tv_red_light --policy rule_based --episodes 10 \
         [--seeds 3] [--config alternate|accident|safe] [--background] \
-        [--plot out.png] [--json out.json] [--replay out.jsonl]
+        [--plot out.png] [--json out.json] [--replay out.jsonl] [--no-progress]
+
+Nothing is written unless a path is given (``--plot``, ``--json``, ``--replay``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+from jax_drive.runinfo import InputError, add_output_args, require_min, run_metadata, write_json
 
 
 def register(subparsers) -> None:
@@ -28,8 +28,8 @@ def register(subparsers) -> None:
                      help="accident-prone / safe configurations (alternate: half each)")
     run.add_argument("--background", action="store_true", help="add background traffic")
     run.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of the first episode here")
-    run.add_argument("--json", default=None, help="write metrics JSON here")
     run.add_argument("--replay", default=None, help="write replay transitions (JSONL) here")
+    add_output_args(run)
     run.set_defaults(func=_run)
 
 
@@ -44,6 +44,7 @@ def _list(args) -> int:
 
 
 def _run(args) -> int:
+    require_min(1, episodes=args.episodes, seeds=args.seeds)
     from jax_drive.coop import baselines, evaluate
     from jax_drive.sim import scenarios
 
@@ -51,15 +52,11 @@ def _run(args) -> int:
         scenarios.family(args.scenario)
         policy = baselines.make_policy(args.policy)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if args.episodes < 1 or args.seeds < 1:
-        print("error: --episodes and --seeds must be >= 1", file=sys.stderr)
-        return 2
+        raise InputError(str(error)) from None
     report = evaluate.evaluate(
         args.scenario, policy, seeds=range(args.seed, args.seed + args.seeds), episodes=args.episodes,
         config=args.config, background=args.background, record=bool(args.replay),
-        keep_first_trajectory=bool(args.plot), show_progress=True)
+        keep_first_trajectory=bool(args.plot), show_progress=not args.no_progress)
     print(evaluate.table([report]))
     for line in report["feedback_examples"]:
         print("  " + line)
@@ -74,14 +71,6 @@ def _run(args) -> int:
         save_jsonl(report["transitions"], args.replay)
         print(f"replay: {args.replay} ({len(report['transitions'])} transitions)")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(evaluate.to_json(report), f, indent=2)
+        write_json(args.json, {"meta": run_metadata(command="sim run"), **evaluate.to_json(report)})
         print(f"metrics: {args.json}")
     return 0
-
-
-def main(argv=None) -> int:  # pragma: no cover - convenience
-    parser = argparse.ArgumentParser(prog="jax-drive")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)

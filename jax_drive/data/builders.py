@@ -16,6 +16,10 @@ Every record is a dict ``{"id", "kind", "scene_id", "messages", "meta"}`` where
   1 = its feedback is non-empty, 2 = else its PDMS < ``low_score_threshold`` (0.8),
   3 = the rest; all of 1 and 2 are kept and ``easy_ratio`` x that many of 3 are sampled.
 
+With ``PromptConfig(perception="image")`` every record also holds ``"images"``: for each
+``<image>`` placeholder in its messages, in order, its scene's front camera (uint8
+(H, W, 3), :func:`jax_drive.text.prompts.prompt_images`; in memory, not JSON).
+
 The expert trajectory is only ever the final assistant target of SFT records; it never
 enters a prompt message (EP is not part of the feedback). Prompts are a function of the
 scene without its ``expert`` field; ``tests/test_data_builders.py`` checks this.
@@ -38,7 +42,7 @@ from jax_drive.text import chat
 from jax_drive.text.caption import CaptionConfig, caption_scenes
 from jax_drive.text.codec import format_trajectory, parse_trajectories
 from jax_drive.text.feedback import feedback_message, select, violations_to_numpy
-from jax_drive.text.prompts import SYSTEM_PROMPT, PromptConfig, planning_prompt
+from jax_drive.text.prompts import IMAGE_PLACEHOLDER, SYSTEM_PROMPT, PromptConfig, planning_prompt, prompt_images
 from jax_drive.text.qa import QAConfig, qa_candidates, qa_items
 from jax_drive.types import NUM_OUTPUT_POSES, OUTPUT_DT, Scene
 
@@ -232,6 +236,19 @@ def prompt_conversations(scene: Scene, config: BuildConfig = BuildConfig()) -> l
     ]
 
 
+def attach_images(records: list[dict], scene: Scene, config: BuildConfig) -> list[dict]:
+    """``records`` with their ``"images"`` (see the module docstring) when the prompt holds
+    images; unchanged otherwise."""
+    images = prompt_images(scene, config.prompt)
+    if images is None:
+        return records
+    by_scene = dict(zip(_scene_ids(scene), images))
+    for record in records:
+        count = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in record["messages"])
+        record["images"] = list(by_scene[record["scene_id"]]) * count
+    return records
+
+
 def _record(kind: str, scene_id: int, index: int, messages: list[dict], **meta) -> dict:
     chat.validate(messages)
     return {"id": f"{kind}-{scene_id:06d}-{index}", "kind": kind, "scene_id": int(scene_id),
@@ -251,10 +268,10 @@ def build_single(scene: Scene, config: BuildConfig = BuildConfig()) -> list[dict
     """Single-turn SFT records: prompt -> expert trajectory."""
     prompts = prompt_conversations(scene, config)
     targets = _expert_texts(scene)
-    return [
+    return attach_images([
         _record("single", sid, 0, chat.add_turn(p, t), turns=1)
         for sid, p, t in zip(_scene_ids(scene), prompts, targets)
-    ]
+    ], scene, config)
 
 
 def first_turn(
@@ -318,7 +335,7 @@ def build_multi(
             _record("multi", sid, 1, messages, turns=len(turns) + 1, mock=True, predictor=predictor.name)
         )
         stats["mock"] += 1
-    return records, stats
+    return attach_images(records, scene, config), stats
 
 
 def build_qa(scene: Scene, key: jax.Array, config: BuildConfig = BuildConfig()) -> tuple[list[dict], dict]:
@@ -332,7 +349,7 @@ def build_qa(scene: Scene, key: jax.Array, config: BuildConfig = BuildConfig()) 
             messages = chat.add_turn(chat.conversation(item["question"]), item["answer"])
             records.append(_record("qa", sid, j, messages, metric=item["metric"], label=item["label"]))
             counts[f"{item['metric']}_{'yes' if item['label'] else 'no'}"] += 1
-    return records, counts
+    return attach_images(records, scene, config), counts
 
 
 def build_rl(
@@ -371,7 +388,7 @@ def build_rl(
         "category_counts": {str(c): int((category == c).sum()) for c in (1, 2, 3)},
         "selected": {str(c): int((category[chosen] == c).sum()) for c in (1, 2, 3)},
     }
-    return records, stats
+    return attach_images(records, scene, config), stats
 
 
 def _turn_stats(scored: Scored) -> dict:

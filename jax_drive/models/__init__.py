@@ -6,7 +6,7 @@ Public API (the contract the sampler, RL code and model builders on top use):
   positions_from_mask                              RoPE positions of left-padded tokens
   decoder_block, forward_hidden, lm_logits,        one block, the whole forward, one LM head;
     unroll_params, rope_tables                       the unrolled (decode) weight layout
-  chunked_token_logprobs                           log-probs without a (B, L, V) tensor
+  head_token_logprobs                              log-probs without a (B, L, V) tensor
   load_pretrained, Tokenizer                       loading (lazy: pulls in gguf / tokenizers)
   tiny_policy, byte_tokenizer                      tiny random policies for tests (lazy)
 """
@@ -17,7 +17,7 @@ from jax_drive.models.transformer import (
     KVCache,
     LayerCache,
     LoRAParam,
-    chunked_token_logprobs,
+    head_token_logprobs,
     decoder_block,
     forward_hidden,
     init_cache,
@@ -53,7 +53,7 @@ __all__ = [
     "TINY_VOCAB",
     "Tokenizer",
     "byte_tokenizer",
-    "chunked_token_logprobs",
+    "head_token_logprobs",
     "decoder_block",
     "forward_hidden",
     "init_cache",

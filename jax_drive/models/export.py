@@ -93,11 +93,16 @@ def save_safetensors(model: CausalLM, out_dir: str | Path, tokenizer=None,
     return out
 
 
-def export_peft(model: CausalLM, out_dir: str | Path, base_model_name: str = "") -> Path:
+def export_peft(model: CausalLM, out_dir: str | Path, base_model_name: str = "",
+                layers_prefix: str = "model.layers", target_modules: str | None = None) -> Path:
     """Writes adapter_config.json + adapter_model.safetensors in PEFT's LoRA format.
 
     lora_A.weight is A^T (r, in), lora_B.weight is B^T (out, r), so PEFT computes
     W x + B_peft A_peft x * lora_alpha / r, the same update as ours.
+    layers_prefix: module path of the decoder layers in the HF model ('model.layers' for
+    Llama / Qwen2; e.g. 'model.language_model.layers' inside a vision-language model).
+    target_modules: PEFT's target_modules (a regex string, e.g. to keep a vision tower out);
+    default: the list of adapted projection names.
     Raises ValueError when the model has no adapters or the adapters are merged.
     """
     if not isinstance(model, CausalLM):
@@ -121,7 +126,7 @@ def export_peft(model: CausalLM, out_dir: str | Path, base_model_name: str = "")
         a = proj.lora_a[...]
         b = proj.lora_b[...]
         for i in range(model.config.num_layers):
-            base = f"base_model.model.model.layers.{i}.{HF_LAYER_KEYS[name]}"
+            base = f"base_model.model.{layers_prefix}.{i}.{HF_LAYER_KEYS[name]}"
             tensors[base + ".lora_A.weight"] = a[i].T.astype(jnp.float32)
             tensors[base + ".lora_B.weight"] = b[i].T.astype(jnp.float32)
     _save_tensors(tensors, out, "adapter_model", max_shard_bytes=2**62)
@@ -132,7 +137,7 @@ def export_peft(model: CausalLM, out_dir: str | Path, base_model_name: str = "")
         "r": ranks.pop(),
         "lora_alpha": alpha,
         "lora_dropout": 0.0,
-        "target_modules": sorted(projs),
+        "target_modules": sorted(projs) if target_modules is None else target_modules,
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -147,8 +152,13 @@ def export_peft(model: CausalLM, out_dir: str | Path, base_model_name: str = "")
     return out
 
 
-def load_peft(model: CausalLM, adapter_dir: str | Path) -> CausalLM:
+def load_peft(model: CausalLM, adapter_dir: str | Path, layers_prefix: str = "model.layers",
+              targets: tuple[str, ...] | None = None) -> CausalLM:
     """Applies a PEFT LoRA adapter directory (as written by `export_peft`) to `model` in place.
+
+    layers_prefix: as in `export_peft`. targets: the adapted projections; default: those
+    named in the adapter's target_modules list, or (regex target_modules) those with
+    tensors under ``layers_prefix``.
 
     Raises FileNotFoundError / ValueError for missing files, non-LoRA adapters, unknown target
     modules or shape mismatches.
@@ -168,11 +178,15 @@ def load_peft(model: CausalLM, adapter_dir: str | Path) -> CausalLM:
         raise ValueError(f"only LoRA adapters are supported, got {cfg.get('peft_type')!r}")
     if cfg.get("use_rslora") or cfg.get("use_dora") or cfg.get("fan_in_fan_out"):
         raise ValueError("rsLoRA / DoRA / fan_in_fan_out adapters are not supported")
-    targets = cfg.get("target_modules") or []
-    if isinstance(targets, str):
-        raise ValueError(f"regex target_modules {targets!r} are not supported")
-    targets = [t for t in PROJECTIONS if t in targets]
     tensors = load_file(str(weights))
+    if targets is None:
+        targets = cfg.get("target_modules") or []
+        if isinstance(targets, str):  # a regex: adapted projections are those with tensors
+            targets = [t for t in PROJECTIONS if f"base_model.model.{layers_prefix}.0."
+                       f"{HF_LAYER_KEYS[t]}.lora_A.weight" in tensors]
+    targets = [t for t in PROJECTIONS if t in targets]
+    if not targets:
+        raise ValueError(f"no adapted projections found in {adapter_dir} under {layers_prefix!r}")
     rank, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
     apply_lora(model, rank, alpha, targets)
     n = model.config.num_layers
@@ -180,7 +194,7 @@ def load_peft(model: CausalLM, adapter_dir: str | Path) -> CausalLM:
         proj = getattr(model.layers, name)
         a, b = [], []
         for i in range(n):
-            base = f"base_model.model.model.layers.{i}.{HF_LAYER_KEYS[name]}"
+            base = f"base_model.model.{layers_prefix}.{i}.{HF_LAYER_KEYS[name]}"
             try:
                 a_i = tensors[base + ".lora_A.weight"]
                 b_i = tensors[base + ".lora_B.weight"]

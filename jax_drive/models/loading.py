@@ -172,14 +172,31 @@ def assign_hf_weights(config: ModelConfig, get: Callable[[str], np.ndarray],
 
 
 def load_safetensors_dir(path: str | Path, dtype: str | None = None):
-    """(model, config) from an HF directory: config.json + (sharded) *.safetensors."""
-    from safetensors import safe_open
-
+    """(model, config) from an HF directory: config.json + (sharded) *.safetensors. A
+    Qwen2.5-VL directory (model_type qwen2_5_vl) gives a vision-language `Qwen2_5_VL`."""
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise WeightLoadError(f"{path} has no config.json")
-    config = ModelConfig.from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
+    from jax_drive.models.qwen2_5_vl.config import QWEN2_5_VL_MODEL_TYPE, VLMConfig
+
+    hf_config = json.loads(cfg_file.read_text())
+    get, names = safetensors_tensors(path)
+    if hf_config.get("model_type") == QWEN2_5_VL_MODEL_TYPE:
+        from jax_drive.models.qwen2_5_vl.loading import assign_vlm_weights
+
+        config = VLMConfig.from_hf(hf_config, dtype=dtype)
+        return assign_vlm_weights(config, get, names), config
+    config = ModelConfig.from_hf(hf_config, dtype=dtype)
+    return assign_hf_weights(config, get, names), config
+
+
+def safetensors_tensors(path: str | Path) -> tuple[Callable[[str], np.ndarray], list[str]]:
+    """(get, names) over the weights of an HF directory: model.safetensors.index.json's
+    shards or every *.safetensors file (adapters excluded); get(name) -> float32 numpy."""
+    from safetensors import safe_open
+
+    path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
@@ -200,8 +217,7 @@ def load_safetensors_dir(path: str | Path, dtype: str | None = None):
     def get(name):
         return np.asarray(where[name].get_tensor(name).astype(jnp.float32))
 
-    model = assign_hf_weights(config, get, where.keys())
-    return model, config
+    return get, list(where)
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -339,8 +355,10 @@ def load_pretrained(source: str | Path, dtype: str | None = "float32"):
     """Loads (model, config, tokenizer).
 
     Args:
-      source: an HF-style directory (config.json + (sharded) safetensors + tokenizer.json),
-        a .gguf file, or the name 'smollm2-135m-instruct'.
+      source: an HF-style directory (config.json + (sharded) safetensors + tokenizer.json; a
+        Qwen2.5-VL directory gives a `Qwen2_5_VL`), a .gguf file, or the name
+        'smollm2-135m-instruct'. A Qwen2.5-VL directory's tokenizer is an `ImageTokenizer`
+        (its preprocessor_config.json sets the image processing when present).
       dtype: 'float32' or 'bfloat16' parameter/compute dtype (None: the checkpoint's).
     Raises:
       FileNotFoundError for a missing source; WeightLoadError / ValueError for unreadable,
@@ -357,4 +375,8 @@ def load_pretrained(source: str | Path, dtype: str | None = "float32"):
     else:
         model, config = load_safetensors_dir(path, dtype)
         tokenizer = Tokenizer.from_dir(path)
+        if hasattr(model, "visual"):
+            from jax_drive.models.qwen2_5_vl.processor import ImageTokenizer, image_processor_config
+
+            tokenizer = ImageTokenizer(tokenizer, config, image_processor_config(path))
     return model, config, tokenizer

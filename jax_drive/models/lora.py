@@ -46,27 +46,40 @@ def apply_lora(model: CausalLM, rank: int, alpha: float,
       rngs: randomness for A's initialisation (default nnx.Rngs(0)).
     """
     _check_model(model)
+    add_adapters(model.layers, targets, PROJECTIONS, rank, alpha, rngs)
+    return model
+
+
+def add_adapters(stack: nnx.Module, targets: Sequence[str], allowed: Sequence[str], rank: int, alpha: float,
+                 rngs: nnx.Rngs | None = None) -> None:
+    """Fresh adapters (in place) on the named `StackedLinear` attributes of ``stack`` (names
+    from ``allowed``); see :func:`apply_lora`. Raises ValueError for a bad rank, an unknown
+    name or a projection that already has an adapter."""
     if int(rank) <= 0:
         raise ValueError(f"rank must be positive, got {rank}")
     targets = tuple(targets)
-    unknown = [t for t in targets if t not in PROJECTIONS]
+    unknown = [t for t in targets if t not in allowed]
     if unknown or not targets:
-        raise ValueError(f"unknown LoRA targets {unknown}; choose from {PROJECTIONS}")
+        raise ValueError(f"unknown LoRA targets {unknown}; choose from {tuple(allowed)}")
     rngs = nnx.Rngs(0) if rngs is None else rngs
     for name in targets:
-        proj: StackedLinear = getattr(model.layers, name)
-        if proj.lora_a is not None:
-            raise ValueError(f"{name} already has a LoRA adapter")
-        n, fan_in, fan_out = proj.kernel.shape
-        bound = 1.0 / fan_in**0.5
-        a = jax.random.uniform(rngs.params(), (n, fan_in, rank), jnp.float32, -bound, bound)
-        proj.lora_a = LoRAParam(a)
-        proj.lora_b = LoRAParam(jnp.zeros((n, rank, fan_out), jnp.float32))
-        proj.lora_scale = float(alpha) / float(rank)
-        proj.lora_rank = int(rank)
-        proj.lora_alpha = float(alpha)
-        proj.lora_merged = False
-    return model
+        _add_adapter(getattr(stack, name), rank, alpha, rngs, name)
+
+
+def _add_adapter(proj: StackedLinear, rank: int, alpha: float, rngs: nnx.Rngs, name: str) -> None:
+    """A fresh adapter on one stacked projection: A (NL, in, r) uniform in +-1/sqrt(in) (PEFT),
+    B (NL, r, out) zeros, scale alpha / r."""
+    if proj.lora_a is not None:
+        raise ValueError(f"{name} already has a LoRA adapter")
+    n, fan_in, fan_out = proj.kernel.shape
+    bound = 1.0 / fan_in**0.5
+    a = jax.random.uniform(rngs.params(), (n, fan_in, rank), jnp.float32, -bound, bound)
+    proj.lora_a = LoRAParam(a)
+    proj.lora_b = LoRAParam(jnp.zeros((n, rank, fan_out), jnp.float32))
+    proj.lora_scale = float(alpha) / float(rank)
+    proj.lora_rank = int(rank)
+    proj.lora_alpha = float(alpha)
+    proj.lora_merged = False
 
 
 def lora_projections(model: CausalLM) -> dict[str, StackedLinear]:
@@ -124,6 +137,7 @@ from jax_drive.models.export import export_peft, load_peft, save_safetensors  # 
 __all__ = [
     "DEFAULT_TARGETS",
     "LoRAParam",
+    "add_adapters",
     "apply_lora",
     "export_peft",
     "load_peft",

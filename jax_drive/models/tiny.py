@@ -17,10 +17,12 @@ from jax_drive.models.config import ModelConfig
 from jax_drive.models.transformer import CausalLM
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-TINY_VOCAB = 320  # 256 bytes + 3 specials, rounded up
+# Qwen2.5-VL's image tokens, after the ChatML ones (ids 259-262) in the vision-language policy
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+TINY_VOCAB = 320  # 256 bytes + 3 specials (+ 4 vision tokens), rounded up
 
 
-def _backend():
+def _backend(extra_special: tuple[str, ...] = ()):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
@@ -29,15 +31,16 @@ def _backend():
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend.add_special_tokens(list(SPECIAL_TOKENS) + list(extra_special))
     return backend
 
 
-def byte_tokenizer():
-    """A byte-level ChatML tokenizer: 256 byte ids + <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos)."""
+def byte_tokenizer(extra_special: tuple[str, ...] = ()):
+    """A byte-level ChatML tokenizer: 256 byte ids + <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos),
+    then the ``extra_special`` tokens (ids 259, 260, ...)."""
     from jax_drive.models.tokenizer import Tokenizer
 
-    backend = _backend()
+    backend = _backend(tuple(extra_special))
     return Tokenizer(
         backend,
         chat_template=None,  # ChatML fallback
@@ -61,6 +64,26 @@ def tiny_policy(seed: int = 0, architecture: str = "llama", lora_rank: int | Non
 
         apply_lora(model, rank=lora_rank, alpha=2.0 * lora_rank, rngs=nnx.Rngs(int(seed) + 1))
     return model, config, byte_tokenizer()
+
+
+def tiny_vlm_policy(seed: int = 0, lora_rank: int | None = 4, **overrides):
+    """(model, config, tokenizer): a random tiny Qwen2.5-VL (``VLMConfig.tiny(vocab_size=TINY_VOCAB,
+    max_position_embeddings=4096, **overrides)``) over the byte tokenizer with the vision tokens,
+    wrapped in an ``ImageTokenizer`` (Qwen2.5-VL's image processing). LoRA as in
+    :func:`tiny_policy` (on the language model)."""
+    from jax_drive.models.qwen2_5_vl import Qwen2_5_VL, VLMConfig
+    from jax_drive.models.qwen2_5_vl.processor import ImageTokenizer
+
+    tokenizer = byte_tokenizer(VISION_TOKENS)
+    start, end, image, video = (tokenizer.token_to_id(t) for t in VISION_TOKENS)
+    config = VLMConfig.tiny(vocab_size=TINY_VOCAB, max_position_embeddings=4096, vision_start_token_id=start,
+                            vision_end_token_id=end, image_token_id=image, video_token_id=video, **overrides)
+    model = Qwen2_5_VL(config, rngs=nnx.Rngs(int(seed)))
+    if lora_rank:
+        from jax_drive.models.lora import apply_lora
+
+        apply_lora(model, rank=lora_rank, alpha=2.0 * lora_rank, rngs=nnx.Rngs(int(seed) + 1))
+    return model, config, ImageTokenizer(tokenizer, config)
 
 
 def peaked_tiny_model(architecture: str = "llama", seed: int = 0, scale: float = 10.0,

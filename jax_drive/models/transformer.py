@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_drive.models.config import ModelConfig
+from kernels import LogprobConfig, token_logprobs
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION_PROJECTIONS = PROJECTIONS[:4]
@@ -569,10 +570,10 @@ def forward_logits(params: dict[str, Any], config: ModelConfig, input_ids: jax.A
 def forward_token_logprobs(params: dict[str, Any], config: ModelConfig, input_ids: jax.Array,
                            positions: jax.Array, attention_mask: jax.Array, targets: jax.Array,
                            chunk_size: int, temperature: float = 1.0) -> jax.Array:
-    """Pure (B, L) log p(targets) via `chunked_token_logprobs` (see CausalLM.token_logprobs)."""
+    """Pure (B, L) log p(targets) via `head_token_logprobs` (see CausalLM.token_logprobs)."""
     hidden, _ = forward_hidden(params, config, input_ids, positions, attention_mask, None,
                                jnp.int32(0))
-    return chunked_token_logprobs(hidden, targets, head_matrix(params), chunk_size, temperature)
+    return head_token_logprobs(params, hidden, targets, chunk_size, temperature)
 
 
 class CausalLM(nnx.Module):
@@ -710,46 +711,45 @@ class CausalLM(nnx.Module):
         ``temperature`` (a static float > 0) scores under softmax(logits / temperature), the
         distribution a sampler at that temperature draws from (no top-k/top-p filtering).
 
-        The B*L hidden states are processed `chunk_size` tokens at a time (rematerialised in
-        the backward pass), so at most a (chunk_size, V) float32 logits block exists at once.
+        The B*L hidden states are processed `chunk_size` tokens by one vocabulary chunk at a
+        time (`head_token_logprobs`; recomputed in the backward pass), so no (B, L, V) or even
+        (chunk_size, V) float32 logits tensor exists.
         Entries at padded positions are computed but meaningless: mask them downstream.
         """
-        if targets.shape != input_ids.shape:
-            raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
-        if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        check_logprob_args(input_ids, targets, chunk_size, temperature)
         self._check(input_ids, positions, attention_mask, None, 0)
         return forward_token_logprobs(self.arrays(), self.config, input_ids, positions,
                                       attention_mask, targets, int(chunk_size), float(temperature))
 
 
-def chunked_token_logprobs(hidden: jax.Array, targets: jax.Array, head: jax.Array,
-                           chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
-    """log_softmax(hidden @ head / temperature)[targets] without a full (B, L, V) float32 tensor.
+def check_logprob_args(input_ids, targets, chunk_size: int, temperature: float) -> None:
+    """Raises ValueError for token_logprobs arguments it cannot honour."""
+    if targets.shape != input_ids.shape:
+        raise ValueError(f"targets {targets.shape} must match input_ids {input_ids.shape}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+
+
+def head_token_logprobs(params: dict[str, Any], hidden: jax.Array, targets: jax.Array,
+                        chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
+    """log_softmax(lm_logits(params, hidden) / temperature)[targets], never a (B, L, V) tensor.
+
+    The LM head goes to ``kernels.token_logprobs`` as stored (the (V, H) embedding when tied,
+    the (H, V) ``lm_head`` otherwise: no transposed copy): ``chunk_size`` tokens by a
+    vocabulary chunk at a time, online logsumexp, a custom VJP that recomputes the blocks.
+    The Pallas kernel runs on GPU/TPU, its pure-JAX twin on CPU.
 
     Args:
-      hidden: (B, L, H); targets: (B, L) int; head: (H, V); temperature: static float > 0.
+      hidden: (B, L, H); targets: (B, L) int; chunk_size: tokens per step; temperature:
+        static float > 0.
     Returns:
       (B, L) float32.
     """
-    b, l, h = hidden.shape
-    n = b * l
-    c = min(chunk_size, n)
-    pad = (-n) % c
-    flat_h = jnp.pad(hidden.reshape(n, h), ((0, pad), (0, 0)))
-    flat_t = jnp.pad(targets.reshape(n).astype(jnp.int32), (0, pad))
-
-    @jax.checkpoint
-    def one(args):
-        hc, tc = args  # (c, H), (c,)
-        logits = project_to_vocab(hc, head)
-        if temperature != 1.0:
-            logits = logits / temperature
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0]
-        return picked - lse
-
-    out = jax.lax.map(one, (flat_h.reshape(-1, c, h), flat_t.reshape(-1, c)))
-    return out.reshape(-1)[:n].reshape(b, l)
+    if params["lm_head"] is None:
+        head, layout = params["embed"], "vd"
+    else:
+        head, layout = params["lm_head"], "dv"
+    return token_logprobs(hidden, head, targets, temperature=temperature, head_layout=layout,
+                          config=LogprobConfig(token_chunk=chunk_size))

@@ -1,4 +1,12 @@
-"""Per-step PDM rules on simulated ego states of ONE scene (vectorised over trajectories and steps).
+"""PDM rules on simulated ego states of ONE scene (vectorised over trajectories and steps).
+
+Stages, each a typed result: :func:`scene_arrays` (:class:`SceneArrays`, once per scene) ->
+:func:`run_steps` (:class:`StepResults`: footprint masks, NC and TTC per step) -> one named
+function per metric returning a :class:`MetricResult` (value and validity, as Waymax's
+metrics do): :func:`no_at_fault_collisions`, :func:`drivable_area_compliance`,
+:func:`time_to_collision`, :func:`traffic_light_compliance`,
+:func:`driving_direction_compliance`, :func:`ego_progress`, :func:`lane_keeping`,
+:func:`comfort`, :func:`history_comfort`.
 
 All functions here take an unbatched scene and Q trajectories (the PDM-Closed reference and
 the proposals); :mod:`jax_drive.pdm.scorer` vmaps them over scene batch dims. Shapes:
@@ -33,7 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.geometry import project_on_polyline
+from jax_drive.geometry import project_on_polyline, rectangles_overlap
+from jax_drive.pdm.comfort import is_comfortable_v1, is_comfortable_v2
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.polygons import BandTable, MapBudget, build_band_table, inside_bits, inside_bits_brute, pack_bits
 from jax_drive.types import MOVING_AGENT_TYPES, PolygonType
@@ -52,15 +61,8 @@ def ego_frame_overlap(lon: chex.Array, lat: chex.Array, crel: chex.Array, srel: 
       obj_hl, obj_hw: (...) object half sizes.
     Returns: (...) bool overlap-or-touch (separating-axis test on the four box axes).
     """
-    dl = lon - ego_lon
-    ac, as_ = jnp.abs(crel), jnp.abs(srel)
-    sep = (
-        (jnp.abs(dl) > ego_hl + obj_hl * ac + obj_hw * as_)
-        | (jnp.abs(lat) > ego_hw + obj_hl * as_ + obj_hw * ac)
-        | (jnp.abs(dl * crel + lat * srel) > obj_hl + ego_hl * ac + ego_hw * as_)
-        | (jnp.abs(lat * crel - dl * srel) > obj_hw + ego_hl * as_ + ego_hw * ac)
-    )
-    return ~sep
+    # The ego rectangle is axis-aligned in its own frame: cos 1, sin 0.
+    return rectangles_overlap(lon - ego_lon, lat, 1.0, 0.0, ego_hl, ego_hw, crel, srel, obj_hl, obj_hw)
 
 
 def ahead_behind(lon: chex.Array, lat: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex.Array]:
@@ -170,12 +172,23 @@ def scene_arrays(scene, config: PDMConfig, budget: MapBudget | None = None) -> S
     )
 
 
-def ego_geometry(x, y, h, config: PDMConfig) -> dict:
-    """Ego footprint points from rear-axle poses, fields (..., 2) / (..., 4, 2).
+@chex.dataclass(frozen=True)
+class EgoFootprint:
+    """Ego footprint points from rear-axle poses, leading dims (...) (e.g. (Q, T)).
 
-    Returns dict: rear (..., 2), centre (..., 2), corners (..., 4, 2) FL, RL, RR, FR,
-    front (..., 2) middle of the front bumper.
+    rear, centre, front (middle of the front bumper): (..., 2); corners: (..., 4, 2) in the
+    order FL, RL, RR, FR; heading: (...).
     """
+
+    rear: chex.Array
+    centre: chex.Array
+    front: chex.Array
+    corners: chex.Array
+    heading: chex.Array
+
+
+def ego_footprint(x, y, h, config: PDMConfig) -> EgoFootprint:
+    """:class:`EgoFootprint` of rear-axle poses x, y, h (...)."""
     c, s = jnp.cos(h), jnp.sin(h)
     fwd = jnp.stack([c, s], -1)
     left = jnp.stack([-s, c], -1)
@@ -188,22 +201,41 @@ def ego_geometry(x, y, h, config: PDMConfig) -> dict:
         centre - hl * fwd - hw * left,
         centre + hl * fwd - hw * left,
     ], axis=-2)
-    return {"rear": rear, "centre": centre, "corners": corners, "heading": h,
-            "front": rear + config.ego_front_length * fwd, "half_length": hl, "half_width": hw}
+    return EgoFootprint(rear=rear, centre=centre, front=rear + config.ego_front_length * fwd,
+                        corners=corners, heading=h)
 
 
-def footprint_masks(geo: dict, sa: SceneArrays, red_bits: chex.Array, red_kept: chex.Array) -> dict:
+@chex.dataclass(frozen=True)
+class FootprintMasks:
+    """Map masks of ego footprints, each (...) bool (the footprint's leading dims).
+
+    multiple_lanes: more than one lane polygon holds a corner and none holds all four;
+    non_drivable: a corner lies outside every drivable polygon; oncoming: the centre is in
+    no on-route lane polygon; rear_in_intersection / centre_in_intersection: the rear axle /
+    centre lies in an intersection polygon; red_light: the ego box meets an on-route lane
+    connector that is red at that step.
+    """
+
+    multiple_lanes: chex.Array
+    non_drivable: chex.Array
+    oncoming: chex.Array
+    rear_in_intersection: chex.Array
+    centre_in_intersection: chex.Array
+    red_light: chex.Array
+
+
+def footprint_masks(geo: EgoFootprint, sa: SceneArrays, red_bits: chex.Array, red_kept: chex.Array,
+                    config: PDMConfig) -> FootprintMasks:
     """Map masks for ego footprints.
 
-    Args: geo from :func:`ego_geometry` with leading dims (...) (e.g. (Q, T)); red_bits
-      (..., Wl) and red_kept (..., L): the red lanes at each footprint's step (from
-      ``sa.red_bits`` / ``sa.red_kept``, broadcastable to the leading dims).
-    Returns dict of (...) bool: multiple_lanes, non_drivable, oncoming, rear_in_intersection,
-      centre_in_intersection, red_light (ego box meets a red on-route lane connector:
-      an ego corner / the centre inside it, or one of its vertices inside the ego box;
-      a connector crossing the box with no vertex inside and no ego point inside is missed).
+    Args: geo with leading dims (...) (e.g. (Q, T)); red_bits (..., Wl) and red_kept
+      (..., L): the red lanes at each footprint's step (from ``sa.red_bits`` /
+      ``sa.red_kept``, broadcastable to the leading dims).
+    The red-light test counts an ego corner / the centre inside a red connector, or one of
+    the connector's vertices inside the ego box; a connector crossing the box with no
+    vertex inside and no ego point inside is missed.
     """
-    pts = jnp.concatenate([geo["corners"], geo["centre"][..., None, :], geo["rear"][..., None, :]], -2)
+    pts = jnp.concatenate([geo.corners, geo.centre[..., None, :], geo.rear[..., None, :]], -2)
     if sa.drivable_table is None:
         in_drv = inside_bits_brute(pts, sa.drivable_vertices, sa.drivable_valid)  # (..., 6, Wd)
         in_lane = inside_bits_brute(pts[..., :5, :], sa.lane_vertices, sa.lane_valid)  # (..., 5, Wl)
@@ -215,24 +247,22 @@ def footprint_masks(geo: dict, sa: SceneArrays, red_bits: chex.Array, red_kept: 
     touched = corner_lane[..., 0, :] | corner_lane[..., 1, :] | corner_lane[..., 2, :] | corner_lane[..., 3, :]
     common = corner_lane[..., 0, :] & corner_lane[..., 1, :] & corner_lane[..., 2, :] & corner_lane[..., 3, :]
     lanes_touched = jnp.sum(jax.lax.population_count(touched), axis=-1)
-    multiple = (lanes_touched > 1) & ~hits(common)
-    non_drivable = jnp.sum(hits(in_drv[..., :4, :]), axis=-1) < 4
-    oncoming = ~hits(in_lane[..., 4, :] & sa.on_route_bits)
-    rear_int = hits(in_drv[..., 5, :] & sa.intersection_bits)
-    centre_int = hits(in_drv[..., 4, :] & sa.intersection_bits)
     pts_in_red = jnp.any(hits(in_lane & red_bits[..., None, :]), axis=-1)
     # Red polygon vertices inside the ego box (box axes from the rear-axle heading).
-    h = geo["heading"]
-    c, s_ = jnp.cos(h)[..., None, None], jnp.sin(h)[..., None, None]
-    relx = sa.red_vertices[..., 0] - geo["centre"][..., 0, None, None]  # (..., L, V)
-    rely = sa.red_vertices[..., 1] - geo["centre"][..., 1, None, None]
+    c, s_ = jnp.cos(geo.heading)[..., None, None], jnp.sin(geo.heading)[..., None, None]
+    relx = sa.red_vertices[..., 0] - geo.centre[..., 0, None, None]  # (..., L, V)
+    rely = sa.red_vertices[..., 1] - geo.centre[..., 1, None, None]
     lon = relx * c + rely * s_
     lat = -relx * s_ + rely * c
-    vert_in = (jnp.abs(lon) <= geo["half_length"]) & (jnp.abs(lat) <= geo["half_width"])
+    vert_in = (jnp.abs(lon) <= config.ego_length / 2) & (jnp.abs(lat) <= config.ego_width / 2)
     vert_in_red = jnp.any(jnp.any(vert_in, -1) & red_kept, -1)
-    return {"multiple_lanes": multiple, "non_drivable": non_drivable, "oncoming": oncoming,
-            "rear_in_intersection": rear_int, "centre_in_intersection": centre_int,
-            "red_light": pts_in_red | vert_in_red}
+    return FootprintMasks(
+        multiple_lanes=(lanes_touched > 1) & ~hits(common),
+        non_drivable=jnp.sum(hits(in_drv[..., :4, :]), axis=-1) < 4,
+        oncoming=~hits(in_lane[..., 4, :] & sa.on_route_bits),
+        rear_in_intersection=hits(in_drv[..., 5, :] & sa.intersection_bits),
+        centre_in_intersection=hits(in_drv[..., 4, :] & sa.intersection_bits),
+        red_light=pts_in_red | vert_in_red)
 
 
 def _first_true(mask: chex.Array, axis: int) -> chex.Array:
@@ -254,7 +284,27 @@ def _to_ego(x, y, c, s, ox, oy, oc, os_):
     return c * dx + s * dy, -s * dx + c * dy, c * oc + s * os_, c * os_ - s * oc
 
 
-def run_steps(traj: dict, sa: SceneArrays, config: PDMConfig) -> dict:
+@chex.dataclass(frozen=True)
+class StepResults:
+    """Per-step outputs of :func:`run_steps`, all (T, Q) unless noted.
+
+    masks: :class:`FootprintMasks` with (T, Q) fields; centre: (T, Q, 2) ego centre;
+    nc: NC score at that step (1 if no at-fault hit); nc_object: int32 scene index of the
+    worst at-fault object (-1 none); ttc_fail: bool; ttc_object, ttc_frame: int32 the first
+    failing object and the observation frame it was hit at (-1 none).
+    """
+
+    masks: FootprintMasks
+    centre: chex.Array
+    nc: chex.Array
+    nc_object: chex.Array
+    ttc_fail: chex.Array
+    ttc_object: chex.Array
+    ttc_frame: chex.Array
+
+
+def run_steps(x: chex.Array, y: chex.Array, heading: chex.Array, speed: chex.Array, sa: SceneArrays,
+              config: PDMConfig) -> StepResults:
     """The 41 scoring steps at once: masks, NC and TTC with their ignore lists.
 
     NAVSIM walks the steps in order and puts an object on an ignore list at its first
@@ -265,37 +315,49 @@ def run_steps(traj: dict, sa: SceneArrays, config: PDMConfig) -> dict:
     with it: the lists reduce to the index of the first harmless hit, and no sequential
     scan is needed.
 
-    Args:
-      traj: dict of (Q, T) arrays x, y, heading, speed.
-      sa: SceneArrays.
-    Returns dict of per-step (T, Q) outputs: multiple_lanes, non_drivable, oncoming,
-      rear_in_intersection, centre_in_intersection, red_light (bool), nc (score at that
-      step, 1 if no at-fault hit), nc_object (int32, -1 none), ttc_fail (bool), ttc_object,
-      ttc_frame (int32, -1 none), plus centre (T, Q, 2).
+    Args: x, y, heading, speed (Q, T) simulated rear-axle states; sa: SceneArrays.
     """
-    x, y, h, v = traj["x"], traj["y"], traj["heading"], traj["speed"]  # (Q, T)
+    h, v = heading, speed  # (Q, T)
     n_steps = x.shape[1]
     n_frames, n_obj = sa.obj_x.shape
     hl_ego, hw_ego = config.ego_length / 2, config.ego_width / 2
     centre_lon = config.ego_rear_axle_to_center
-    geo = ego_geometry(x, y, h, config)
-    masks = footprint_masks(geo, sa, sa.red_bits[:n_steps], sa.red_kept[:n_steps])  # (Q, T) each
-    risky = masks["multiple_lanes"] | masks["non_drivable"]
+    geo = ego_footprint(x, y, h, config)
+    masks = footprint_masks(geo, sa, sa.red_bits[:n_steps], sa.red_kept[:n_steps], config)  # (Q, T) each
+    risky = masks.multiple_lanes | masks.non_drivable
     c, s = jnp.cos(h), jnp.sin(h)
     obj_cos, obj_sin = jnp.cos(sa.obj_heading), jnp.sin(sa.obj_heading)  # (F, N)
     ohl, ohw = sa.obj_half_l, sa.obj_half_w
     steps = jnp.arange(n_steps, dtype=jnp.int32)
 
-    # ---- NC: ego box at step t against frame t; (Q, T, N).
+    # Object centres and headings in the ego frame at frames t + d for the TTC projections
+    # d (0, 3, 6, 9 frames); (Q, T, D, N). NC's boxes (step t against frame t) are the d = 0 slice.
+    d_frames = jnp.asarray(config.ttc_future_frames, jnp.int32)  # (D,)
+    n_d = d_frames.shape[0]
+    ahead_t = steps[:, None] + d_frames  # (T, D)
+    frames = jnp.minimum(ahead_t, n_frames - 1)
+    fvalid = sa.obj_valid[frames] & (ahead_t < n_frames)[..., None]  # (T, D, N)
     e = lambda a: a[..., None]
-    lon, lat, crel, srel = _to_ego(e(x), e(y), e(c), e(s), sa.obj_x[:n_steps], sa.obj_y[:n_steps],
-                                   obj_cos[:n_steps], obj_sin[:n_steps])
-    hit = ego_frame_overlap(lon, lat, crel, srel, centre_lon, hl_ego, hw_ego, ohl, ohw)
-    hit = hit & sa.obj_valid[:n_steps]
-    _, behind = ahead_behind(lon, lat, config)
-    front = ego_frame_overlap(lon, lat, crel, srel, config.ego_front_length, 0.0, hw_ego, ohl, ohw)
+    e2 = lambda a: a[..., None, None]
+    lon, lat, crel, srel = _to_ego(e2(x), e2(y), e2(c), e2(s), sa.obj_x[frames], sa.obj_y[frames],
+                                   obj_cos[frames], obj_sin[frames])  # (Q, T, D, N)
+    shift = centre_lon + (e(v) * (d_frames * config.dt))[..., None]  # (Q, T, D, 1)
+    overlap = ego_frame_overlap(lon, lat, crel, srel, shift, hl_ego, hw_ego, ohl, ohw) & fvalid
+    ahead, behind = ahead_behind(lon, lat, config)
+
+    # ---- NC: ego box at step t against frame t; (Q, T, N).
+    if config.ttc_future_frames[0] == 0:
+        hit, nc_behind = overlap[:, :, 0], behind[:, :, 0]
+        nc_lon, nc_lat, nc_crel, nc_srel = lon[:, :, 0], lat[:, :, 0], crel[:, :, 0], srel[:, :, 0]
+    else:
+        nc_lon, nc_lat, nc_crel, nc_srel = _to_ego(e(x), e(y), e(c), e(s), sa.obj_x[:n_steps], sa.obj_y[:n_steps],
+                                                   obj_cos[:n_steps], obj_sin[:n_steps])
+        hit = ego_frame_overlap(nc_lon, nc_lat, nc_crel, nc_srel, centre_lon, hl_ego, hw_ego, ohl, ohw)
+        hit = hit & sa.obj_valid[:n_steps]
+        _, nc_behind = ahead_behind(nc_lon, nc_lat, config)
+    front = ego_frame_overlap(nc_lon, nc_lat, nc_crel, nc_srel, config.ego_front_length, 0.0, hw_ego, ohl, ohw)
     ego_moving = e(v > config.collision_stopped_speed)
-    fault = ego_moving & (sa.obj_stopped | (~behind & (front | e(risky))))
+    fault = ego_moving & (sa.obj_stopped | (~nc_behind & (front | e(risky))))
     first_harmless = _first_true(hit & ~fault, axis=1)  # (Q, 1, N)
     hit = hit & (steps[:, None] <= first_harmless)
     agent_score = jnp.where(sa.obj_agent, 0.0, config.static_collision_score)  # (N,)
@@ -304,19 +366,8 @@ def run_steps(traj: dict, sa: SceneArrays, config: PDMConfig) -> dict:
     nc_obj = jnp.where(nc < 1.0, _first_true(obj_score == nc[..., None], axis=-1)[..., 0], -1)
 
     # ---- TTC: ego box moved by v * d * dt along its heading, against frames t + d.
-    d_frames = jnp.asarray(config.ttc_future_frames, jnp.int32)  # (D,)
-    n_d = d_frames.shape[0]
-    ahead_t = steps[:, None] + d_frames  # (T, D)
-    frames = jnp.minimum(ahead_t, n_frames - 1)
-    fvalid = sa.obj_valid[frames] & (ahead_t < n_frames)[..., None]  # (T, D, N)
-    e2 = lambda a: a[..., None, None]
-    lon, lat, crel, srel = _to_ego(e2(x), e2(y), e2(c), e2(s), sa.obj_x[frames], sa.obj_y[frames],
-                                   obj_cos[frames], obj_sin[frames])  # (Q, T, D, N)
-    shift = centre_lon + (e(v) * (d_frames * config.dt))[..., None]  # (Q, T, D, 1)
-    raw = ego_frame_overlap(lon, lat, crel, srel, shift, hl_ego, hw_ego, ohl, ohw)
-    raw = raw & fvalid & e2(v >= config.ttc_stopped_speed)
-    ahead, behind = ahead_behind(lon, lat, config)
-    danger = ahead | (e2(risky | masks["rear_in_intersection"]) & ~behind)
+    raw = overlap & e2(v >= config.ttc_stopped_speed)
+    danger = ahead | (e2(risky | masks.rear_in_intersection) & ~behind)
     # Time-major (step, projection) order; reductions keep the (Q, T, D, N) layout (a
     # reshape to (Q, T, D * N) before reducing made XLA:CPU copy and run 3x slower).
     order = (steps[:, None] * n_d + jnp.arange(n_d, dtype=jnp.int32))[..., None]  # (T, D, 1)
@@ -330,27 +381,91 @@ def run_steps(traj: dict, sa: SceneArrays, config: PDMConfig) -> dict:
     fail_frame = jnp.where(fail_any, frames[steps[None, :], first // n_obj], -1)
 
     scene_index = lambda i: jnp.where(i >= 0, sa.obj_index[jnp.maximum(i, 0)], -1)
-    nc_obj, fail_obj = scene_index(nc_obj), scene_index(fail_obj)
-    out = {k: val.T for k, val in masks.items()}
-    out.update(nc=nc.T, nc_object=nc_obj.T, ttc_fail=fail_any.T, ttc_object=fail_obj.T,
-               ttc_frame=fail_frame.astype(jnp.int32).T, centre=jnp.swapaxes(geo["centre"], 0, 1))
-    return out
+    return StepResults(
+        masks=jax.tree_util.tree_map(lambda a: a.T, masks), centre=jnp.swapaxes(geo.centre, 0, 1),
+        nc=nc.T, nc_object=scene_index(nc_obj).T, ttc_fail=fail_any.T, ttc_object=scene_index(fail_obj).T,
+        ttc_frame=fail_frame.astype(jnp.int32).T)
 
 
-def route_progress(centre_start: chex.Array, centre_end: chex.Array, sa: SceneArrays) -> chex.Array:
-    """Raw progress (Q,) along the route: arc(end) - arc(start), clipped >= 0.
+# ---------------------------------------------------------------------------------------
+# Metrics: one named function each, returning value and validity.
 
-    A degenerate route (fewer than 2 valid points) gives progress 0 (then EP follows the
-    <= 5 m rule: 1 unless NC * DAC == 0).
+
+@chex.dataclass(frozen=True)
+class MetricResult:
+    """One metric for Q trajectories: value (Q,) float32 and valid (Q,) bool.
+
+    ``valid`` is False where the metric is not defined by the scene's data (a route with
+    fewer than 2 points for progress and lane keeping, no previous frame for extended
+    comfort); the scorer then reports its documented default instead of ``value``.
     """
-    pts = jnp.stack([centre_start, centre_end], axis=-2)  # (Q, 2, 2)
+
+    value: chex.Array
+    valid: chex.Array
+
+
+def _always(value: chex.Array) -> MetricResult:
+    return MetricResult(value=value, valid=jnp.ones(value.shape, bool))
+
+
+def _pass_fail(failed: chex.Array) -> chex.Array:
+    return jnp.where(failed, 0.0, 1.0).astype(jnp.float32)
+
+
+def no_at_fault_collisions(steps: StepResults) -> MetricResult:
+    """NC: the worst at-fault collision score over the steps (0 agent, 0.5 static, 1 none)."""
+    return _always(jnp.min(steps.nc, axis=0))
+
+
+def drivable_area_compliance(steps: StepResults) -> MetricResult:
+    """DAC: 0 if a footprint corner leaves the drivable area at any step, else 1."""
+    return _always(_pass_fail(jnp.any(steps.masks.non_drivable, axis=0)))
+
+
+def time_to_collision(steps: StepResults, last_step: int | None = None) -> MetricResult:
+    """TTC: 0 if a projected ego box fails at any step t <= last_step (None: all), else 1.
+    NAVSIM v2 passes last_step = 31: its observation ends at 4 s."""
+    fail = steps.ttc_fail if last_step is None else steps.ttc_fail[: last_step + 1]
+    return _always(_pass_fail(jnp.any(fail, axis=0)))
+
+
+def traffic_light_compliance(steps: StepResults) -> MetricResult:
+    """TLC (v2): 0 if the ego box meets a red on-route lane connector at any step."""
+    return _always(_pass_fail(jnp.any(steps.masks.red_light, axis=0)))
+
+
+def driving_direction_compliance(steps: StepResults, config: PDMConfig, skip_intersections: bool) -> MetricResult:
+    """DDC: the centre's displacement while oncoming, summed over windows t-10 .. t; the
+    worst window < 2 m -> 1, < 6 m -> 0.5, else 0. ``skip_intersections`` (NAVSIM >= 2.1):
+    steps whose centre lies in an intersection do not count."""
+    oncoming = steps.masks.oncoming
+    if skip_intersections:
+        oncoming = oncoming & ~steps.masks.centre_in_intersection
+    disp = jnp.linalg.norm(jnp.diff(steps.centre, axis=0), axis=-1)
+    disp = jnp.concatenate([jnp.zeros_like(disp[:1]), disp], 0)
+    cum = jnp.cumsum(jnp.where(oncoming, disp, 0.0), axis=0)
+    w = config.ddc_horizon_steps + 1
+    lagged = jnp.concatenate([jnp.zeros((w,) + cum.shape[1:], cum.dtype), cum[:-w]], 0)
+    worst = jnp.max(cum - lagged, axis=0)
+    return _always(jnp.where(worst < config.ddc_compliance_threshold, 1.0,
+                             jnp.where(worst < config.ddc_violation_threshold, 0.5, 0.0)))
+
+
+def _route_usable(sa: SceneArrays, shape: tuple[int, ...]) -> chex.Array:
+    return jnp.broadcast_to(jnp.sum(sa.route_valid) >= 2, shape)
+
+
+def ego_progress(steps: StepResults, sa: SceneArrays) -> MetricResult:
+    """Raw progress (m) along the route: arc(centre at 4 s) - arc(centre at 0 s), >= 0.
+    Invalid for a route with fewer than 2 valid points."""
+    pts = jnp.stack([steps.centre[0], steps.centre[-1]], axis=-2)  # (Q, 2, 2)
     arc, _ = project_on_polyline(pts, sa.route_points, sa.route_valid)
-    ok = jnp.sum(sa.route_valid) >= 2
-    return jnp.where(ok, jnp.maximum(arc[..., 1] - arc[..., 0], 0.0), 0.0)
+    value = jnp.maximum(arc[..., 1] - arc[..., 0], 0.0)
+    return MetricResult(value=value, valid=_route_usable(sa, value.shape))
 
 
 def route_distance(centre: chex.Array, sa: SceneArrays) -> chex.Array:
-    """Distance (...) of points (..., 2) to the route polyline; 0 for a degenerate route.
+    """Distance (...) of points (..., 2) to the route polyline (inf for a degenerate route).
 
     Same value as the distance of :func:`jax_drive.geometry.project_on_polyline`, computed
     with squared distances and one square root per point (it runs on 41 x Q points).
@@ -365,34 +480,15 @@ def route_distance(centre: chex.Array, sa: SceneArrays) -> chex.Array:
     rely = centre[..., 1, None] - ay
     t = jnp.clip((relx * abx + rely * aby) * inv, 0.0, 1.0)
     d2 = jnp.square(relx - t * abx) + jnp.square(rely - t * aby)
-    d2 = jnp.where(seg_ok, d2, jnp.inf)
-    ok = jnp.sum(valid) >= 2
-    return jnp.where(ok, jnp.sqrt(jnp.min(d2, axis=-1)), 0.0)
+    return jnp.sqrt(jnp.min(jnp.where(seg_ok, d2, jnp.inf), axis=-1))
 
 
-def driving_direction(centre: chex.Array, oncoming: chex.Array, config: PDMConfig) -> chex.Array:
-    """DDC (Q,) from centres (T, Q, 2) and oncoming masks (T, Q).
+def lane_keeping(steps: StepResults, sa: SceneArrays, config: PDMConfig) -> MetricResult:
+    """LK (v2): 0 once the centre is farther than ``lk_deviation_limit`` from the route for
+    ``lk_steps`` consecutive counted steps; steps in an intersection neither count nor
+    reset. Invalid for a route with fewer than 2 valid points."""
+    deviation = route_distance(steps.centre, sa)  # (T, Q)
 
-    Per-step centre displacement counted while oncoming; sums over windows t-10 .. t;
-    max < 2 m -> 1, < 6 m -> 0.5, else 0.
-    """
-    disp = jnp.linalg.norm(jnp.diff(centre, axis=0), axis=-1)
-    disp = jnp.concatenate([jnp.zeros_like(disp[:1]), disp], 0)
-    disp = jnp.where(oncoming, disp, 0.0)
-    cum = jnp.cumsum(disp, axis=0)
-    w = config.ddc_horizon_steps + 1
-    lagged = jnp.concatenate([jnp.zeros((w,) + cum.shape[1:], cum.dtype), cum[:-w]], 0)
-    worst = jnp.max(cum - lagged, axis=0)
-    return jnp.where(worst < config.ddc_compliance_threshold, 1.0,
-                     jnp.where(worst < config.ddc_violation_threshold, 0.5, 0.0))
-
-
-def lane_keeping(deviation: chex.Array, in_intersection: chex.Array, config: PDMConfig) -> chex.Array:
-    """LK (Q,) from (T, Q) centre-to-route distances and intersection flags.
-
-    Fails (0) once the deviation exceeds the limit for ``lk_steps`` consecutive counted
-    steps; steps in an intersection are skipped (they neither count nor reset).
-    """
     def body(count, xs):
         dev, inter = xs
         new = jnp.where(dev > config.lk_deviation_limit, count + 1, 0)
@@ -400,8 +496,26 @@ def lane_keeping(deviation: chex.Array, in_intersection: chex.Array, config: PDM
         return count, count >= config.lk_steps
 
     _, fails = jax.lax.scan(body, jnp.zeros(deviation.shape[1:], jnp.int32),
-                            (deviation, in_intersection))
-    return jnp.where(jnp.any(fails, axis=0), 0.0, 1.0)
+                            (deviation, steps.masks.centre_in_intersection))
+    value = _pass_fail(jnp.any(fails, axis=0))
+    return MetricResult(value=value, valid=_route_usable(sa, value.shape))
+
+
+def comfort(ax: chex.Array, ay: chex.Array, heading: chex.Array, config: PDMConfig) -> MetricResult:
+    """C (v1.1): the six comfort checks on (Q, 41) simulated signals."""
+    return _always(is_comfortable_v1(ax, ay, heading, config))
+
+
+def history_comfort(signals: dict, history: dict, config: PDMConfig) -> MetricResult:
+    """HC (v2): the v2 comfort checks over the logged history followed by the simulated states.
+
+    signals: (Q, 41) arrays ax, ay, heading, yaw_rate, yaw_accel; history: (H,) arrays of
+    the same names (one scene's logged past)."""
+    q = signals["ax"].shape[0]
+    cat = lambda name: jnp.concatenate(
+        [jnp.broadcast_to(history[name], (q,) + history[name].shape), signals[name]], axis=-1)
+    return _always(is_comfortable_v2(cat("ax"), cat("ay"), cat("heading"), cat("yaw_rate"),
+                                     cat("yaw_accel"), config))
 
 
 def pose_windows(num_steps: int = 41, num_poses: int = 8, per_pose: int = 5) -> np.ndarray:

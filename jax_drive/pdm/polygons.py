@@ -7,7 +7,7 @@ padded vertices of a polygon make zero-length edges, and a horizontal ray from a
 only cross edges whose y-range contains the point's y.
 
 So, per scene, we keep only the real edges (``PolygonBudget.edges`` slots) and cut the
-y-extent of those edges into ``NUM_BANDS`` equal horizontal bands; each band lists the edges
+y-extent of those edges into ``PolygonBudget.bands`` equal horizontal bands; each band lists the edges
 whose y-range meets it, widened by a small margin (``PolygonBudget.band`` slots per band).
 A point finds its band with one multiply and a floor (no search) and tests only the listed
 edges. Every edge a ray from the point can cross is listed in the point's band even when
@@ -37,16 +37,20 @@ import numpy as np
 WORD = 32
 
 
-NUM_BANDS = 128  # bands per table: a finer cut lists fewer edges per band, up to a floor
+NUM_BANDS = 128  # default bands per table: a finer cut lists fewer edges per band, up to a floor
 BAND_MARGIN = 0.01  # band widening on the device, as a fraction of the band height
 _HOST_MARGIN = 2 * BAND_MARGIN  # the host's capacity count widens more, so it never undercounts
+BANDS_PER_TRAJECTORY = 4  # see bands_for
+BANDS_PER_TRAJECTORY_MIN = 16
 
 
 class PolygonBudget(NamedTuple):
-    """Static capacities of a band table: real edges kept, edges listed per band."""
+    """Static capacities of a band table: real edges kept, edges listed per band, and the
+    number of bands (building costs bands x edges per scene, a lookup the band's edges)."""
 
     edges: int
     band: int
+    bands: int = NUM_BANDS
 
 
 class MapBudget(NamedTuple):
@@ -83,11 +87,17 @@ def _xor_reduce(x: chex.Array, axis: int) -> chex.Array:
 def _edges(vertices: chex.Array, valid: chex.Array) -> dict:
     """Edge arrays (P * V,) of the closed rings; edges of invalid polygons never straddle.
 
+    Every edge is stored from its lower to its upper end, so an edge walked both ways (the
+    bridges between a polygon's exterior and its holes, see
+    :func:`jax_drive.scenes.builders.ring_layout`) gives two identical crossing tests that
+    cancel exactly in the parity.
     Returns ax, ay, by, inv (dx / dy, 0 for horizontal edges), lo, hi (y-range), poly (int32).
     """
     p, v = vertices.shape[:2]
-    a = vertices
-    b = jnp.roll(vertices, -1, axis=-2)
+    nxt = jnp.roll(vertices, -1, axis=-2)
+    up = (nxt[..., 1] >= vertices[..., 1])[..., None]
+    a = jnp.where(up, vertices, nxt)
+    b = jnp.where(up, nxt, vertices)
     dy = b[..., 1] - a[..., 1]
     inv = (b[..., 0] - a[..., 0]) / jnp.where(dy == 0, 1.0, dy)
     real = valid[:, None] & (dy != 0)
@@ -104,9 +114,9 @@ class BandTable:
     """Band lookup for one scene's polygon set (no batch dims).
 
     y0, inv_height: () float32; band b covers y in [y0 + b h, y0 + (b + 1) h), h = 1 / inv_height.
-    rows: (NUM_BANDS + 2, K, 4 + W) float32; row b + 1 lists band b's edges as [ax, ay, by,
+    rows: (G + 2, K, 4 + W) float32 (G bands); row b + 1 lists band b's edges as [ax, ay, by,
       inv, polygon bit words (uint32 bit patterns stored as float32)]; rows 0 and
-      NUM_BANDS + 1 (below / above every edge) and padding are inert (ay = by = 0, bits 0).
+      G + 1 (below / above every edge) and padding are inert (ay = by = 0, bits 0).
       One array so that a point fetches its band with a single contiguous gather.
     """
 
@@ -115,23 +125,38 @@ class BandTable:
     rows: chex.Array
 
 
-def band_membership(lo, hi, real, margin_fraction: float, xp=jnp):
-    """Which edges each band lists: lo, hi, real (E,) -> y0 (), height (), member (G, E) bool.
+def band_membership(lo, hi, real, margin_fraction: float, num_bands: int = NUM_BANDS, xp=jnp):
+    """Which edges each band lists: lo, hi, real (..., E) -> y0 (...), height (...),
+    member (..., G, E) bool.
 
-    Bands cut the y-extent of the real edges into NUM_BANDS; a band lists the real edges
+    Bands cut the y-extent of the real edges into ``num_bands``; a band lists the real edges
     whose [lo, hi] meets it widened by ``margin_fraction`` of its height. A set with no real
-    edge gets a unit extent (and lists nothing). ``xp`` is jax.numpy on the device and numpy
-    on the host (which counts capacities in float64 with a wider margin).
+    edge gets a unit extent (and lists nothing). ``xp``: jax.numpy (the device's tables) or
+    numpy (tests).
     """
-    y0 = xp.min(xp.where(real, lo, xp.inf))
-    y1 = xp.max(xp.where(real, hi, -xp.inf))
+    y0 = xp.min(xp.where(real, lo, xp.inf), axis=-1)
+    y1 = xp.max(xp.where(real, hi, -xp.inf), axis=-1)
     y0 = xp.where(xp.isfinite(y0), y0, 0.0)
     y1 = xp.where(xp.isfinite(y1), y1, y0 + 1.0)
-    height = xp.maximum(y1 - y0, 1e-3) / NUM_BANDS
-    band_lo = y0 + xp.arange(NUM_BANDS, dtype=lo.dtype)[:, None] * height  # (G, 1)
-    margin = margin_fraction * height
-    member = real & (lo <= band_lo + height + margin) & (hi >= band_lo - margin)
+    height = xp.maximum(y1 - y0, 1e-3) / num_bands
+    band_lo = y0[..., None, None] + xp.arange(num_bands, dtype=lo.dtype)[:, None] * height[..., None, None]
+    margin = (margin_fraction * height)[..., None, None]
+    lo_, hi_ = lo[..., None, :], hi[..., None, :]
+    member = real[..., None, :] & (lo_ <= band_lo + height[..., None, None] + margin) & (hi_ >= band_lo - margin)
     return y0, height, member
+
+
+def first_true_indices(mask: chex.Array, k: int) -> tuple[chex.Array, chex.Array]:
+    """The indices of the first ``k`` True entries of mask (..., n) along its last axis, in
+    order, and whether each of the k slots holds one: (..., k) int32, (..., k) bool.
+
+    A top-k over descending ranks: on XLA:CPU ~10x cheaper than a stable argsort of the
+    whole axis, and it is what makes per-scene band tables affordable for many scenes.
+    """
+    n = mask.shape[-1]
+    rank = jnp.where(mask, jnp.arange(n, 0, -1, dtype=jnp.int32), 0).astype(jnp.float32)  # exact below 2^24
+    top, index = jax.lax.top_k(rank, k)
+    return index.astype(jnp.int32), top > 0
 
 
 def build_band_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBudget) -> BandTable:
@@ -141,13 +166,13 @@ def build_band_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBud
     """
     p = vertices.shape[0]
     e = _edges(jnp.asarray(vertices, jnp.float32), jnp.asarray(valid, bool))
-    # Keep the real edges (stable order), budget.edges slots.
-    keep = jnp.argsort(~e["real"], stable=True)[: budget.edges]
+    # Keep the real edges (in order), budget.edges slots.
+    keep, _ = first_true_indices(e["real"], budget.edges)
     e = {k: val[keep] for k, val in e.items()}
     real = e["real"]
-    y0, height, member = band_membership(e["lo"], e["hi"], real, BAND_MARGIN)  # member (G, E)
-    order = jnp.argsort(~member, axis=-1, stable=True)[:, : budget.band]  # (G, K)
-    listed = jnp.take_along_axis(member, order, axis=-1)[..., None]  # (G, K, 1)
+    y0, height, member = band_membership(e["lo"], e["hi"], real, BAND_MARGIN, budget.bands)  # (G, E)
+    order, listed = first_true_indices(member, budget.band)  # (G, K)
+    listed = listed[..., None]
     word = e["poly"] // WORD
     bit = jnp.left_shift(jnp.uint32(1), (e["poly"] % WORD).astype(jnp.uint32))
     onehot_word = jnp.arange(num_words(p), dtype=jnp.int32) == word[:, None]  # (E, W)
@@ -161,7 +186,7 @@ def build_band_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBud
 def band_index(y: chex.Array, table: BandTable) -> chex.Array:
     """Row of ``table.rows`` for ordinates y (...) -> (...) int32 (0 below, G + 1 above)."""
     band = jnp.floor((y - table.y0) * table.inv_height)
-    return jnp.clip(band, -1.0, float(NUM_BANDS)).astype(jnp.int32) + 1
+    return jnp.clip(band, -1.0, float(table.rows.shape[0] - 2)).astype(jnp.int32) + 1
 
 
 def inside_bits(points: chex.Array, table: BandTable) -> chex.Array:
@@ -190,20 +215,38 @@ def _round_up(n: int, step: int) -> int:
     return max(step, int(math.ceil(n / step)) * step)
 
 
-def _max_band_count(lo: np.ndarray, hi: np.ndarray, real: np.ndarray) -> int:
-    """Most real edges listed in one band, counted in float64 with a wider margin than the
-    device uses (so the count is never below the device's); lo, hi, real (B, E)."""
-    best = 0
-    for lo_s, hi_s, real_s in zip(lo, hi, real):
-        _, _, member = band_membership(lo_s.astype(np.float64), hi_s.astype(np.float64), real_s,
-                                       _HOST_MARGIN, xp=np)
-        best = max(best, int(member.sum(-1).max()))
-    return best
+def _max_band_count(lo: np.ndarray, hi: np.ndarray, real: np.ndarray, num_bands: int) -> int:
+    """Most real edges listed in one band over scenes lo, hi, real (B, E), counted on the
+    host in float64 with a wider margin than the device's (so never below its count).
+
+    An edge [lo, hi] is listed by bands b with lo <= y0 + (b + 1) h + m and hi >= y0 + b h - m
+    (:func:`band_membership`): a run of bands, so each edge adds 1 over its run of a
+    difference array and a cumulative sum gives every band's count, O(B (E + G)).
+    """
+    if lo.size == 0:
+        return 0
+    lo, hi = lo.astype(np.float64), hi.astype(np.float64)
+    y0 = np.min(np.where(real, lo, np.inf), axis=-1)
+    y1 = np.max(np.where(real, hi, -np.inf), axis=-1)
+    y0 = np.where(np.isfinite(y0), y0, 0.0)
+    y1 = np.where(np.isfinite(y1), y1, y0 + 1.0)
+    height = (np.maximum(y1 - y0, 1e-3) / num_bands)[:, None]
+    margin = _HOST_MARGIN * height
+    first = np.ceil((lo - y0[:, None] - margin) / height - 1.0 - 1e-9)
+    last = np.floor((hi - y0[:, None] + margin) / height + 1e-9)
+    first, last = np.clip(first, 0, num_bands).astype(np.int64), np.clip(last, -1, num_bands - 1).astype(np.int64)
+    listed = real & (first <= last)
+    rows = np.broadcast_to(np.arange(len(lo))[:, None], lo.shape)
+    diff = np.zeros((len(lo), num_bands + 1), np.int64)
+    np.add.at(diff, (rows[listed], first[listed]), 1)
+    np.add.at(diff, (rows[listed], last[listed] + 1), -1)
+    return int(np.cumsum(diff[:, :num_bands], axis=-1).max())
 
 
-def polygon_budget(vertices: np.ndarray, valid: np.ndarray) -> PolygonBudget:
-    """Capacities for polygons (B..., P, V, 2) of concrete scenes, rounded up (edges to 16,
-    band rows to 4) so that similar maps reuse one compilation."""
+def polygon_budget(vertices: np.ndarray, valid: np.ndarray, num_bands: int = NUM_BANDS) -> PolygonBudget:
+    """Capacities for polygons (B..., P, V, 2) of concrete scenes cut into ``num_bands``
+    bands, rounded up (edges to 16, band rows to 4) so that similar maps reuse one
+    compilation."""
     v = np.asarray(vertices, np.float32)
     ok = np.asarray(valid, bool)
     p, n = v.shape[-3], v.shape[-2]
@@ -214,12 +257,31 @@ def polygon_budget(vertices: np.ndarray, valid: np.ndarray) -> PolygonBudget:
     hi = np.maximum(v[..., 1], b[..., 1]).reshape(len(v), -1)
     real = ((b[..., 1] != v[..., 1]) & ok[..., None]).reshape(len(v), -1)
     edges = int(real.sum(-1).max()) if len(v) else 0
+    # Count over each scene's real edges only (moved to the front): 2-3x faster here.
+    front = np.argsort(~real, axis=-1, kind="stable")[:, :max(edges, 1)]
+    lo, hi, real = (np.take_along_axis(a, front, -1) for a in (lo, hi, real))
     return PolygonBudget(edges=min(_round_up(edges, 16), p * n),
-                         band=min(_round_up(_max_band_count(lo, hi, real), 4), p * n))
+                         band=min(_round_up(_max_band_count(lo, hi, real, num_bands), 4), p * n),
+                         bands=num_bands)
 
 
-def map_budget(scene) -> MapBudget | None:
-    """Budget for a concrete Scene batch; None when its arrays are traced (inside jit)."""
+def bands_for(num_trajectories: int | None) -> int:
+    """Bands per table for scenes scored with this many trajectories each (None: many).
+
+    A table costs about bands x edges to build and each footprint point tests one band's
+    edges, so few trajectories per scene (MTDrive's 8 proposals + 1 reference) want fewer,
+    taller bands; thousands of proposals of one scene want NUM_BANDS.
+    """
+    if num_trajectories is None:
+        return NUM_BANDS
+    return int(min(NUM_BANDS, max(BANDS_PER_TRAJECTORY_MIN, 2 ** math.ceil(math.log2(max(num_trajectories, 1)))
+                                  * BANDS_PER_TRAJECTORY)))
+
+
+def map_budget(scene, num_trajectories: int | None = None) -> MapBudget | None:
+    """Budget for a concrete Scene batch whose scenes are each scored with
+    ``num_trajectories`` trajectories (None: many, see :func:`bands_for`); None when its
+    arrays are traced (inside jit)."""
     leaves = (scene.map.drivable.vertices, scene.map.lanes.vertices, scene.map.red_light, scene.agents.valid)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return None
@@ -230,7 +292,8 @@ def map_budget(scene) -> MapBudget | None:
     present = np.asarray(scene.agents.valid, bool).any(-1)  # (..., N)
     n_objects = present.shape[-1]
     objects = int(present.reshape((-1, n_objects)).sum(-1).max()) if present.size else 0
-    return MapBudget(drivable=polygon_budget(scene.map.drivable.vertices, scene.map.drivable.valid),
-                     lanes=polygon_budget(lanes.vertices, lanes.valid),
+    bands = bands_for(num_trajectories)
+    return MapBudget(drivable=polygon_budget(scene.map.drivable.vertices, scene.map.drivable.valid, bands),
+                     lanes=polygon_budget(lanes.vertices, lanes.valid, bands),
                      red_lanes=min(_round_up(red_lanes, 2) if red_lanes else 0, red.shape[-1]),
                      objects=min(_round_up(objects, 8), n_objects))

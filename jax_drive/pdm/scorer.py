@@ -4,7 +4,11 @@ Entry points: :func:`score_proposals` (each proposal scored as a (PDM-Closed ref
 proposal) pair, as NAVSIM's ``pdm_score``) and :func:`score_candidates` (EP normalised
 over the whole candidate set, as PDM-Closed does internally).
 
-Defined results for edge cases:
+Stages: interpolation -> tracking simulation -> :func:`jax_drive.pdm.metrics.run_steps` ->
+one named metric function each (:class:`~jax_drive.pdm.metrics.MetricResult`, value and
+validity) collected in :class:`TrajectoryMetrics` -> EP normalisation -> :class:`PDMResult`.
+
+Defined results for edge cases (metrics that are not valid report these defaults):
   * no valid agents: NC = TTC = 1 (nothing to hit);
   * fewer than 2 valid route points: raw progress 0, so EP = 1 unless NC * DAC == 0
     (the <= 5 m rule), lane keeping sees deviation 0 (LK = 1);
@@ -29,17 +33,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.parallel import MeshConfig, call_on_rows, make_mesh
-from jax_drive.pdm.comfort import is_comfortable_v1, is_comfortable_v2
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.interpolate import interpolate_poses, unwrap_angles
 from jax_drive.pdm.metrics import (
-    driving_direction,
+    MetricResult,
+    SceneArrays,
+    StepResults,
+    comfort,
+    driving_direction_compliance,
+    drivable_area_compliance,
+    ego_progress,
+    history_comfort,
     lane_keeping,
+    no_at_fault_collisions,
     pose_windows,
-    route_distance,
-    route_progress,
     run_steps,
     scene_arrays,
+    time_to_collision,
+    traffic_light_compliance,
 )
 from jax_drive.pdm.polygons import MapBudget, map_budget
 from jax_drive.pdm.tracker import EgoTrajectory, simulate_states
@@ -114,34 +125,39 @@ def _history_states(scene, config: PDMConfig) -> dict:
             "yaw_rate": yaw_rate[:n], "yaw_accel": yaw_accel[:n]}
 
 
-def _metrics_single(scene, sa, hist: dict, traj: EgoTrajectory, config: PDMConfig) -> dict:
-    """All per-trajectory metrics for one scene and Q trajectories (fields (Q, 41)).
+@chex.dataclass(frozen=True)
+class TrajectoryMetrics:
+    """Every metric of Q trajectories of one scene: :class:`MetricResult` fields (Q,) and
+    the per-pose :class:`Violations` (Q, 8)."""
 
-    ``sa`` (:class:`SceneArrays`) and ``hist`` (:func:`_history_states`) are built once per
-    scene by the caller, outside any chunk loop."""
-    t = {"x": traj.x, "y": traj.y, "heading": traj.heading, "speed": traj.speed}
-    steps = run_steps(t, sa, config)  # (T, Q) fields
-    nc = jnp.min(steps["nc"], axis=0)
-    dac = jnp.where(jnp.any(steps["non_drivable"], axis=0), 0.0, 1.0)
-    ttc = jnp.where(jnp.any(steps["ttc_fail"], axis=0), 0.0, 1.0)
-    ttc_v2 = jnp.where(jnp.any(steps["ttc_fail"][: config.ttc_v2_last_step + 1], axis=0), 0.0, 1.0)
-    tlc = jnp.where(jnp.any(steps["red_light"], axis=0), 0.0, 1.0)
-    ddc = driving_direction(steps["centre"], steps["oncoming"], config)
-    # NAVSIM v2 (>= 2.1): steps whose centre is inside an intersection do not count.
-    ddc_v2 = driving_direction(steps["centre"], steps["oncoming"] & ~steps["centre_in_intersection"],
-                               config)
-    centre = steps["centre"]
-    progress = route_progress(centre[0], centre[-1], sa)
-    lk = lane_keeping(route_distance(centre, sa), steps["centre_in_intersection"], config)
-    comfort = is_comfortable_v1(traj.ax, traj.ay, traj.heading, config)
-    q = traj.x.shape[0]
-    cat = lambda name, sim: jnp.concatenate(
-        [jnp.broadcast_to(hist[name], (q,) + hist[name].shape), sim], axis=-1)
-    hc = is_comfortable_v2(cat("ax", traj.ax), cat("ay", traj.ay), cat("heading", traj.heading),
-                           cat("yaw_rate", traj.yaw_rate), cat("yaw_accel", traj.yaw_accel), config)
+    nc: MetricResult
+    dac: MetricResult
+    ddc: MetricResult
+    ddc_v2: MetricResult
+    ttc: MetricResult
+    ttc_v2: MetricResult
+    tlc: MetricResult
+    lk: MetricResult
+    comfort: MetricResult
+    hc: MetricResult
+    ec: MetricResult
+    progress: MetricResult
+    violations: Violations
 
-    # Violations per output pose window.
-    win = jnp.asarray(pose_windows(traj.x.shape[-1], NUM_OUTPUT_POSES))  # (8, T)
+
+# What a metric reports where its MetricResult is not valid (see the module docstring).
+_DEFAULTS = {"lk": 1.0, "ec": 1.0, "progress": 0.0}
+
+
+def _value(m: TrajectoryMetrics, name: str) -> chex.Array:
+    """The metric's value where valid, else its documented default."""
+    r = getattr(m, name)
+    return jnp.where(r.valid, r.value, _DEFAULTS.get(name, 0.0)).astype(jnp.float32)
+
+
+def violations(steps: StepResults, scene) -> Violations:
+    """Per output pose window: where DAC, NC and TTC failed and against which object."""
+    win = jnp.asarray(pose_windows(steps.nc.shape[0], NUM_OUTPUT_POSES))  # (8, T)
     ag = scene.agents
 
     def details(flag, obj, frame):
@@ -161,19 +177,44 @@ def _metrics_single(scene, sa, hist: dict, traj: EgoTrajectory, config: PDMConfi
         cls = jnp.where(point, jnp.asarray(ag.agent_type, jnp.int32)[oi], -1)
         return point, o, box, cls
 
-    step_idx = jnp.broadcast_to(jnp.arange(steps["nc"].shape[0])[:, None], steps["nc"].shape)
-    nc_p, nc_o, nc_b, nc_c = details(steps["nc"] < 1.0, steps["nc_object"], step_idx)
-    tt_p, tt_o, tt_b, tt_c = details(steps["ttc_fail"], steps["ttc_object"], steps["ttc_frame"])
-    dac_point = jnp.any(steps["non_drivable"].T[:, None, :] & win[None], -1)
-    viol = Violations(dac_point=dac_point, nc_point=nc_p, nc_object=nc_o, nc_box=nc_b,
+    step_idx = jnp.broadcast_to(jnp.arange(steps.nc.shape[0])[:, None], steps.nc.shape)
+    nc_p, nc_o, nc_b, nc_c = details(steps.nc < 1.0, steps.nc_object, step_idx)
+    tt_p, tt_o, tt_b, tt_c = details(steps.ttc_fail, steps.ttc_object, steps.ttc_frame)
+    dac_point = jnp.any(steps.masks.non_drivable.T[:, None, :] & win[None], -1)
+    return Violations(dac_point=dac_point, nc_point=nc_p, nc_object=nc_o, nc_box=nc_b,
                       nc_class=nc_c, ttc_point=tt_p, ttc_object=tt_o, ttc_box=tt_b, ttc_class=tt_c)
-    return {"nc": nc, "dac": dac, "ddc": ddc, "ddc_v2": ddc_v2, "ttc": ttc, "ttc_v2": ttc_v2, "tlc": tlc,
-            "lk": lk, "comfort": comfort, "hc": hc, "ec": jnp.ones_like(nc),
-            "progress": progress, "violations": viol}
 
 
-def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: MapBudget | None) -> dict:
-    """Tracking simulation + :func:`_metrics_single` for states (Q, 41, 3) of one scene.
+def trajectory_metrics(scene, sa: SceneArrays, hist: dict, traj: EgoTrajectory,
+                       config: PDMConfig) -> TrajectoryMetrics:
+    """All metrics for one scene and Q simulated trajectories (fields (Q, 41)).
+
+    ``sa`` (:class:`SceneArrays`) and ``hist`` (:func:`_history_states`) are built once per
+    scene by the caller, outside any chunk loop."""
+    steps = run_steps(traj.x, traj.y, traj.heading, traj.speed, sa, config)
+    signals = {"ax": traj.ax, "ay": traj.ay, "heading": traj.heading, "yaw_rate": traj.yaw_rate,
+               "yaw_accel": traj.yaw_accel}
+    nc = no_at_fault_collisions(steps)
+    return TrajectoryMetrics(
+        nc=nc,
+        dac=drivable_area_compliance(steps),
+        ddc=driving_direction_compliance(steps, config, skip_intersections=False),
+        ddc_v2=driving_direction_compliance(steps, config, skip_intersections=True),
+        ttc=time_to_collision(steps),
+        ttc_v2=time_to_collision(steps, last_step=config.ttc_v2_last_step),
+        tlc=traffic_light_compliance(steps),
+        lk=lane_keeping(steps, sa, config),
+        comfort=comfort(traj.ax, traj.ay, traj.heading, config),
+        hc=history_comfort(signals, hist, config),
+        # Two-frame extended comfort needs the previous frame's simulation (not in a Scene).
+        ec=MetricResult(value=jnp.ones_like(nc.value), valid=jnp.zeros(nc.value.shape, bool)),
+        progress=ego_progress(steps, sa),
+        violations=violations(steps, scene))
+
+
+def _simulated_metrics(scene, states: chex.Array, config: PDMConfig,
+                       budget: MapBudget | None) -> TrajectoryMetrics:
+    """Tracking simulation + :func:`trajectory_metrics` for states (Q, 41, 3) of one scene.
 
     With ``config.chunk_size > 0`` and Q above it, the trajectories go through both stages
     in equal chunks of at most ``chunk_size`` (``lax.map``): the per-step (Q, ...)
@@ -185,7 +226,7 @@ def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: Map
     hist = _history_states(scene, config)
 
     def run(chunk_states):
-        return _metrics_single(scene, sa, hist, simulate_states(scene, chunk_states, config), config)
+        return trajectory_metrics(scene, sa, hist, simulate_states(scene, chunk_states, config), config)
 
     q = states.shape[0]
     chunk = config.chunk_size
@@ -201,40 +242,49 @@ def _simulated_metrics(scene, states: chex.Array, config: PDMConfig, budget: Map
     return jax.tree_util.tree_map(lambda a: a.reshape((n * size,) + a.shape[2:])[:q], out)
 
 
-def _ep_rules(m: dict, norm_v1: chex.Array, norm_v2: chex.Array, config: PDMConfig):
+def _masked_progress(m: TrajectoryMetrics, finite: chex.Array) -> tuple[chex.Array, chex.Array]:
+    """Progress masked by the multipliers: v1.1 (NC * DAC) and v2 (NC * DAC * DDC * TLC);
+    a non-finite trajectory counts 0. Both (Q,)."""
+    mult = _value(m, "nc") * _value(m, "dac") * finite.astype(jnp.float32)
+    progress = _value(m, "progress")
+    return progress * mult, progress * mult * _value(m, "ddc_v2") * _value(m, "tlc")
+
+
+def _ep_rules(m: TrajectoryMetrics, norm_v1: chex.Array, norm_v2: chex.Array, config: PDMConfig):
     """EP v1.1 and v2 from per-trajectory metrics and the normalisers (max masked progress)."""
-    mult = m["nc"] * m["dac"]
-    masked = m["progress"] * mult
+    mult = _value(m, "nc") * _value(m, "dac")
+    progress = _value(m, "progress")
+    masked = progress * mult
     thr = config.progress_distance_threshold
     ep = jnp.where(norm_v1 > thr, masked / jnp.where(norm_v1 > thr, norm_v1, 1.0),
                    jnp.where(mult == 0.0, 0.0, 1.0))
     ep2 = jnp.where(norm_v2 > thr,
-                    jnp.clip(m["progress"] / jnp.where(norm_v2 > thr, norm_v2, 1.0), 0.0, 1.0), 1.0)
+                    jnp.clip(progress / jnp.where(norm_v2 > thr, norm_v2, 1.0), 0.0, 1.0), 1.0)
     return ep, ep2
 
 
-def _aggregate(m: dict, ep, ep2, finite, config: PDMConfig) -> PDMResult:
+def _aggregate(m: TrajectoryMetrics, ep, ep2, finite, config: PDMConfig) -> PDMResult:
     """Combines metrics into PDMS / EPDMS; zeroes non-finite proposals."""
-    pdms = m["nc"] * m["dac"] * (config.weight_ttc * m["ttc"] + config.weight_ep * ep
-                                 + config.weight_comfort * m["comfort"]) / (
+    v = {name: _value(m, name) for name in ("nc", "dac", "ddc", "ddc_v2", "ttc", "ttc_v2", "tlc", "lk",
+                                            "comfort", "hc", "ec", "progress")}
+    pdms = v["nc"] * v["dac"] * (config.weight_ttc * v["ttc"] + config.weight_ep * ep
+                                 + config.weight_comfort * v["comfort"]) / (
         config.weight_ttc + config.weight_ep + config.weight_comfort)
     wsum = config.weight_ep + config.weight_ttc + config.weight_lk + config.weight_hc + config.weight_ec
-    epdms = m["nc"] * m["dac"] * m["ddc_v2"] * m["tlc"] * (
-        config.weight_ep * ep2 + config.weight_ttc * m["ttc_v2"] + config.weight_lk * m["lk"]
-        + config.weight_hc * m["hc"] + config.weight_ec * m["ec"]) / wsum
+    epdms = v["nc"] * v["dac"] * v["ddc_v2"] * v["tlc"] * (
+        config.weight_ep * ep2 + config.weight_ttc * v["ttc_v2"] + config.weight_lk * v["lk"]
+        + config.weight_hc * v["hc"] + config.weight_ec * v["ec"]) / wsum
     z = lambda a: jnp.where(finite, a, jnp.zeros_like(a))
-    v = m["violations"]
+    viol = m.violations
     fb = finite[..., None]
     viol = Violations(
-        dac_point=v.dac_point & fb, nc_point=v.nc_point & fb,
-        nc_object=jnp.where(fb, v.nc_object, -1), nc_box=jnp.where(fb[..., None], v.nc_box, 0.0),
-        nc_class=jnp.where(fb, v.nc_class, -1), ttc_point=v.ttc_point & fb,
-        ttc_object=jnp.where(fb, v.ttc_object, -1), ttc_box=jnp.where(fb[..., None], v.ttc_box, 0.0),
-        ttc_class=jnp.where(fb, v.ttc_class, -1))
-    return PDMResult(nc=z(m["nc"]), dac=z(m["dac"]), ddc=z(m["ddc"]), ddc_v2=z(m["ddc_v2"]), ttc=z(m["ttc"]), ep=z(ep),
-                     comfort=z(m["comfort"]), pdms=z(pdms), tlc=z(m["tlc"]), lk=z(m["lk"]),
-                     hc=z(m["hc"]), ec=z(m["ec"]), epdms=z(epdms), ttc_v2=z(m["ttc_v2"]),
-                     ep_v2=z(ep2), progress=z(m["progress"]), finite=finite, violations=viol)
+        dac_point=viol.dac_point & fb, nc_point=viol.nc_point & fb,
+        nc_object=jnp.where(fb, viol.nc_object, -1), nc_box=jnp.where(fb[..., None], viol.nc_box, 0.0),
+        nc_class=jnp.where(fb, viol.nc_class, -1), ttc_point=viol.ttc_point & fb,
+        ttc_object=jnp.where(fb, viol.ttc_object, -1), ttc_box=jnp.where(fb[..., None], viol.ttc_box, 0.0),
+        ttc_class=jnp.where(fb, viol.ttc_class, -1))
+    return PDMResult(**{name: z(val) for name, val in v.items()}, ep=z(ep), ep_v2=z(ep2), pdms=z(pdms),
+                     epdms=z(epdms), finite=finite, violations=viol)
 
 
 def _sanitize(states: chex.Array) -> tuple[chex.Array, chex.Array]:
@@ -251,14 +301,9 @@ def _pairs_single(scene, proposals, reference, config: PDMConfig, budget: MapBud
         interpolate_poses(scene, reference[None], 0.1),
         interpolate_poses(scene, proposals, OUTPUT_DT)], axis=0)  # (1 + P, 41, 3)
     m = _simulated_metrics(scene, states, config, budget)
-    mult = m["nc"] * m["dac"]
-    masked = m["progress"] * mult * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
-    mult2 = mult * m["ddc_v2"] * m["tlc"]
-    masked2 = m["progress"] * mult2 * jnp.concatenate([ref_finite[None], finite]).astype(jnp.float32)
-    norm = jnp.maximum(masked[0], masked[1:])
-    norm2 = jnp.maximum(masked2[0], masked2[1:])
+    masked, masked2 = _masked_progress(m, jnp.concatenate([ref_finite[None], finite]))
     props = jax.tree_util.tree_map(lambda a: a[1:], m)
-    ep, ep2 = _ep_rules(props, norm, norm2, config)
+    ep, ep2 = _ep_rules(props, jnp.maximum(masked[0], masked[1:]), jnp.maximum(masked2[0], masked2[1:]), config)
     return _aggregate(props, ep, ep2, finite, config)
 
 
@@ -267,10 +312,8 @@ def _candidates_single(scene, candidates, config: PDMConfig, budget: MapBudget |
     candidates, finite = _sanitize(jnp.asarray(candidates, jnp.float32))
     states = interpolate_poses(scene, candidates, 0.1)
     m = _simulated_metrics(scene, states, config, budget)
-    f = finite.astype(jnp.float32)
-    norm = jnp.max(m["progress"] * m["nc"] * m["dac"] * f)
-    norm2 = jnp.max(m["progress"] * m["nc"] * m["dac"] * m["ddc_v2"] * m["tlc"] * f)
-    ep, ep2 = _ep_rules(m, norm, norm2, config)
+    masked, masked2 = _masked_progress(m, finite)
+    ep, ep2 = _ep_rules(m, jnp.max(masked), jnp.max(masked2), config)
     return _aggregate(m, ep, ep2, finite, config)
 
 
@@ -347,7 +390,8 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
     proposals = _check("proposals", proposals, shape, (None, NUM_OUTPUT_POSES, 3), config.check_finite)
     reference = _check("reference", reference, shape, (NUM_SCORE_STEPS - 1, 3), config.check_finite)
     # check_finite only acts here: normalise it so both settings share one compilation.
-    config, budget = dataclasses.replace(config, check_finite=True), map_budget(scene)
+    config, budget = (dataclasses.replace(config, check_finite=True),
+                      map_budget(scene, num_trajectories=proposals.shape[-3] + 1))
     return call_on_rows(lambda s, p, r: _score_proposals_jit(s, p, r, config, budget),
                         (scene, proposals, reference), _scene_mesh(mesh, shape))
 
@@ -366,7 +410,7 @@ def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig(), 
     candidates = _check("candidates", candidates, shape, (None, NUM_SCORE_STEPS - 1, 3),
                         config.check_finite)
     config = dataclasses.replace(config, check_finite=True)
-    budget = budget if budget is not None else map_budget(scene)
+    budget = budget if budget is not None else map_budget(scene, candidates.shape[-3])
     return call_on_rows(lambda s, c: _score_candidates_jit(s, c, config, budget), (scene, candidates),
                         _scene_mesh(mesh, shape))
 

@@ -14,6 +14,10 @@ Semantics kept from NAVSIM (see ``/work/shared/reference/navsim_pdm.md``):
     curvatures (padded with the last one);
   * the stopping P-controller replaces LQR when both the current and the reference speed
     are <= ``stopping_velocity``.
+The velocity fit's jerk penalty uses NAVSIM's banded matrix by default
+(``PDMConfig.jerk_matrix``, see :func:`jerk_difference_matrix`): NAVSIM's matrix is not the
+difference matrix its name says, and matching it is what makes our simulated states agree
+with NAVSIM's; nuPlan's true difference stays selectable.
 Known difference: we run in float32 and solve the curvature least squares as a tridiagonal
 system in the curvature values instead of a float64 pseudo-inverse over curvature rates
 (same minimiser when the system is regular; see :func:`fit_profiles`).
@@ -66,14 +70,42 @@ class EgoTrajectory:
         return jnp.hypot(self.vx, self.vy)
 
 
+JERK_MATRICES = ("navsim", "nuplan")
+
+
+def jerk_difference_matrix(num_rows: int, kind: str = "navsim") -> np.ndarray:
+    """(num_rows, num_rows + 1) float64 "banded difference" matrix of the velocity fit.
+
+    kind "nuplan": the true first difference, row i = e_{i+1} - e_i (nuPlan's tracker,
+      ``nuplan/planning/simulation/controller/tracker/tracker_utils.py``).
+    kind "navsim": the matrix NAVSIM actually builds (``_make_banded_difference_matrix`` in
+      ``navsim/planning/simulation/planner/pdm_planner/simulation/batch_lqr_utils.py``,
+      identical at tags v1.0, v1.1, v2.0 .. v2.2): it sets +I on the band above the
+      diagonal and then -I on the main band by assignment, and the second assignment
+      overwrites the first, so every row but the last is -e_i and only the last row is a
+      difference, e_n - e_{n-1}.
+    """
+    if kind not in JERK_MATRICES:
+        raise ValueError(f"jerk matrix must be one of {JERK_MATRICES}, got {kind!r}")
+    out = np.zeros((num_rows, num_rows + 1), np.float64)
+    rows = np.arange(num_rows)
+    out[rows, rows] = -1.0
+    if kind == "nuplan":
+        out[rows, rows + 1] = 1.0
+    elif num_rows:
+        out[-1, -1] = 1.0
+    return out
+
+
 @functools.lru_cache(maxsize=8)
-def velocity_fit_matrix(num_disp: int, dt: float, jerk_penalty: float) -> np.ndarray:
+def velocity_fit_matrix(num_disp: int, dt: float, jerk_penalty: float, jerk_matrix: str = "navsim") -> np.ndarray:
     """(M, M) float64 map from projected displacements to [v0, a_1 .. a_{M-1}].
 
     NAVSIM fits x = [v0, a...] to the pose displacements d_i by least squares with a
-    jerk penalty. The rows of the design matrix for displacement i are (cos h_i, sin h_i)
-    times u_i, with u_i = [dt, dt^2 (j = 1..i), 0 ...]; since cos^2 + sin^2 = 1 the normal
-    matrix does not depend on the headings and the solution is
+    "jerk" penalty lambda ||R x||^2, R = [0 | :func:`jerk_difference_matrix`] ((M-2, M)).
+    The rows of the design matrix for displacement i are (cos h_i, sin h_i) times u_i,
+    with u_i = [dt, dt^2 (j = 1..i), 0 ...]; since cos^2 + sin^2 = 1 the normal matrix
+    does not depend on the headings and the solution is
     x = pinv(U^T U + lambda R^T R) U^T p, p_i = cos h_i dx_i + sin h_i dy_i.
     """
     m = num_disp
@@ -81,10 +113,7 @@ def velocity_fit_matrix(num_disp: int, dt: float, jerk_penalty: float) -> np.nda
     u[:, 0] = dt
     for i in range(m):
         u[i, 1 : i + 1] = dt * dt
-    band = np.zeros((m - 2, m - 1))
-    band[:, 1:] += np.eye(m - 2)
-    band[:, :-1] -= np.eye(m - 2)
-    r = np.concatenate([np.zeros((m - 2, 1)), band], axis=1)
+    r = np.concatenate([np.zeros((m - 2, 1)), jerk_difference_matrix(m - 2, jerk_matrix)], axis=1)
     return np.linalg.pinv(u.T @ u + jerk_penalty * r.T @ r) @ u.T
 
 
@@ -143,7 +172,7 @@ def fit_profiles(poses: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex
     m = disp.shape[-2]
     heading = poses[..., :-1, 2]
     proj = jnp.cos(heading) * disp[..., 0] + jnp.sin(heading) * disp[..., 1]
-    k_v = jnp.asarray(velocity_fit_matrix(m, dt, config.jerk_penalty), jnp.float32)
+    k_v = jnp.asarray(velocity_fit_matrix(m, dt, config.jerk_penalty, config.jerk_matrix), jnp.float32)
     # k_v @ proj accumulated column by column in a fixed order, not a dot or a sum: XLA:CPU
     # vectorises those reductions differently for different batch sizes (1-ulp changes
     # between scoring 16 scenes at once or 8 at a time, hence between 1 and 8 devices); the

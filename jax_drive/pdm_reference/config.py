@@ -19,6 +19,8 @@ class ReferenceConfig:
       jerk penalty 1e-4, curvature-rate penalty 1e-2, stopping gain 0.5, stopping velocity 0.2.
     Bicycle model: max steering pi/3, time constants 0.2 s (acceleration) and 0.05 s (steering).
     Scoring thresholds: see field comments.
+    ``jerk_matrix``: "navsim" (NAVSIM's velocity-fit regulariser as its code builds it) or
+    "nuplan" (the true acceleration difference); see ``simulation.jerk_regularizer``.
     ``simulate``: run the LQR + bicycle simulation (True, NAVSIM) or score the interpolated
     states directly (False; velocities/accelerations are then zero after t0 as in NAVSIM's
     interpolated trajectory).
@@ -42,6 +44,7 @@ class ReferenceConfig:
     r_lateral: float = 1.0
     tracking_horizon: int = 10
     jerk_penalty: float = 1e-4
+    jerk_matrix: str = "navsim"  # NAVSIM's banded matrix as built; "nuplan": true difference
     curvature_rate_penalty: float = 1e-2
     initial_curvature_penalty: float = 1e-10
     stopping_proportional_gain: float = 0.5
@@ -90,10 +93,11 @@ class ReferenceConfig:
 
 def as_reference_config(config=None) -> ReferenceConfig:
     """Returns a :class:`ReferenceConfig`. Any other config object (e.g. the JAX scorer's
-    ``PDMConfig``) only contributes its ``simulate`` flag; every constant of the reference
-    stays its own so the two implementations remain independent."""
+    ``PDMConfig``) only contributes its choices, ``simulate`` and ``jerk_matrix``; every
+    constant of the reference stays its own so the two implementations remain independent."""
     if config is None:
         return ReferenceConfig()
     if isinstance(config, ReferenceConfig):
         return config
-    return ReferenceConfig(simulate=bool(getattr(config, "simulate", True)))
+    return ReferenceConfig(simulate=bool(getattr(config, "simulate", True)),
+                           jerk_matrix=str(getattr(config, "jerk_matrix", "navsim")))

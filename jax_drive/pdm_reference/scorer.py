@@ -66,11 +66,33 @@ def scene_to_numpy(scene: Any, index: Any = None) -> Any:
     return jax.tree_util.tree_map(leaf, scene)
 
 
+def _split_rings(padded: np.ndarray) -> tuple[np.ndarray, list]:
+    """Exterior and hole rings of one padded polygon (V, 2).
+
+    Layout (the scene model's): exterior ring, then per hole [exterior[0], hole ring,
+    hole[0]], padding = exterior[0]. A ring ends where its first vertex comes back.
+    """
+    start = padded[0]
+    back = [j for j in range(1, len(padded)) if np.array_equal(padded[j], start)]
+    if not back:
+        return padded, []
+    exterior, holes, j = padded[: back[0]], [], back[0]
+    while j + 1 < len(padded) and np.array_equal(padded[j], start) and not np.array_equal(padded[j + 1], start):
+        h0 = padded[j + 1]
+        k = j + 2
+        while k < len(padded) and not np.array_equal(padded[k], h0):
+            k += 1
+        holes.append(padded[j + 1: k])
+        j = k + 1
+    return exterior, holes
+
+
 def _polygons(vertices: np.ndarray, valid: np.ndarray) -> list:
-    """List of (index, shapely Polygon) for valid padded polygons (P, V, 2)."""
+    """List of (index, shapely Polygon) for valid padded polygons (P, V, 2), holes included."""
     out = []
     for i in np.flatnonzero(valid):
-        poly = shapely.Polygon(vertices[i])
+        exterior, holes = _split_rings(vertices[i])
+        poly = shapely.Polygon(exterior, holes)
         if not poly.is_valid:
             poly = shapely.make_valid(poly)
         out.append((int(i), poly))

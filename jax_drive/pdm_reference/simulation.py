@@ -66,6 +66,25 @@ def interpolate_poses(
 # --------------------------------------------------------------------------------------
 
 
+def jerk_regularizer(num_disp: int, kind: str) -> np.ndarray:
+    """(num_disp - 2, num_disp) regulariser on the unknowns [v0, a_0 .. a_{num_disp-2}].
+
+    "nuplan": row r is a_{r+1} - a_r (consecutive accelerations, nuPlan's tracker).
+    "navsim": what NAVSIM's banded matrix amounts to after its overwritten assignment
+    (navsim batch_lqr_utils.py, v1.0 .. v2.2): row r is -a_r, except the last row, which
+    stays the difference a_{last} - a_{last-1}.
+    """
+    rows = num_disp - 2
+    out = np.zeros((rows, num_disp))
+    for r in range(rows):
+        out[r, 1 + r] = -1.0
+        if kind == "nuplan" or r == rows - 1:
+            out[r, 2 + r] = 1.0
+        elif kind != "navsim":
+            raise ValueError(f"unknown jerk matrix {kind!r}")
+    return out
+
+
 def fit_velocity_curvature_profiles(poses: np.ndarray, cfg: ReferenceConfig):
     """Velocity and curvature profiles of a pose sequence.
 
@@ -89,11 +108,7 @@ def fit_velocity_curvature_profiles(poses: np.ndarray, cfg: ReferenceConfig):
         block[:, 0] = direction * dt
         design[comp::2] = block
     target = xy.reshape(-1)
-    # Jerk regulariser: differences of consecutive accelerations.
-    diff = np.zeros((m - 2, m))
-    for r in range(m - 2):
-        diff[r, r + 1] = -1.0
-        diff[r, r + 2] = 1.0
+    diff = jerk_regularizer(m, cfg.jerk_matrix)
     normal = design.T @ design + cfg.jerk_penalty * diff.T @ diff
     sol = np.linalg.pinv(normal) @ design.T @ target
     velocity = sol[0] + np.concatenate([[0.0], np.cumsum(sol[1:] * dt)])

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.data.builders import BuildConfig, ConstantVelocityPredictor, build_multi, build_qa, build_rl, build_single
+from jax_drive.models.image_processing import ProcessedImage
 from jax_drive.pipelines.journal import (
     RunJournal,
     ragged_from_arrays,
@@ -46,15 +47,17 @@ from jax_drive.pipelines.journal import (
 )
 from jax_drive.pipelines.presets import Preset, eval_config, rl_config
 from jax_drive.pipelines.report import budget_card, eval_card, examples, stage_line
-from jax_drive.rl.batching import TokenRow, as_conversations, tokenize_chat
+from jax_drive.rl.batching import TokenRow, as_conversations, tokenize_chat, with_images
 from jax_drive.rl.checkpoint import restore_trainable
 from jax_drive.rl.grpo import grpo_train
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.sft import sft_train
 from jax_drive.rollout import compute_reference, evaluate_multiturn, select_scenes, summarize
+from jax_drive.rollout.images import prompt_image_inputs
 from jax_drive.sampling import JaxEngine, SamplingParams
 from jax_drive.sampling.sampler import SamplerConfig
 from jax_drive.scenes import GeneratorConfig, generate_scenes, index_scene, straight_road_scene
+from jax_drive.text.prompts import PromptConfig
 from jax_drive.types import Scene
 
 EVAL_SEED_OFFSET = 10_000  # held-out scenes use keys disjoint from the training keys
@@ -72,6 +75,10 @@ def load_policy(preset: Preset):
         from jax_drive.models.tiny import tiny_policy
 
         model, _, tokenizer = tiny_policy(seed=preset.seed, lora_rank=preset.lora_rank or None)
+    elif preset.model == "tiny-vlm":
+        from jax_drive.models.tiny import tiny_vlm_policy
+
+        model, _, tokenizer = tiny_vlm_policy(seed=preset.seed, lora_rank=preset.lora_rank or None)
     else:
         from jax_drive.models import load_pretrained
         from jax_drive.models.lora import apply_lora
@@ -84,16 +91,24 @@ def load_policy(preset: Preset):
 
 
 class PolicyPredictor:
-    """First-turn predictor backed by a language-model engine (greedy), for RL curation."""
+    """First-turn predictor backed by a language-model engine (greedy), for RL curation.
+    ``prompt``: the prompts' settings; when they hold images (``uses_images``) the scenes'
+    camera images go with them (the engine's tokenizer must be an image tokenizer)."""
 
     name = "policy"
 
-    def __init__(self, engine, max_new_tokens: int):
+    def __init__(self, engine, max_new_tokens: int, prompt: PromptConfig | None = None):
         self.engine = engine
         self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        self.prompt = prompt
 
     def __call__(self, scene: Scene, key: jax.Array, prompts: Sequence[list[dict]]) -> list[str]:
-        return [c.text for c in self.engine.generate_chat(list(prompts), self.params, key)]
+        if self.prompt is None or not self.prompt.uses_images:
+            return [c.text for c in self.engine.generate_chat(list(prompts), self.params, key)]
+        tok = self.engine.tokenizer
+        ids = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in prompts]
+        ids, images = prompt_image_inputs(tok, scene, self.prompt, None, ids)
+        return [c.text for c in self.engine.generate(ids, self.params, key, images=images)]
 
 
 def sft_checkpoint_dir(run_dir: str | os.PathLike) -> str:
@@ -153,10 +168,43 @@ def build_sft_data(preset: Preset, train: Scene, tokenizer, key: jax.Array) -> t
     qa, qa_counts = build_qa(index_scene(train, np.arange(preset.sft_qa_scenes)), k_qa, build)
     card = {"single": len(single), "multi": len(multi), "qa": len(qa), "multi_stats": multi_stats,
             "qa_counts": qa_counts}
-    rows = [tokenize_chat(tokenizer, m, preset.sft.train_on) for m in as_conversations(single + multi + qa)]
+    records = single + multi + qa
+    processed: dict[int, Any] = {}  # one preprocessing per camera frame: the rows of a scene share it
+    rows = [with_images(tokenize_chat(tokenizer, m, preset.sft.train_on),
+                        [processed.setdefault(id(im), tokenizer.preprocess([im])[0]) for im in r.get("images", ())],
+                        tokenizer)
+            for m, r in zip(as_conversations(records), records)]
     kinds = ["single"] * len(single) + ["multi"] * len(multi) + ["qa"] * len(qa)
     kept, card["kept"] = filter_by_length(rows, kinds, preset.sft_max_tokens)
     return kept, card
+
+
+def rows_to_arrays(rows: Sequence[TokenRow]) -> dict[str, np.ndarray]:
+    """SFT rows as journal arrays: ids and weights, and their images stored once each (rows
+    of a scene share their processed camera image)."""
+    arrays = {**ragged_to_arrays("ids", [r.ids for r in rows]), **ragged_to_arrays("weight", [r.weight for r in rows])}
+    pool: dict[int, Any] = {}  # id -> image, in first-seen order
+    for r in rows:
+        for im in r.images:
+            pool.setdefault(id(im), im)
+    if pool:
+        index = {key: i for i, key in enumerate(pool)}
+        arrays.update(ragged_to_arrays("pixels", [im.pixel_values.reshape(-1) for im in pool.values()]))
+        arrays["image_grid"] = np.stack([np.asarray(im.grid_thw, np.int64) for im in pool.values()])
+        arrays.update(ragged_to_arrays("row_images", [np.asarray([index[id(im)] for im in r.images], np.int64)
+                                                      for r in rows]))
+    return arrays
+
+
+def rows_from_arrays(arrays: dict[str, np.ndarray]) -> list[TokenRow]:
+    """Inverse of :func:`rows_to_arrays`."""
+    ids, weight = ragged_from_arrays("ids", arrays), ragged_from_arrays("weight", arrays)
+    if "image_grid" not in arrays:
+        return [TokenRow(i, w) for i, w in zip(ids, weight)]
+    pool = [ProcessedImage(p.reshape(int(np.prod(g)), -1).astype(np.float32), g)
+            for p, g in zip(ragged_from_arrays("pixels", arrays), arrays["image_grid"])]
+    return [TokenRow(i, w, tuple(pool[k] for k in idx))
+            for i, w, idx in zip(ids, weight, ragged_from_arrays("row_images", arrays))]
 
 
 def curate(preset: Preset, train: Scene, engine, key: jax.Array) -> tuple[np.ndarray, dict]:
@@ -165,7 +213,7 @@ def curate(preset: Preset, train: Scene, engine, key: jax.Array) -> tuple[np.nda
     pool = preset.train_scenes if preset.curation_scenes is None else min(preset.curation_scenes,
                                                                           preset.train_scenes)
     candidates = index_scene(train, np.arange(pool))
-    records, curation = build_rl(candidates, PolicyPredictor(engine, preset.max_new_tokens), key,
+    records, curation = build_rl(candidates, PolicyPredictor(engine, preset.max_new_tokens, preset.prompt), key,
                                  BuildConfig(prompt=preset.prompt, caption=preset.caption))
     chosen = np.array([r["scene_id"] for r in records], dtype=np.int64)
     scene_ids = np.asarray(candidates.scene_id)
@@ -301,12 +349,9 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
     if sft_from is None:
         def run_sft_data():
             rows, card = build_sft_data(preset, train, tokenizer, k_data)
-            arrays = {**ragged_to_arrays("ids", [r.ids for r in rows]),
-                      **ragged_to_arrays("weight", [r.weight for r in rows])}
-            return rows, {"data_card": card}, arrays
+            return rows, {"data_card": card}, rows_to_arrays(rows)
 
-        sft_rows, record = stage("sft_data", run_sft_data, lambda record, arrays: [
-            TokenRow(i, w) for i, w in zip(ragged_from_arrays("ids", arrays), ragged_from_arrays("weight", arrays))])
+        sft_rows, record = stage("sft_data", run_sft_data, lambda record, arrays: rows_from_arrays(arrays))
         data_card = record["data_card"]
         log(f"[{preset.name}] SFT data: {data_card['single']} single, {data_card['multi']} multi-turn, "
             f"{data_card['qa']} QA; kept {data_card['kept']}")

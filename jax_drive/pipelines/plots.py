@@ -60,8 +60,8 @@ def plot_refinement(results: dict, path: str | os.PathLike, stage: str = "rl", m
     import jax
     from matplotlib import colormaps
 
-    from jax_drive import geometry
     from jax_drive.pdm import score_proposals
+    from jax_drive.render.axes import draw_proposal, draw_scene
     from jax_drive.scenes import index_scene
     from jax_drive.text import parse_trajectory
 
@@ -79,17 +79,7 @@ def plot_refinement(results: dict, path: str | os.PathLike, stage: str = "rl", m
     fig, axes = _figure(4.2 * len(chosen), 4.5, columns=len(chosen))
     for ax, s in zip(axes, chosen):
         scene = jax.tree.map(np.asarray, index_scene(scenes, int(s)))
-        for poly, ok in zip(scene.map.drivable.vertices, scene.map.drivable.valid):
-            if ok:
-                ax.fill(poly[:, 0], poly[:, 1], color="0.88", zorder=0)
-        route = scene.route.points[scene.route.valid]
-        ax.plot(route[:, 0], route[:, 1], "--", color="0.6", lw=0.8)
-        for i in np.flatnonzero(scene.agents.valid[:, 0]):
-            c = np.asarray(geometry.box_corners(scene.agents.x[i, 0], scene.agents.y[i, 0], scene.agents.heading[i, 0],
-                                                scene.agents.length[i], scene.agents.width[i]))
-            ax.fill(c[:, 0], c[:, 1], color="tab:blue", alpha=0.5)
-        ego = np.asarray(geometry.ego_corners(np.zeros(3, np.float32)))
-        ax.fill(ego[:, 0], ego[:, 1], color="tab:green", alpha=0.8)
+        draw_scene(ax, scene)
         turns = logs[s]
         colors = [colormaps["viridis"](x) for x in np.linspace(0, 0.9, max(len(turns), 1))]
         for j, (turn, color) in enumerate(zip(turns, colors)):
@@ -99,10 +89,8 @@ def plot_refinement(results: dict, path: str | os.PathLike, stage: str = "rl", m
             poses = np.asarray(parsed.poses, np.float32)
             scored = score_proposals(jax.tree.map(lambda x: x[None], scene), poses[None, None],
                                      np.asarray(refs[s])[None])
-            v = scored.violations
-            bad = np.asarray(v.dac_point[0, 0] | v.nc_point[0, 0] | v.ttc_point[0, 0])
-            ax.plot(poses[:, 0], poses[:, 1], "-o", ms=3, color=color, label=f"turn {j + 1} (PDMS {turn['pdms']:.2f})")
-            ax.scatter(poses[bad, 0], poses[bad, 1], s=60, facecolors="none", edgecolors="red", zorder=5)
+            draw_proposal(ax, poses, scored.violations, index=(0, 0), color=color,
+                          label=f"turn {j + 1} (PDMS {turn['pdms']:.2f})")
         ax.plot(scene.expert[:, 0], scene.expert[:, 1], ":", color="k", lw=1, label="expert")
         ax.set_aspect("equal")
         ax.set_xlim(-10, 50)

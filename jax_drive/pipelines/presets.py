@@ -2,7 +2,8 @@
 trainer configs derived from a preset (so SFT data, RL rollouts and evaluation share one
 prompt and caption).
 
-``smoke`` (tiny random model, seconds of compute per stage; tests and CI), ``cpu-demo``
+``smoke`` (tiny random model, seconds of compute per stage; tests and CI), ``smoke-vlm``
+(the same on a tiny random Qwen2.5-VL whose prompts hold rendered camera images), ``cpu-demo``
 (SmolLM2-135M on this 2-core CPU, ~20 min) and ``paper`` (MTDrive section 4).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from jax_drive.parallel import MeshConfig
+from jax_drive.render.camera import CameraConfig
 from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.grpo import GRPOConfig
 from jax_drive.rl.loss import LossConfig
@@ -29,6 +31,9 @@ NO_PERCEPTION = PromptConfig(perception="none", image_placeholder=False)
 # The paper preset trains data-parallel on every device present (a 1 x 1 mesh on one device).
 ALL_DEVICES = MeshConfig(data=-1)
 COMPACT_CAPTION = CaptionConfig(max_agents=3, radius=40.0, num_stations=2, station_spacing=30.0)
+# MTDrive's camera prompt with a real image: a small front camera (112 x 56, 4 x 8 patches,
+# 8 image tokens) for the tiny vision-language smoke model.
+SMOKE_IMAGE_PROMPT = PromptConfig(perception="image", camera=CameraConfig(width=112, height=56))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +41,8 @@ class Preset:
     """One experiment setting. Defaults of ``paper`` follow MTDrive section 4.
 
     model: ``load_pretrained`` source ('smollm2-135m-instruct', a safetensors dir, a GGUF
-      file) or 'tiny' (random tiny model + byte tokenizer, for smoke tests).
+      file), 'tiny' (random tiny model + byte tokenizer, for smoke tests) or 'tiny-vlm' (a
+      random tiny Qwen2.5-VL + the byte tokenizer with image tokens).
     lora_rank, lora_alpha: LoRA adapters (rank 0 = full fine-tuning).
     train_scenes: generated training scenes (SFT data and RL prompts are drawn from them).
     eval_scenes, eval_seeds: held-out scenes per evaluation seed.
@@ -169,7 +175,15 @@ def _presets() -> dict[str, Preset]:
     }
 
 
+def _smoke_vlm(smoke: Preset) -> Preset:
+    """The smoke run on a tiny random Qwen2.5-VL: every prompt holds its scene's rendered front
+    camera (SFT data, RL curation, rollouts and evaluation; ``rl_config`` / ``eval_config``
+    carry the preset's prompt)."""
+    return dataclasses.replace(smoke, name="smoke-vlm", model="tiny-vlm", prompt=SMOKE_IMAGE_PROMPT)
+
+
 PRESETS = _presets()
+PRESETS["smoke-vlm"] = _smoke_vlm(PRESETS["smoke"])
 
 
 def eval_config(preset: Preset) -> RolloutConfig:

@@ -126,7 +126,8 @@ def _obstacles_single(scene: Scene):
     lanes = scene.map.lanes
     first = scene.map.lane_centerlines[:, 0, :]  # (L, 2) entry of each lane
     l_arc, l_dist = project_on_polyline(first, pts, valid)
-    is_red_conn = lanes.valid & (lanes.kind == 1) & (l_dist < 1.5)
+    # A connector without a centreline (scene files from NAVSIM caches) cannot be placed on the route.
+    is_red_conn = lanes.valid & (lanes.kind == 1) & (l_dist < 1.5) & scene.map.lane_centerline_valid[:, 0]
     red = scene.map.red_light & is_red_conn[:, None]
     return dict(arc=arc, lat=lat, half_lat=half_lat, half_lon=half_lon, v_along=v_along, valid=ag.valid,
                 red_arc=l_arc, red=red)

@@ -75,7 +75,8 @@ def pdm_closed(scene: Scene, config: PDMClosedConfig = PDMClosedConfig()) -> PDM
     Called with concrete scenes, the scorer's map budget is read off them first (fast
     polygon tables); inside a caller's jit the scorer uses its brute-force tests instead.
     """
-    return _pdm_closed_jit(scene, config, map_budget(scene))
+    num_candidates = len(config.speed_fractions) * len(config.lateral_offsets)
+    return _pdm_closed_jit(scene, config, map_budget(scene, num_candidates))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "budget"))

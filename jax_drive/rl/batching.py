@@ -8,6 +8,12 @@ prefix up to ``t``, so the arrays given to the loss are shifted:
 * ``input_ids[b, t] = ids[t]``, ``targets[b, t] = ids[t + 1]``;
 * ``loss_mask[b, t] = weight[t + 1]`` (the target's weight);
 * ``attention_mask`` marks real tokens, ``positions = cumsum(mask) - 1`` (0 on padding).
+
+Rows of a vision-language policy also carry their images (``TokenRow.images``, each
+``<|image_pad|>`` run already expanded): :func:`add_images` then replaces ``positions`` by
+rows-first M-RoPE positions (B, 3, L) and adds a per-row ``vision`` layout, so a batch still
+splits into mini-batches by rows; :func:`batch_token_logprobs` feeds either kind of batch
+to the model.
 """
 
 from __future__ import annotations
@@ -17,15 +23,18 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenRow:
-    """One tokenised sample. ids, weight: (n,) int32 / float32."""
+    """One tokenised sample. ids, weight: (n,) int32 / float32; images: the processed images
+    whose (expanded) pad tokens ``ids`` holds, in reading order (empty for text)."""
 
     ids: np.ndarray
     weight: np.ndarray
+    images: tuple = ()
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -79,6 +88,42 @@ def pad_rows(rows: Sequence[TokenRow], length: int, pad_id: int, extra: dict[str
     for k, v in extras.items():
         out[k] = v[:, 1:]
     return out
+
+
+# ----------------------------------------------------------------------------- images
+def with_images(row: TokenRow, images: Sequence, tokenizer) -> TokenRow:
+    """A row tokenised with one ``<|image_pad|>`` per image (``ImageTokenizer.encode``) with
+    its processed images attached and each pad expanded to its image's token count
+    (``tokenizer.expand``; the weight is repeated with its token)."""
+    if not images:
+        return row
+    if not hasattr(tokenizer, "expand"):
+        raise TypeError("a row with images needs an image tokenizer (jax_drive.models.qwen2_5_vl.ImageTokenizer)")
+    ids, weight = tokenizer.expand(row.ids, images, row.weight)
+    return TokenRow(np.asarray(ids, np.int32), np.asarray(weight, np.float32), tuple(images))
+
+
+def add_images(batch: dict, rows: Sequence[TokenRow], model) -> dict:
+    """``batch`` (:func:`pad_rows` of ``rows``, maybe padded with empty rows) with the rows'
+    images: ``positions`` becomes rows-first M-RoPE positions (B, 3, L) and ``vision`` a
+    per-row layout (``model.row_inputs``). Unchanged when no row has images."""
+    images = [tuple(r.images) for r in rows]
+    if not any(images):
+        return batch
+    if not hasattr(model, "row_inputs"):
+        raise TypeError(f"{type(model).__name__} is a text-only model: its rows cannot hold images")
+    images += [()] * (batch["input_ids"].shape[0] - len(rows))
+    positions, vision = model.row_inputs(batch["input_ids"], batch["attention_mask"], images)
+    return {**batch, "positions": np.moveaxis(np.asarray(positions), 0, 1), "vision": vision}
+
+
+def batch_token_logprobs(model, batch: dict, chunk_size: int = 256, temperature: float = 1.0):
+    """(B, L) ``model.token_logprobs`` of a training batch's targets (with its images, if any)."""
+    positions, images = batch["positions"], {}
+    if "vision" in batch:
+        positions, images = jnp.moveaxis(positions, 1, 0), {"vision": batch["vision"]}
+    return model.token_logprobs(batch["input_ids"], positions, batch["attention_mask"], batch["targets"],
+                                chunk_size=chunk_size, temperature=temperature, **images)
 
 
 # ----------------------------------------------------------------------------- chat samples

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, shard_batch, shard_model, shard_params
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
-from jax_drive.rl.batching import TokenRow, bucket_length, pad_rows
+from jax_drive.rl.batching import TokenRow, add_images, batch_token_logprobs, bucket_length, pad_rows
 from jax_drive.rl.checkpoint import Checkpointer, RunState
 from jax_drive.rl.faults import pause_point
 from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
@@ -134,7 +134,7 @@ class GRPOConfig:
 
 # ----------------------------------------------------------------------------- batches
 def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucket_size: int = 128,
-                      multiple_of: int = 1) -> dict[str, np.ndarray]:
+                      multiple_of: int = 1, model=None) -> dict[str, np.ndarray]:
     """Padded training arrays from rollouts.
 
     Args:
@@ -143,15 +143,17 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
       pad_id: padding token.
       bucket_size: the padded length is a multiple of this.
       multiple_of: the row count is padded (with empty rows) to a multiple of this.
+      model: the policy, needed when the rollouts' prompts hold images (see
+        :func:`jax_drive.rl.batching.add_images`).
     Returns:
       dict of (R', L) arrays: input_ids, targets, positions, attention_mask, loss_mask
       (1 on generated tokens), old_logp (sampling log-probs), advantages (the token's turn
-      advantage), turn_id (float, -1 off-loss).
+      advantage), turn_id (float, -1 off-loss); with images, positions (R', 3, L) and vision.
     """
     adv = np.asarray(advantages, np.float32)
     if adv.shape[:2] != result.pdms.shape[:2]:
         raise ValueError(f"advantages {adv.shape} do not match the rollouts {result.pdms.shape}")
-    rows = [TokenRow(ids, (tid >= 0).astype(np.float32)) for ids, tid in zip(result.tokens, result.turn_ids)]
+    rows = [TokenRow(t.tokens, (t.turn_ids >= 0).astype(np.float32), t.images) for t in result.rows]
     length = bucket_length(max(len(r) for r in rows) - 1, bucket_size)
     num_rows = -(-len(rows) // multiple_of) * multiple_of
     batch = pad_rows(rows, length, pad_id, num_rows=num_rows,
@@ -162,13 +164,12 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
     row_adv[:len(rows)] = adv.reshape(len(rows), -1)
     batch["turn_id"] = turn_id
     batch["advantages"] = np.asarray(token_advantages(row_adv, turn_id))
-    return batch
+    return add_images(batch, rows, model)
 
 
 def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
     def loss_fn(model, batch):
-        logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
+        logp = batch_token_logprobs(model, batch, chunk_size, temperature)
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
                            ref_logp=batch.get("ref_logp"), config=loss_config)
 
@@ -177,8 +178,7 @@ def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
 
 def _logp_fn(chunk_size: int, temperature: float):
     def fn(model, batch):
-        return model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size, temperature=temperature)
+        return batch_token_logprobs(model, batch, chunk_size, temperature)
 
     return fn
 
@@ -192,19 +192,21 @@ def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimCo
     return step, logp
 
 
-_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask")
+_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask", "vision")
 
 
 def _rows(batch: dict, index) -> dict:
-    return {k: v[index] for k, v in batch.items()}
+    """The rows ``index`` of every entry (a per-row vision layout included)."""
+    return jax.tree.map(lambda v: v[index], batch)
 
 
 def batch_logprobs(logp_fn, params, rest, batch: dict, rows_per_call: int) -> jax.Array:
     """Log-probs of the batch's targets, ``rows_per_call`` rows at a time (bounded memory)."""
     n = batch["input_ids"].shape[0]
     parts = []
+    model_inputs = {k: batch[k] for k in _MODEL_KEYS if k in batch}
     for start in range(0, n, rows_per_call):
-        sub = {k: batch[k][start:start + rows_per_call] for k in _MODEL_KEYS}
+        sub = _rows(model_inputs, slice(start, start + rows_per_call))
         parts.append(logp_fn(params, rest, sub))
     return jnp.concatenate(parts, axis=0)
 
@@ -225,7 +227,7 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
     mesh = make_mesh(config.mesh)
     step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim,
                                  config.logprob_temperature, mesh)
-    batch = shard_batch(batch, mesh) if mesh is not None else {k: jnp.asarray(v) for k, v in batch.items()}
+    batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
     rows = batch["input_ids"].shape[0]
     mbs = min(config.minibatch_size, rows)
     mask = batch["loss_mask"]
@@ -354,7 +356,8 @@ def grpo_train(
             kept = train_adv.shape[0]
             if kept:
                 multiple = int(np.lcm(min(rows_multiple, kept * config.rollout.group_size), shards))
-                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple)
+                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
+                                          model=model)
                 params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
                                                         batch, config, k_mb)
                 jax.block_until_ready(params)

@@ -28,7 +28,9 @@ from tqdm.auto import tqdm
 
 from jax_drive.rl.batching import (
     TokenRow,
+    add_images,
     as_conversations,
+    batch_token_logprobs,
     bucket_length,
     iterate_epochs,
     pad_rows,
@@ -95,8 +97,7 @@ def sft_loss_fn(chunk_size: int = 256):
     """loss_fn(model, batch) -> (token-mean NLL over loss_mask, metrics)."""
 
     def loss_fn(model, batch):
-        logp = model.token_logprobs(batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                    batch["targets"], chunk_size=chunk_size)
+        logp = batch_token_logprobs(model, batch, chunk_size)
         m = batch["loss_mask"]
         n = jnp.sum(m)
         loss = -jnp.sum(logp * m) / jnp.maximum(n, 1.0)
@@ -120,7 +121,7 @@ def tokenize_dataset(dataset: Any, tokenizer, max_length: int, train_on: str = "
         if tokenizer is None:
             raise ValueError("a tokenizer is needed to tokenise a chat dataset")
         rows = [tokenize_chat(tokenizer, m, train_on) for m in as_conversations(dataset)]
-    rows = [TokenRow(r.ids[:max_length], r.weight[:max_length]) for r in rows]
+    rows = [dataclasses.replace(r, ids=r.ids[:max_length], weight=r.weight[:max_length]) for r in rows]
     rows = [r for r in rows if len(r) >= 2 and r.weight[1:].sum() > 0]
     if not rows:
         raise ValueError("no sample has a trainable (assistant) token after truncation")
@@ -173,8 +174,9 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
             epoch, index = next(stream)
             chosen = [rows[i] for i in index]
             length = bucket_length(max(len(r) for r in chosen) - 1, config.bucket_size, config.max_length)
-            batch = pad_rows(chosen, length, pad_id, num_rows=round_up(config.batch_size, batch_shards(mesh)))
-            batch = shard_batch(batch, mesh) if mesh is not None else {k: jnp.asarray(v) for k, v in batch.items()}
+            num_rows = round_up(config.batch_size, batch_shards(mesh))
+            batch = add_images(pad_rows(chosen, length, pad_id, num_rows=num_rows), chosen, model)
+            batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
             start = time.perf_counter()
             params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
             loss = float(loss)  # blocks

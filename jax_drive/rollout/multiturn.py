@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from jax_drive.rollout.images import prompt_image_inputs
 from jax_drive.rollout.result import SUB_SCORES, RolloutResult, Transcript, TurnRecord
 from jax_drive.rollout.reward import turn_rewards
 from jax_drive.sampling import SamplingParams
@@ -170,6 +171,7 @@ class _RowLog:
     turn_ids: list[int]
     logprobs: list[float]
     turns: list[TurnRecord]
+    images: tuple = ()  # the prompt's processed images
 
     def extend(self, ids: Sequence[int], turn: int, logprobs: Sequence[float] | None = None) -> None:
         self.tokens.extend(ids)
@@ -178,7 +180,8 @@ class _RowLog:
 
     def transcript(self) -> Transcript:
         return Transcript(tokens=np.asarray(self.tokens, np.int32), turn_ids=np.asarray(self.turn_ids, np.int32),
-                          sample_logprobs=np.asarray(self.logprobs, np.float32), turns=tuple(self.turns))
+                          sample_logprobs=np.asarray(self.logprobs, np.float32), turns=tuple(self.turns),
+                          images=self.images)
 
 
 def run_rollouts(
@@ -191,6 +194,7 @@ def run_rollouts(
     pdm_config=None,
     prompts: Sequence[str] | None = None,
     progress=None,
+    images: Sequence[Sequence[Any]] | None = None,
 ) -> RolloutResult:
     """Runs G multi-turn rollouts for each of S scenes.
 
@@ -209,6 +213,10 @@ def run_rollouts(
       pdm_config: PDMConfig for the scorer (default NAVSIM v1.1).
       prompts: S turn-1 user prompts (default :func:`scene_prompts`).
       progress: optional callable(turn, active_rows) for progress reporting.
+      images: S per-scene lists of uint8 images for the prompts' ``<image>`` placeholders
+        (default: the front camera when ``config.prompt.uses_images``, else none); they need
+        an image tokenizer (``jax_drive.models.qwen2_5_vl.ImageTokenizer``) and an engine
+        whose ``generate`` takes ``images``.
     Returns:
       RolloutResult.
     """
@@ -231,8 +239,9 @@ def run_rollouts(
         tokenizer.encode(tokenizer.apply_chat_template(first_turn_messages(p, config.system_prompt), add_generation_prompt=True))
         for p in prompts
     ]
+    prompt_ids, scene_images = prompt_image_inputs(tokenizer, scenes, config.prompt, images, prompt_ids)
     logs = [_RowLog(list(prompt_ids[r // g_]), [-1] * len(prompt_ids[r // g_]),
-                    [0.0] * len(prompt_ids[r // g_]), []) for r in range(num_scenes * g_)]
+                    [0.0] * len(prompt_ids[r // g_]), [], scene_images[r // g_]) for r in range(num_scenes * g_)]
     shape = (num_scenes, g_, n_)
     pdms, fmt = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
     turn_mask, usable = np.zeros(shape, bool), np.zeros(shape, bool)
@@ -247,7 +256,9 @@ def run_rollouts(
             break
         if progress is not None:
             progress(j, int(live.size))
-        completions = engine.generate([logs[r].tokens for r in live], sampling, jax.random.fold_in(key, j))
+        with_images = {"images": [logs[r].images for r in live]} if any(scene_images) else {}
+        completions = engine.generate([logs[r].tokens for r in live], sampling, jax.random.fold_in(key, j),
+                                      **with_images)
         if len(completions) != live.size:
             raise RuntimeError(f"engine returned {len(completions)} completions for {live.size} prompts")
         checks = [check_answer(c.text, config.format) for c in completions]

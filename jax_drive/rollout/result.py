@@ -41,12 +41,15 @@ class Transcript:
     turn_ids: (n,) int32, j for the tokens generated in turn j, -1 for the rest (no loss).
     sample_logprobs: (n,) float32 sampling log-probs (0 on tokens not generated).
     turns: one TurnRecord per turn taken.
+    images: the processed images whose (expanded) pad tokens the prompt holds (empty for a
+      text prompt); the trainer feeds them with ``tokens``.
     """
 
     tokens: np.ndarray
     turn_ids: np.ndarray
     sample_logprobs: np.ndarray
     turns: tuple[TurnRecord, ...]
+    images: tuple = ()
 
 
 @jax.tree_util.register_dataclass

@@ -115,12 +115,16 @@ class JaxEngine:
         )
 
     def _run(self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array,
-             keep_caches: bool):
+             keep_caches: bool, images=None):
         """First-turn generation: (completions, rows, session groups, decode steps, the
-        unrolled weights used or None)."""
+        unrolled weights used or None, per kept row its RoPE position shift (see Session))."""
         prompts = validate_prompts(prompts)
         rows = [ids for ids in self._encode(prompts) for _ in range(params.n)]
         check_token_ids(rows, self.model.config.vocab_size)
+        if images is not None:
+            if len(images) != len(prompts):
+                raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
+            images = [row for row in images for _ in range(params.n)]
         request = self.request(params)
         config = self.sampler_config
         weights = None
@@ -132,11 +136,16 @@ class JaxEngine:
         chunk = self.max_batch_size or len(rows)
         completions: list[Completion] = []
         groups: list[SessionGroup] = []
+        shift: list[int] = []  # per row, the last prompt token's position minus its index
         steps = 0
         for c, start in enumerate(range(0, len(rows), chunk)):
             part = rows[start : start + chunk]
             loop, n, plen = start_decode(self.model, part, jax.random.fold_in(key, c) if chunk < len(rows) else key,
-                                         request, config, graph_and_state, weights)
+                                         request, config, graph_and_state, weights,
+                                         None if images is None else images[start : start + chunk])
+            if keep_caches:
+                last = np.asarray(loop.position)[:n] if images is not None else [len(p) - 1 for p in part]
+                shift.extend(int(pos) - (len(p) - 1) for pos, p in zip(last, part))
             out = decode(self.model, weights, loop, request, config, graph_and_state)
             output = SamplerOutput.from_state(out, n, request)
             steps += output.steps
@@ -145,24 +154,30 @@ class JaxEngine:
             if keep_caches:
                 groups.append(SessionGroup(rows=list(range(start, start + n)), cache=out.cache,
                                            slot=plen - 1 + np.asarray(output.lengths, np.int64)))
-        return completions, rows, groups, steps, weights
+        return completions, rows, groups, steps, weights, shift
 
     # --------------------------------------------------------------- interface
     def generate(
-        self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array
+        self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array, images=None
     ) -> list[Completion]:
-        """Completes each prompt ``params.n`` times; see ``Engine.generate``."""
-        return self._run(prompts, params, key, keep_caches=False)[0]
+        """Completes each prompt ``params.n`` times; see ``Engine.generate``.
+
+        images: for a vision-language model, per prompt its processed images (see
+        ``generate_tokens``); the prompts are then token ids with the image pads expanded.
+        """
+        return self._run(prompts, params, key, keep_caches=False, images=images)[0]
 
     def start(
-        self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array
+        self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array, images=None
     ) -> tuple[Session, list[Completion]]:
-        """Like ``generate`` (same completions for the same key), and keeps every row's KV
-        cache on the device in the returned ``Session`` for ``Session.extend``. Always decodes
-        on the unrolled weight layout (whatever ``sampler_config.unroll_layers``)."""
-        completions, rows, groups, steps, weights = self._run(prompts, params, key, keep_caches=True)
+        """Like ``generate`` (same completions for the same key; ``images`` as there), and keeps
+        every row's KV cache on the device in the returned ``Session`` for ``Session.extend``
+        (later turns append text). Always decodes on the unrolled weight layout (whatever
+        ``sampler_config.unroll_layers``)."""
+        completions, rows, groups, steps, weights, shift = self._run(prompts, params, key, keep_caches=True,
+                                                                     images=images)
         contexts = [list(r) + list(c.token_ids) for r, c in zip(rows, completions)]
-        return Session(self, contexts, groups, weights, steps), completions
+        return Session(self, contexts, groups, weights, steps, shift), completions
 
     def generate_chat(
         self, conversations: Sequence[Sequence[Message]], params: SamplingParams, key: jax.Array

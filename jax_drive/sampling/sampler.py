@@ -267,7 +267,8 @@ def unrolled_weights(model) -> dict | None:
     arrays = arrays_fn() if arrays_fn is not None else None
     if not isinstance(arrays, dict) or "layers" not in arrays or "embed" not in arrays:
         return None
-    return _unroll(arrays)
+    # the language model only (a vision tower's weights are not needed to decode)
+    return _unroll({k: arrays[k] for k in ("embed", "layers", "final_norm", "lm_head")})
 
 
 class DecodeWeightCache:
@@ -370,26 +371,32 @@ def new_decode_state(cache, token, position, index, row_valid, key, width: int,
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots", "width", "per_layer"))
 def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, history_len, *,
-             slots: int, width: int, per_layer: bool) -> DecodeState:
+             slots: int, width: int, per_layer: bool, positions=None, vision=None) -> DecodeState:
     """Caches the first P - 1 prompt columns and returns the loop state before step 0.
 
     ids/mask (U, P) left-padded prompts; source (B,) int32: the prompt row of each of the B
     loop rows (shared prefill), or None when U == B and row b is prompt b; row_valid (B,)
     bool (False = dummy row, done from the start); history / history_len: see DecodeState.
     slots: cache length S; width: output columns; per_layer: a LayerCache (else KVCache).
+    positions, vision: a prompt batch with images brings its (3, U, P) M-RoPE positions and
+    its vision inputs (``model.multimodal_inputs``); decoding goes on from the last column's
+    position (a text token: its three positions are equal).
     """
     model = nnx.merge(graphdef, state)
     config = model.config
     plen = ids.shape[1]
     cache = init_cache(config, ids.shape[0], slots, config.jnp_dtype)
-    positions = positions_from_mask(mask)
+    if positions is None:
+        positions = positions_from_mask(mask)
+    images = {} if vision is None else {"vision": vision}
     if plen > 1:
         if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
-            cache = model.prefill(ids[:, :-1], positions[:, :-1], mask[:, :-1], cache)
+            cache = model.prefill(ids[:, :-1], positions[..., :-1], mask[:, :-1], cache, **images)
         else:
             _, cache = model(
-                ids[:, :-1], positions[:, :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0)
-            )
+                ids[:, :-1], positions[..., :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0),
+                **images)
+    positions = positions[0] if positions.ndim == 3 else positions  # (U, P): last column's onwards
     if source is not None:  # broadcast the shared prompts' rows
         cache = cache.replace(k=jnp.take(cache.k, source, axis=1), v=jnp.take(cache.v, source, axis=1),
                               mask=jnp.take(cache.mask, source, axis=0))
@@ -602,11 +609,13 @@ def generation_slots(context: int, request: Request) -> int:
 
 
 def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Request,
-                 config: SamplerConfig, graph_and_state=None, weights=None):
+                 config: SamplerConfig, graph_and_state=None, weights=None, images=None):
     """Prefill of a call: (loop state before step 0, rows R, prompt bucket P).
 
     ``weights`` selects the unrolled path (LayerCache); None the generic one (KVCache).
+    ``images``: see :func:`generate_tokens`.
     """
+    check_images(model, prompts, images)
     mcfg = model.config
     longest = max(len(p) for p in prompts)
     if longest + request.max_new_tokens > mcfg.max_position_embeddings:
@@ -619,14 +628,23 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
                           "max_new_tokens")
     rows = len(prompts)
     batch = config.batch_size(rows)
-    unique, source = unique_rows(prompts) if config.share_prefix else (prompts, None)
+    # rows share a prefill when their tokens and their image objects are the same
+    keys = prompts if images is None else [p + [id(im) for im in (row or ())] + [len(row or ())]
+                                           for p, row in zip(prompts, images)]
+    unique, source = unique_rows(keys) if config.share_prefix else (prompts, None)
     if source is not None and len(unique) < rows:
-        ids, mask, _ = left_pad(unique, plen, config.batch_size(len(unique)), request.pad_id)
+        first = np.unique(source, return_index=True)[1]  # the first row of each distinct prompt
+        ids, mask, _ = left_pad([prompts[i] for i in first], plen, config.batch_size(len(unique)),
+                                request.pad_id)
+        images = None if images is None else [images[i] for i in first]
         source = np.concatenate([source, np.zeros((batch - rows,), np.int32)])  # dummies: any row
         row_valid = np.arange(batch) < rows
     else:
         ids, mask, row_valid = left_pad(prompts, plen, batch, request.pad_id)
         source = None
+    positions = vision = None
+    if images is not None:
+        positions, vision, _ = model.multimodal_inputs(ids, mask, list(images) + [None] * (len(ids) - len(images)))
     k = request.draft_len
     history = history_len = None
     if k:
@@ -639,8 +657,22 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
         for x in (ids, mask, source, row_valid, history, history_len))
     loop = _prefill(graphdef, replicate(state, mesh), ids, mask, source, row_valid, replicate(key, mesh),
                     history, history_len, slots=plen + nbucket + k, width=nbucket + (k + 1 if k else 0),
-                    per_layer=weights is not None)
+                    per_layer=weights is not None, positions=positions, vision=vision)
     return loop, rows, plen
+
+
+def check_images(model, prompts: Sequence[Sequence[int]], images) -> None:
+    """Raises for images a call cannot take: a text-only model, one list per prompt missing,
+    or a prompt that ends inside an image (decoding continues with text positions)."""
+    if images is None:
+        return
+    if not hasattr(model, "multimodal_inputs"):
+        raise TypeError(f"{type(model).__name__} is a text-only model: it takes no images")
+    if len(images) != len(prompts):
+        raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
+    image_id = model.config.image_token_id
+    if any(p[-1] == image_id for p in prompts):
+        raise ValueError("a prompt with images must end with text, not an image token")
 
 
 def generate_tokens(
@@ -660,6 +692,7 @@ def generate_tokens(
     graph_and_state: tuple[Any, Any] | None = None,
     weights: dict | None = None,
     prompt_lookup: PromptLookup | None = None,
+    images: Sequence[Sequence[Any] | None] | None = None,
 ) -> SamplerOutput:
     """Samples continuations of token-id prompts with the jitted KV-cache sampler.
 
@@ -676,6 +709,9 @@ def generate_tokens(
         (``DecodeWeightCache``); built here when None and ``config.unroll_layers``.
       prompt_lookup: speculative decoding by prompt lookup (None: one token per step).
         Greedy outputs are unchanged; sampled ones keep their distribution, not their values.
+      images: for a vision-language model, per prompt the processed images whose
+        ``<|image_pad|>`` tokens (already expanded) the prompt holds, in reading order (None
+        or empty for a text-only prompt); the model lays them out (``multimodal_inputs``).
 
     Returns:
       SamplerOutput with (R, max_new_tokens) arrays.
@@ -696,6 +732,6 @@ def generate_tokens(
     elif not config.unroll_layers:
         weights = None
     graph_and_state = graph_and_state if graph_and_state is not None else nnx.split(model)
-    loop, rows, _ = start_decode(model, prompts, key, request, config, graph_and_state, weights)
+    loop, rows, _ = start_decode(model, prompts, key, request, config, graph_and_state, weights, images)
     out = decode(model, weights, loop, request, config, graph_and_state)
     return SamplerOutput.from_state(out, rows, request)

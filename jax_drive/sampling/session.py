@@ -85,12 +85,15 @@ class Session:
     """
 
     def __init__(self, engine, contexts: list[list[int]], groups: list[SessionGroup],
-                 weights: dict, decode_steps: int = 0):
+                 weights: dict, decode_steps: int = 0, position_shift: Sequence[int] | None = None):
         self._engine = engine
         self.contexts: list[list[int] | None] = contexts
         self._groups = groups
         self._weights = weights  # the caches hold keys / values of these weights
         self.last_decode_steps = decode_steps
+        # per row, RoPE position of context token i minus i: 0 for text; negative after an
+        # image (its t / h / w positions span fewer values than its tokens, M-RoPE)
+        self._position_shift = [0] * len(contexts) if position_shift is None else [int(x) for x in position_shift]
 
     @property
     def num_rows(self) -> int:
@@ -172,7 +175,7 @@ class Session:
         slot = np.zeros((batch,), np.int64)
         slot[:len(rows)] = group.slot[keep]
         position = np.zeros((batch,), np.int64)
-        position[:len(rows)] = [len(self.contexts[r]) - 1 for r in rows]
+        position[:len(rows)] = [len(self.contexts[r]) - 1 + self._position_shift[r] for r in rows]
         for r, extra in zip(rows, extras):
             self.contexts[r] = self.contexts[r] + extra
         start = slot + chunk_len

@@ -84,25 +84,29 @@ class AgentTrack:
 
 @dataclasses.dataclass
 class PolygonSpec:
-    """A drivable polygon: (V, 2) vertices (any orientation, made CCW) and its kind."""
+    """A drivable polygon: (V, 2) exterior vertices (any orientation, made CCW), its kind,
+    and optional holes ((H, 2) rings; see :func:`ring_layout` for how they are stored)."""
 
     vertices: np.ndarray
     kind: int = int(PolygonType.ROADBLOCK)
+    holes: Sequence[np.ndarray] = ()
 
 
 @dataclasses.dataclass
 class LaneSpec:
     """A lane (kind 0) or lane connector (kind 1).
 
-    vertices: (V, 2) polygon; centerline: (C, 2) in the driving direction;
-    red_light: bool or (51,) bool per observation step.
+    vertices: (V, 2) polygon; centerline: (C, 2) in the driving direction, or None when
+    unknown (then padded as invalid: NAVSIM's metric caches carry lane polygons only);
+    red_light: bool or (51,) bool per observation step; holes: optional (H, 2) rings.
     """
 
     vertices: np.ndarray
-    centerline: np.ndarray
+    centerline: np.ndarray | None
     kind: int = 0
     on_route: bool = False
     red_light: bool | np.ndarray = False
+    holes: Sequence[np.ndarray] = ()
 
 
 @dataclasses.dataclass
@@ -150,23 +154,74 @@ def signed_area(vertices: np.ndarray) -> float:
     return 0.5 * float(np.sum(x * np.roll(y, -1) - np.roll(x, -1) * y))
 
 
-def pad_polygon(vertices, max_vertices: int, name: str = "polygon") -> np.ndarray:
-    """Makes a (V, 2) ring counter-clockwise and pads it to (max_vertices, 2).
+# A ring's last vertex closes it when it lies within this distance of the first (an
+# absolute tolerance: np.allclose's relative one is ~50 m at UTM northings of 5e6 m).
+RING_CLOSURE_TOLERANCE = 1e-6
 
-    A closing vertex equal to the first is dropped; padding repeats the first vertex.
-    """
+
+def _ring(vertices, name: str) -> np.ndarray:
+    """(V, 2) float64 ring without a closing vertex; at least 3 vertices and a non-zero area."""
     v = _as_array(name, vertices, (2,))
     if v.ndim != 2 or len(v) < 3:
         raise ValueError(f"{name}: need at least 3 vertices of shape (V, 2), got {v.shape}")
-    if np.allclose(v[0], v[-1]):
+    if np.all(np.abs(v[0] - v[-1]) <= RING_CLOSURE_TOLERANCE):
         v = v[:-1]
-    if len(v) > max_vertices:
-        raise ValueError(f"{name}: {len(v)} vertices exceed the padded size {max_vertices}")
-    area = signed_area(v)
-    if abs(area) < 1e-9:
+    if len(v) < 3:
+        raise ValueError(f"{name}: need at least 3 distinct vertices, got {len(v)}")
+    if abs(signed_area(v)) < 1e-9:
         raise ValueError(f"{name}: degenerate polygon (zero area)")
-    if area < 0:
-        v = v[::-1]
+    return v
+
+
+def ring_layout(vertices, holes: Sequence = (), name: str = "polygon") -> np.ndarray:
+    """(K, 2) float64 vertex sequence of a polygon, as the scene model stores it.
+
+    The exterior comes first, counter-clockwise; then each hole as [exterior's first vertex,
+    the hole clockwise, the hole's first vertex]; padding (or the wrap to index 0) repeats
+    the exterior's first vertex. An even-odd test over consecutive vertices thus walks
+    every bridge between the exterior and a hole once each way, so bridges cancel and holes
+    are holes, without any extra field. K = V + sum(H_i + 2).
+    """
+    ext = _ring(vertices, name)
+    ext = ext if signed_area(ext) > 0 else ext[::-1]
+    parts = [ext]
+    for k, hole in enumerate(holes):
+        ring = _ring(hole, f"{name}.holes[{k}]")
+        ring = ring if signed_area(ring) < 0 else ring[::-1]
+        if np.any(np.all(ring == ext[0], axis=-1)):
+            raise ValueError(f"{name}.holes[{k}]: touches the exterior's first vertex; start the exterior elsewhere")
+        parts += [ext[:1], ring, ring[:1]]
+    return np.concatenate(parts)
+
+
+def polygon_rings(padded: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Inverse of :func:`ring_layout` on a padded (V, 2) array: (exterior, [holes])."""
+    v = np.asarray(padded)
+    first = v[0]
+    same = np.all(v == first, axis=-1)
+    end = int(np.argmax(same[1:])) + 1 if same[1:].any() else len(v)
+    exterior, holes, pos = v[:end], [], end
+    while pos + 1 < len(v) and same[pos] and not same[pos + 1]:
+        start = pos + 1
+        closing = np.flatnonzero(np.all(v[start + 1:] == v[start], axis=-1))
+        if not len(closing):
+            raise ValueError("polygon_rings: a hole is not closed")
+        stop = start + 1 + int(closing[0])
+        holes.append(v[start:stop])
+        pos = stop + 1
+    return exterior, holes
+
+
+def pad_polygon(vertices, max_vertices: int, name: str = "polygon", holes: Sequence = ()) -> np.ndarray:
+    """Makes a (V, 2) ring counter-clockwise and pads it (with its holes, see
+    :func:`ring_layout`) to (max_vertices, 2).
+
+    A closing vertex equal to the first is dropped; padding repeats the first vertex.
+    """
+    v = ring_layout(vertices, holes, name)
+    if len(v) > max_vertices:
+        extra = " (holes included)" if len(holes) else ""
+        raise ValueError(f"{name}: {len(v)} vertices{extra} exceed the padded size {max_vertices}")
     out = np.repeat(v[:1], max_vertices, axis=0)
     out[: len(v)] = v
     return out
@@ -306,7 +361,7 @@ def make_scene(
     dvalid = np.zeros(sizes.num_drivable, bool)
     dkind = np.zeros(sizes.num_drivable, np.int32)
     for i, p in enumerate(drivable):
-        dv[i] = pad_polygon(p.vertices, sizes.drivable_vertices, f"drivable[{i}]")
+        dv[i] = pad_polygon(p.vertices, sizes.drivable_vertices, f"drivable[{i}]", p.holes)
         dvalid[i], dkind[i] = True, int(p.kind)
     lv = np.zeros((sizes.num_lanes, sizes.lane_vertices, 2))
     lvalid = np.zeros(sizes.num_lanes, bool)
@@ -316,8 +371,9 @@ def make_scene(
     clvalid = np.zeros((sizes.num_lanes, sizes.centerline_points), bool)
     red = np.zeros((sizes.num_lanes, t_steps), bool)
     for i, lane in enumerate(lanes):
-        lv[i] = pad_polygon(lane.vertices, sizes.lane_vertices, f"lanes[{i}]")
-        cl[i], clvalid[i] = pad_polyline(lane.centerline, sizes.centerline_points, f"lanes[{i}].centerline")
+        lv[i] = pad_polygon(lane.vertices, sizes.lane_vertices, f"lanes[{i}]", lane.holes)
+        if lane.centerline is not None:
+            cl[i], clvalid[i] = pad_polyline(lane.centerline, sizes.centerline_points, f"lanes[{i}].centerline")
         lvalid[i], lkind[i], lroute[i] = True, int(lane.kind), bool(lane.on_route)
         red[i] = np.broadcast_to(np.asarray(lane.red_light, bool), (t_steps,))
     rp, rvalid = pad_polyline(route, sizes.route_points, "route")
@@ -473,6 +529,18 @@ def straight_road_scene(agents: Sequence[dict] = (), scene_id: int = 0, **road_k
     for a in agents:
         add_agent(spec, **a)
     return spec.build(scene_id=scene_id)
+
+
+def spec_sizes(spec: SceneSpec) -> SceneSizes:
+    """The smallest :class:`SceneSizes` that holds ``spec`` (each size at least 1; holes
+    and their bridges counted in the vertex sizes)."""
+    count = lambda polys, name: max([len(ring_layout(p.vertices, p.holes, f"{name}[{i}]"))  # noqa: E731
+                                     for i, p in enumerate(polys)], default=1)
+    centre = [len(lane.centerline) for lane in spec.lanes if lane.centerline is not None]
+    return SceneSizes(num_agents=max(len(spec.agents), 1), num_drivable=max(len(spec.drivable), 1),
+                      drivable_vertices=count(spec.drivable, "drivable"), num_lanes=max(len(spec.lanes), 1),
+                      lane_vertices=count(spec.lanes, "lanes"), centerline_points=max(centre, default=2),
+                      route_points=max(len(spec.route), 2))
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,12 +27,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import numpy as np
 
+from jax_drive.render.camera import CameraConfig, render_camera
 from jax_drive.text.codec import format_point
 from jax_drive.types import COMMAND_TEXT, NUM_HISTORY_STEPS, Command
 
 IMAGE_PLACEHOLDER = "<image>"
+PERCEPTIONS = ("camera", "image", "text", "none")
 # Indices into EgoState.history_poses (16 states, -1.5 .. 0 s) used by the prompt.
 HISTORY_INDICES = (0, 5, 10, 15)
 
@@ -64,22 +67,47 @@ SYSTEM_PROMPT = (
 class PromptConfig:
     """How the single-turn prompt is written.
 
-    perception: "camera" (item 1 names the front camera; MTDrive default), "text" (item 1
-      holds a caption of the scene, for policies without vision) or "none".
-    image_placeholder: start the prompt with ``<image>\\n`` (default True, as MTDrive).
+    perception: "camera" (item 1 names the front camera; MTDrive default, no image is
+      attached), "image" (the same prompt, and its ``<image>`` placeholder holds the scene's
+      front camera rendered by :func:`jax_drive.render.render_camera`: a vision-language
+      policy sees it), "text" (item 1 holds a caption of the scene, for policies without
+      vision) or "none".
+    image_placeholder: start the prompt with ``<image>\\n`` (default True, as MTDrive;
+      required by "image").
     system_prompt: prepend a system message describing the PDM score (default False).
+    camera: the rendered camera of perception "image" (None: ``CameraConfig()``, 448 x 252).
     """
 
     perception: str = "camera"
     image_placeholder: bool = True
     system_prompt: bool = False
+    camera: CameraConfig | None = None
 
     def __post_init__(self):
-        if self.perception not in ("camera", "text", "none"):
-            raise ValueError(f"perception must be camera, text or none, got {self.perception!r}")
+        if self.perception not in PERCEPTIONS:
+            raise ValueError(f"perception must be one of {PERCEPTIONS}, got {self.perception!r}")
+        if self.perception == "image" and not self.image_placeholder:
+            raise ValueError("perception='image' needs the <image> placeholder (image_placeholder=True)")
+
+    @property
+    def uses_images(self) -> bool:
+        """True when prompts carry rendered camera images (perception "image")."""
+        return self.perception == "image"
 
 
 TEXT_ONLY = PromptConfig(perception="text", image_placeholder=False)
+
+
+def prompt_images(scenes, config: PromptConfig) -> list[list[np.ndarray]] | None:
+    """Per scene the images its prompt holds, for a batched Scene with one leading dim S:
+    S lists of one uint8 (H, W, 3) front-camera image (``config.camera``) when
+    ``config.uses_images``, else None (the prompt is text only)."""
+    if not config.uses_images:
+        return None
+    frames = np.asarray(jax.device_get(render_camera(scenes, config.camera or CameraConfig())))
+    if frames.ndim != 4:
+        raise ValueError(f"scenes must have exactly one batch dim, got images {frames.shape}")
+    return [[frame] for frame in frames]
 
 
 def history_points(history_poses: Any) -> np.ndarray:
@@ -119,7 +147,7 @@ def planning_prompt(
       config: prompt options.
       scene_description: caption text, required when ``config.perception == "text"``.
     """
-    if config.perception == "camera":
+    if config.perception in ("camera", "image"):
         item1 = CAMERA_ITEM
     elif config.perception == "text":
         if scene_description is None:

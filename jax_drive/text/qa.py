@@ -296,7 +296,7 @@ _REQUIREMENTS = "Output Requirements:\nFormat: Yes or No\nMaintain numerical pre
 
 def _inputs(config: PromptConfig) -> tuple[str, str]:
     """(what the model is given, extra block) for the perception mode."""
-    if config.perception == "camera":
+    if config.perception in ("camera", "image"):
         return "a front-view image", ""
     if config.perception == "text":
         return "a scene description", ""
