@@ -14,30 +14,35 @@ the single-device result (scores: expected exactly 0; loss and parameters after 
 float32 summation order, ~1e-6).
 
 This is for hosts with several real accelerators (a multi-GPU host, a TPU slice). On a CPU,
-``--simulate N`` makes XLA pretend to have N devices: they share the same cores, so there
-is no speed-up to see (expect ratios <= 1, the cost of the partitioned program and its
-collectives); that run only shows the code paths work and agree with one device.
+``--simulate N`` makes XLA pretend to have N devices that share the host's cores: ratios there
+are not device scaling. They mix the cost of the partitioned program and its collectives
+(the trainer step got slower) with the use of cores that the one-device program left idle
+(each simulated device runs on its own thread, so the scorer got faster on 2 cores); that run
+shows the code paths work and agree with one device.
 
 Usage:
-  python experiments/bench_mesh.py --json OUT                    # the devices present
+  python experiments/bench_mesh.py --json OUT                        # the devices present
   python experiments/bench_mesh.py --simulate 8 --quick --json OUT   # CPU, 8 simulated devices
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from tqdm import tqdm
+
+from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
+                              script_environment, write_json)
 
 
-def _parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_output_args(p, json_required=True)
     p.add_argument("--simulate", type=int, default=0,
                    help="on a CPU: pretend to have this many devices (sets XLA_FLAGS before JAX starts)")
     p.add_argument("--devices", default=None, help="comma-separated device counts (default 1, 2, 4, .. all)")
@@ -48,47 +53,35 @@ def _parse_args(argv=None):
     p.add_argument("--model", default="tiny", help="'tiny' (random, byte vocab) or a load_pretrained name")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
-    p.add_argument("--json", default=None, help="write results here")
     args = p.parse_args(argv)
     if args.quick:
         args.scenes, args.proposals, args.rows, args.length, args.repeats = 16, 8, 8, 64, 2
+    require_min(1, scenes=args.scenes, proposals=args.proposals, rows=args.rows, length=args.length,
+                repeats=args.repeats)
+    require_min(0, simulate=args.simulate)
+    if args.devices is not None:
+        try:
+            args.devices = [int(c) for c in args.devices.split(",")]
+        except ValueError:
+            raise InputError(f"--devices wants comma-separated integers, got {args.devices!r}") from None
+        require_min(1, devices=args.devices)
     return args
 
 
-ARGS = _parse_args() if __name__ == "__main__" else None
-if ARGS is not None and ARGS.simulate:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_force_host_platform_device_count={ARGS.simulate}"
-                               " --xla_cpu_collective_call_terminate_timeout_seconds=600").strip()
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from jax_drive import parallel  # noqa: E402
-from jax_drive.parallel import MeshConfig  # noqa: E402
-from jax_drive.pdm import score_proposals  # noqa: E402
-from jax_drive.rl.batching import TokenRow, pad_rows  # noqa: E402
-from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model  # noqa: E402
-from jax_drive.rl.sft import sft_loss_fn  # noqa: E402
-from jax_drive.scenes import generate_scenes  # noqa: E402
-
-
-def device_counts(spec: str | None, available: int) -> list[int]:
-    """1, 2, 4, .. up to ``available`` (or the counts in ``spec``), each <= available."""
-    counts = [int(c) for c in spec.split(",")] if spec else [2 ** i for i in range(available.bit_length())
-                                                              if 2 ** i <= available]
-    bad = [c for c in counts if not 1 <= c <= available]
+def device_counts(asked: list[int] | None, available: int) -> list[int]:
+    """1, 2, 4, .. up to ``available`` (or the ``asked`` counts, each <= available)."""
+    counts = asked or [2 ** i for i in range(available.bit_length()) if 2 ** i <= available]
+    bad = [c for c in counts if c > available]
     if bad:
-        raise SystemExit(f"device counts {bad} not available ({available} devices; on a CPU use --simulate)")
+        raise InputError(f"device counts {bad} not available ({available} devices; on a CPU use --simulate)")
     return counts
 
 
 def proposals_for(scenes, count: int):
     """(S, count, 8, 3) constant-speed proposals (0.5x .. 1.5x the ego speed, lateral offsets
     -2 .. 2 m) and the (S, 40, 3) reference at the ego speed."""
+    import jax.numpy as jnp
+
     speed = jnp.linalg.norm(scenes.ego.velocity, axis=-1)[:, None, None]  # (S, 1, 1)
     frac = jnp.linspace(0.0, 1.0, count)[None, :, None]
     t8 = 0.5 * jnp.arange(1, 9)
@@ -103,6 +96,8 @@ def proposals_for(scenes, count: int):
 
 def timed(fn, repeats: int) -> tuple[float, object]:
     """(median seconds of ``repeats`` calls after one warm-up call, the warm-up's output)."""
+    import jax
+
     out = jax.block_until_ready(fn())
     times = []
     for _ in range(repeats):
@@ -113,6 +108,9 @@ def timed(fn, repeats: int) -> tuple[float, object]:
 
 
 def max_diff(a, b) -> float:
+    import jax
+    import numpy as np
+
     return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
                for x, y in zip(jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))))
 
@@ -129,6 +127,10 @@ def load_model(name: str):
 
 def train_batch(rows: int, length: int, vocab: int) -> dict:
     """B rows of ``length + 1`` random tokens, the second half carrying loss."""
+    import numpy as np
+
+    from jax_drive.rl.batching import TokenRow, pad_rows
+
     rng = np.random.default_rng(0)
     weight = np.zeros(length + 1, np.float32)
     weight[length // 2:] = 1.0
@@ -136,21 +138,36 @@ def train_batch(rows: int, length: int, vocab: int) -> dict:
     return pad_rows(token_rows, length, pad_id=0)
 
 
-def main(args) -> dict:
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.simulate:  # before JAX starts its backend
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + f" --xla_force_host_platform_device_count={args.simulate}"
+                                   " --xla_cpu_collective_call_terminate_timeout_seconds=600").strip()
+    script_environment(cpu=bool(args.simulate))
+    import jax  # heavy imports only after the arguments are checked
+
+    from jax_drive import parallel
+    from jax_drive.parallel import MeshConfig
+    from jax_drive.pdm import score_proposals
+    from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model
+    from jax_drive.rl.sft import sft_loss_fn
+    from jax_drive.scenes import generate_scenes
+
     counts = device_counts(args.devices, jax.device_count())
     if any(args.rows % c for c in counts):
-        raise SystemExit(f"--rows {args.rows} must be a multiple of every device count {counts}")
+        raise InputError(f"--rows {args.rows} must be a multiple of every device count {counts}")
+    meta = run_metadata(benchmark="bench_mesh", simulated_devices=args.simulate or None)
     scenes = generate_scenes(jax.random.key(7), args.scenes)
     proposals, reference = proposals_for(scenes, args.proposals)
     model = load_model(args.model)
-    vocab = int(model.config.vocab_size)
-    batch = train_batch(args.rows, args.length, vocab)
+    batch = train_batch(args.rows, args.length, int(model.config.vocab_size))
     optim = OptimConfig(learning_rate=1e-4, trainable="full")
     graphdef, params0, rest0 = split_model(model, optim.trainable)
     params0, rest0 = jax.device_get((params0, rest0))  # host copies: each run places its own
     tx = make_optimizer(optim)
 
-    def trainer(mesh_config: MeshConfig):
+    def trainer(mesh_config):
         mesh = parallel.make_mesh(mesh_config)
         step = make_train_step(graphdef, sft_loss_fn(256), tx, mesh)
         params, rest = (parallel.shard_params(t, mesh) if mesh is not None else jax.device_put(t)
@@ -161,10 +178,10 @@ def main(args) -> dict:
 
     records, base = [], {}
     jobs = [(k, part) for k in counts for part in ("scorer", "train_data", "train_fsdp")]
-    for k, part in tqdm(jobs, desc="bench_mesh"):
+    for k, part in tqdm(jobs, desc="bench_mesh", disable=args.no_progress):
         if part == "scorer":
             mesh = parallel.make_mesh(MeshConfig(data=k))
-            seconds, out = timed(lambda: score_proposals(scenes, proposals, reference, mesh=mesh).pdms, args.repeats)
+            seconds, out = timed(lambda: score_proposals(scenes, proposals, reference, mesh=mesh), args.repeats)
             rate, unit = args.scenes * args.proposals / seconds, "proposals_per_s"
         else:
             mesh_config = MeshConfig(data=k) if part == "train_data" else MeshConfig(fsdp=k)
@@ -179,24 +196,20 @@ def main(args) -> dict:
         if part != "scorer":
             record["loss_abs_diff_vs_1"] = max_diff(out[0], ref_out[0])
         records.append(record)
-        tqdm.write(json.dumps(record))
-    return {
-        "benchmark": "bench_mesh",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        tqdm.write(json.dumps(record), file=sys.stderr)
+    result = {
+        "meta": meta,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
-        "simulated_devices": args.simulate or None,
-        "note": ("simulated CPU devices share the same cores: no speed-up is expected; this run checks "
-                 "the sharded paths agree with one device") if args.simulate else "",
-        "host": platform.node(), "cpu_count": os.cpu_count(),
-        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "note": ("simulated CPU devices share the host's cores: the ratios are not device scaling; this run "
+                 "checks that the sharded paths agree with one device") if args.simulate else "",
+        "config": {k: v for k, v in vars(args).items() if k not in ("json", "no_progress")},
         "results": records,
     }
+    write_json(args.json, result)
+    print(json.dumps(records, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    result = main(ARGS)
-    if ARGS.json:
-        Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ARGS.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {ARGS.json}", file=sys.stderr)
+    sys.exit(run_main(main))

@@ -82,6 +82,7 @@ def test_cli_argparse_errors_exit_2(capsys):
 # script -> arguments that are bad before anything heavy is imported, and the message.
 SCRIPTS = {
     "bench_matmul": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    "bench_mesh": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "bench_models": (["--batch", "0"], "--batch must be >= 1, got 0"),
     "bench_sampler": (["--batches", "1", "9"], "at most 8 prompts"),
     "bench_sampler_features": (["--prompts", "9"], "--prompts: at most 8"),

@@ -59,7 +59,7 @@ def test_candidates_on_a_2x4_mesh_equal_one_device_exactly_without_communication
     _assert_same(sharded, plain)
 
     args = parallel.shard_batch((first, candidates), mesh)  # the program the call above ran
-    compiled = _score_candidates_jit.lower(*args, PDMConfig(), map_budget(first)).compile()
+    compiled = _score_candidates_jit.lower(*args, PDMConfig(), map_budget(first, candidates.shape[-3])).compile()
     found = parallel.collective_counts(compiled.as_text())
     assert sum(found.values()) == 0, found
     out = compiled(*args)
