@@ -165,19 +165,30 @@ def shard_batch(tree, mesh: Mesh | None):
     return jax.device_put(tree, batch_sharding(mesh))
 
 
+def on_rows(fn, mesh: Mesh):
+    """``fn`` run by every device on its own rows (``jax.shard_map`` over the batch axes).
+
+    ``fn`` must treat rows (the leading axis of every argument and output) independently: each
+    device then runs exactly the single-device program on its rows, with no cross-device
+    communication (XLA's automatic partitioning of the same program may add gathers)."""
+    spec = PartitionSpec(BATCH_AXES)
+    # check_vma off: ``fn`` is single-device code (scans with fresh carries), not written for
+    # manual axes; it holds no collectives, so there is nothing for the check to protect.
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+
+
 def call_on_rows(fn, batch: tuple, mesh: Mesh | None):
     """``fn(*batch)`` with the rows (leading axis) of every array in ``batch`` split over the mesh.
 
     The rows are padded to a multiple of :func:`batch_shards` (:func:`pad_batch`), placed with
-    :func:`shard_batch`, and the padding rows are dropped from every output leaf. ``fn`` must
-    treat rows independently (a vmapped program: the scorer, the simulator): the XLA program
-    it compiles then runs on each device's rows without communication. Without a mesh this is
-    ``fn(*batch)``.
+    :func:`shard_batch`, run by :func:`on_rows` (``fn`` must treat rows independently: the
+    scorer, the simulator), and the padding rows are dropped from every output leaf. Without a
+    mesh this is ``fn(*batch)``.
     """
     if mesh is None:
         return fn(*batch)
     padded, n = pad_batch(tuple(batch), batch_shards(mesh))
-    return take_rows(fn(*shard_batch(padded, mesh)), n)
+    return take_rows(on_rows(fn, mesh)(*shard_batch(padded, mesh)), n)
 
 
 def replicate(tree, mesh: Mesh | None):

@@ -178,7 +178,7 @@ def fit_profiles(poses: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex
     # between scoring 16 scenes at once or 8 at a time, hence between 1 and 8 devices); the
     # elementwise accumulation gives each row the same bits at any batch size.
     sol, _ = jax.lax.scan(lambda acc, col: (acc + col[0] * col[1][..., None], None),
-                          jnp.zeros(proj.shape[:-1] + (m,), proj.dtype), (k_v.T, jnp.moveaxis(proj, -1, 0)))
+                          jnp.zeros_like(proj), (k_v.T, jnp.moveaxis(proj, -1, 0)))  # k_v is (M, M)
     velocity = _profile(sol[..., 0], sol[..., 1:], dt)  # (..., M)
 
     # Curvature. NAVSIM solves for x = [k0, kr_1 .. kr_{M-1}] with

@@ -49,8 +49,8 @@ def test_proposals_on_8_devices_equal_one_device_exactly(scenes):
 
 
 def test_candidates_on_a_2x4_mesh_equal_one_device_exactly_without_communication(scenes):
-    """Data parallelism, not a replicated program: XLA partitions the scorer without any
-    all-gather / all-reduce / permutation between devices."""
+    """Data parallelism, not a replicated program: every device runs the scorer on its own
+    scenes (``parallel.on_rows``) without any all-gather / all-reduce / permutation."""
     mesh = parallel.make_mesh(parallel.MeshConfig(data=2, fsdp=4))
     first = index_scene(scenes, np.arange(8))
     candidates = _trajectories(first, 40, 0.1)
@@ -59,7 +59,9 @@ def test_candidates_on_a_2x4_mesh_equal_one_device_exactly_without_communication
     _assert_same(sharded, plain)
 
     args = parallel.shard_batch((first, candidates), mesh)  # the program the call above ran
-    compiled = _score_candidates_jit.lower(*args, PDMConfig(), map_budget(first, candidates.shape[-3])).compile()
+    budget = map_budget(first, candidates.shape[-3])
+    program = parallel.on_rows(lambda s, c: _score_candidates_jit(s, c, PDMConfig(), budget), mesh)
+    compiled = program.lower(*args).compile()
     found = parallel.collective_counts(compiled.as_text())
     assert sum(found.values()) == 0, found
     out = compiled(*args)
