@@ -3,6 +3,7 @@
 import os
 import tempfile
 import uuid
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -30,3 +31,15 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 # Real servers (llama.cpp's OpenAI-compatible server) as session fixtures: see servers.py.
 from servers import llama_cpp_server  # noqa: E402,F401
+
+
+MULTIDEVICE = Path(__file__).parent / "multidevice"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/multidevice needs its own process (8 simulated devices, set before JAX starts):
+    it is collected only when named on the command line (``pytest tests/multidevice``)."""
+    if collection_path != MULTIDEVICE:
+        return None
+    named = any(Path(arg.split("::")[0]).resolve().is_relative_to(MULTIDEVICE) for arg in config.args)
+    return None if named else True

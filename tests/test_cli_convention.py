@@ -87,6 +87,7 @@ SCRIPTS = {
     "bench_matmul": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "bench_negotiation": (["--groups", "0"], "--groups must be >= 1, got 0"),
     "interdrive": (["--engine", "openai"], "--engine openai needs --url"),
+    "bench_mesh": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "bench_models": (["--batch", "0"], "--batch must be >= 1, got 0"),
     "bench_sampler": (["--batches", "1", "9"], "at most 8 prompts"),
     "bench_sampler_features": (["--prompts", "9"], "--prompts: at most 8"),

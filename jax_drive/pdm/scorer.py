@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.parallel import MeshConfig, call_on_rows, make_mesh
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.interpolate import interpolate_poses, unwrap_angles
 from jax_drive.pdm.metrics import (
@@ -369,7 +370,8 @@ def _check_scene(scene) -> tuple[int, ...]:
     return shape
 
 
-def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMConfig()) -> PDMResult:
+def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMConfig(), *,
+                    mesh: MeshConfig | None = None) -> PDMResult:
     """Scores proposals against the PDM-Closed reference, one (reference, proposal) pair each.
 
     Args:
@@ -377,6 +379,8 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
       proposals: (..., P, 8, 3) poses at 0.5 .. 4.0 s in the t0 rear-axle frame.
       reference: (..., 40, 3) PDM-Closed poses at 0.1 .. 4.0 s.
       config: PDMConfig (static).
+      mesh: a ``jax_drive.parallel`` MeshConfig or Mesh: the scenes (first batch dim, at
+        least one needed) are split over its devices, each scoring its own (default: one device).
     Returns: PDMResult with fields (..., P). A proposal's scores do not depend on the other
       proposals in the batch.
     Raises: TypeError / ValueError on a wrong scene type, wrong shapes, or (with
@@ -386,21 +390,34 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
     proposals = _check("proposals", proposals, shape, (None, NUM_OUTPUT_POSES, 3), config.check_finite)
     reference = _check("reference", reference, shape, (NUM_SCORE_STEPS - 1, 3), config.check_finite)
     # check_finite only acts here: normalise it so both settings share one compilation.
-    return _score_proposals_jit(scene, proposals, reference, dataclasses.replace(config, check_finite=True),
-                                map_budget(scene, num_trajectories=proposals.shape[-3] + 1))
+    config, budget = (dataclasses.replace(config, check_finite=True),
+                      map_budget(scene, num_trajectories=proposals.shape[-3] + 1))
+    return call_on_rows(lambda s, p, r: _score_proposals_jit(s, p, r, config, budget),
+                        (scene, proposals, reference), _scene_mesh(mesh, shape))
 
 
 def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig(), *,
-                     budget: MapBudget | None = None) -> PDMResult:
+                     budget: MapBudget | None = None, mesh: MeshConfig | None = None) -> PDMResult:
     """Scores a candidate set with EP normalised against the best candidate (PDM-Closed).
 
     Args: scene (...), candidates (..., P, 40, 3) poses at 0.1 .. 4.0 s; budget: a
       :class:`MapBudget` from ``map_budget(scene)`` taken outside a caller's jit (by default
-      it is read off the scene here, which is only possible when the scene is concrete).
+      it is read off the scene here, which is only possible when the scene is concrete);
+      mesh: as in :func:`score_proposals`.
     Returns: PDMResult (..., P).
     """
     shape = _check_scene(scene)
     candidates = _check("candidates", candidates, shape, (None, NUM_SCORE_STEPS - 1, 3),
                         config.check_finite)
-    return _score_candidates_jit(scene, candidates, dataclasses.replace(config, check_finite=True),
-                                 budget if budget is not None else map_budget(scene, candidates.shape[-3]))
+    config = dataclasses.replace(config, check_finite=True)
+    budget = budget if budget is not None else map_budget(scene, candidates.shape[-3])
+    return call_on_rows(lambda s, c: _score_candidates_jit(s, c, config, budget), (scene, candidates),
+                        _scene_mesh(mesh, shape))
+
+
+def _scene_mesh(mesh, shape: tuple[int, ...]):
+    """The Mesh of a scoring call (None: one device); scenes need a batch dim to be split."""
+    mesh = make_mesh(mesh)
+    if mesh is not None and not shape:
+        raise ValueError("a mesh splits the scene batch: pass scenes with at least one batch dim")
+    return mesh

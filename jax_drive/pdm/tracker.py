@@ -173,7 +173,12 @@ def fit_profiles(poses: chex.Array, config: PDMConfig) -> tuple[chex.Array, chex
     heading = poses[..., :-1, 2]
     proj = jnp.cos(heading) * disp[..., 0] + jnp.sin(heading) * disp[..., 1]
     k_v = jnp.asarray(velocity_fit_matrix(m, dt, config.jerk_penalty, config.jerk_matrix), jnp.float32)
-    sol = jnp.einsum("ij,...j->...i", k_v, proj)
+    # k_v @ proj accumulated column by column in a fixed order, not a dot or a sum: XLA:CPU
+    # vectorises those reductions differently for different batch sizes (1-ulp changes
+    # between scoring 16 scenes at once or 8 at a time, hence between 1 and 8 devices); the
+    # elementwise accumulation gives each row the same bits at any batch size.
+    sol, _ = jax.lax.scan(lambda acc, col: (acc + col[0] * col[1][..., None], None),
+                          jnp.zeros_like(proj), (k_v.T, jnp.moveaxis(proj, -1, 0)))  # k_v is (M, M)
     velocity = _profile(sol[..., 0], sol[..., 1:], dt)  # (..., M)
 
     # Curvature. NAVSIM solves for x = [k0, kr_1 .. kr_{M-1}] with

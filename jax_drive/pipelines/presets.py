@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax_drive.parallel import MeshConfig
 from jax_drive.render.camera import CameraConfig
 from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.grpo import GRPOConfig
@@ -29,6 +30,8 @@ NO_PERCEPTION = PromptConfig(perception="none", image_placeholder=False)
 # 5 m behind the ego (what is behind cannot make the ego at fault), 2 route stations (0, 30 m).
 # The planning prompt is then ~550 SmolLM2 tokens instead of ~800 (default caption).
 COMPACT_CAPTION = CaptionConfig(max_agents=3, radius=40.0, min_x=-5.0, num_stations=2, station_spacing=30.0)
+# The paper preset trains data-parallel on every device present (a 1 x 1 mesh on one device).
+ALL_DEVICES = MeshConfig(data=-1)
 # MTDrive's camera prompt with a real image: a small front camera (112 x 56, 4 x 8 patches,
 # 8 image tokens) for the tiny vision-language smoke model.
 SMOKE_IMAGE_PROMPT = PromptConfig(perception="image", camera=CameraConfig(width=112, height=56))
@@ -177,9 +180,9 @@ def _presets() -> dict[str, Preset]:
             name="paper", model="Qwen2.5-VL-3B-Instruct", lora_rank=0, train_scenes=100_000, eval_scenes=12_146,
             eval_seeds=(0,), sft_single=100_000, sft_multi=100_000, sft_qa_scenes=10_000,
             sft=SFTConfig(optim=OptimConfig(learning_rate=4e-5, trainable="full"), batch_size=128, epochs=4,
-                          checkpoint_every=500),
+                          checkpoint_every=500, mesh=ALL_DEVICES),
             rl=GRPOConfig(rollout=_rollout(8, 6, 256, 1.0), prompts_per_step=32, minibatch_size=128, steps=300,
-                          optim=OptimConfig(learning_rate=1e-6, trainable="full")),
+                          optim=OptimConfig(learning_rate=1e-6, trainable="full"), mesh=ALL_DEVICES),
             max_new_tokens=256, eval_turns=6,
         ),
     }

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, shard_batch, shard_model, shard_params
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
 from jax_drive.rl.batching import TokenRow, add_images, batch_token_logprobs, bucket_length, pad_rows
 from jax_drive.rl.checkpoint import Checkpointer, RunState
@@ -95,6 +96,10 @@ class GRPOConfig:
         model and its keys / values reused by the group's G rows; default False. Either
         option gives the log-probs of the default path up to float rounding (text prompts
         only: with images in the prompts, either option is an error).
+      mesh: devices of the trainer (default one): update rows split over ``data * fsdp``,
+        parameters and optimiser state split along ``fsdp`` (``jax_drive.parallel``); the
+        default engine then splits its sampling rows the same way. ``minibatch_size`` must
+        be a multiple of ``data * fsdp``.
     """
 
     rollout: RolloutConfig = RolloutConfig()
@@ -114,6 +119,7 @@ class GRPOConfig:
     log_every: int = 1
     stream_logprobs: bool = False
     share_prompt_prefix: bool = False
+    mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self):
         if min(self.prompts_per_step, self.minibatch_size, self.ppo_epochs, self.bucket_size) < 1:
@@ -130,6 +136,10 @@ class GRPOConfig:
         if (self.stream_logprobs or self.share_prompt_prefix) and self.rollout.prompt.uses_images:
             raise ValueError("stream_logprobs / share_prompt_prefix score text rows only; prompts with images "
                              "(PromptConfig perception='image') need the plain log-prob pass")
+        if (self.stream_logprobs or self.share_prompt_prefix) and not self.mesh.single_device:
+            # the streamed log-probs are computed unsharded; not combined with a mesh (untested)
+            raise ValueError("stream_logprobs / share_prompt_prefix run on one device; use the default "
+                             "log-prob pass with a mesh")
 
     @property
     def logprob_temperature(self) -> float:
@@ -190,10 +200,11 @@ def _logp_fn(chunk_size: int, temperature: float):
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimConfig, temperature: float):
-    """(train step, log-prob fn) per model structure and settings (reused across runs)."""
-    step = make_train_step(graphdef, _loss_fn(loss_config, chunk_size, temperature), make_optimizer(optim))
-    logp = make_eval_fn(graphdef, _logp_fn(chunk_size, temperature))
+def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimConfig, temperature: float,
+              mesh=None):
+    """(train step, log-prob fn) per model structure, settings and mesh (reused across runs)."""
+    step = make_train_step(graphdef, _loss_fn(loss_config, chunk_size, temperature), make_optimizer(optim), mesh)
+    logp = make_eval_fn(graphdef, _logp_fn(chunk_size, temperature), mesh)
     return step, logp
 
 
@@ -232,9 +243,10 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
       (params, opt_state, metrics) with metrics averaged over the mini-batch steps, plus
       ``logp_mismatch`` (mean |sampler - trainer| log-prob on generated tokens).
     """
+    mesh = make_mesh(config.mesh)
     step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim,
-                                 config.logprob_temperature)
-    batch = jax.tree.map(jnp.asarray, batch)
+                                 config.logprob_temperature, mesh)
+    batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
     rows = batch["input_ids"].shape[0]
     mbs = min(config.minibatch_size, rows)
     mask = batch["loss_mask"]
@@ -352,7 +364,7 @@ def grpo_train(
     Returns:
       TrainResult with one record per step (rollout summary + update metrics).
     """
-    from jax_drive.sampling import JaxEngine
+    from jax_drive.sampling import JaxEngine, SamplerConfig
 
     n = int(scenes.command.shape[0])
     if references is None:
@@ -363,13 +375,19 @@ def grpo_train(
     prompts = list(scene_prompts(scenes, config.rollout.prompt, config.rollout.caption) if prompts is None else prompts)
     if len(prompts) != n:
         raise ValueError(f"{len(prompts)} prompts for {n} scenes")
-    engine = JaxEngine(model, tokenizer) if engine is None else engine
+    mesh = make_mesh(config.mesh)
+    shards = batch_shards(mesh)
+    if config.minibatch_size % shards:
+        raise ValueError(f"minibatch_size {config.minibatch_size} is not a multiple of the {shards} devices "
+                         "that share each mini-batch")
+    engine = JaxEngine(model, tokenizer, SamplerConfig(mesh=config.mesh)) if engine is None else engine
     pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
 
+    shard_model(model, mesh)  # the live model (the sampler's) holds the sharded arrays
     graphdef, params, rest = split_model(model, config.optim.trainable)
     ref_params = copy_tree(params) if config.loss.uses_reference else None
     tx = make_optimizer(config.optim)
-    state = RunState(params=params, opt_state=tx.init(params), rng=jax.random.key(config.seed))
+    state = RunState(params=params, opt_state=shard_params(tx.init(params), mesh), rng=jax.random.key(config.seed))
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), name="grpo") if out_dir is not None else None
     if resume:
         if ckpt is None:
@@ -399,7 +417,7 @@ def grpo_train(
                 train_result, train_adv = select_scenes(result, keep), train_adv[keep]
             kept = train_adv.shape[0]
             if kept:
-                multiple = min(rows_multiple, kept * config.rollout.group_size)
+                multiple = int(np.lcm(min(rows_multiple, kept * config.rollout.group_size), shards))
                 batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
                                           model=model)
                 precomputed = None

@@ -9,6 +9,11 @@ sampler holds).
 
 The update is ``clip_by_global_norm(max_grad_norm)`` followed by AdamW with a constant
 learning rate (MTDrive: 1e-6 for RL, 4e-5 for SFT).
+
+With a device mesh (``jax_drive.parallel``), the step is data-parallel over the batch rows and
+FSDP over the parameters: ``params``, ``rest``, the optimiser state and the gradients are
+constrained to their FSDP split (by shape) and the batch to its row split, and XLA inserts
+the weight gathers and gradient reduce-scatters.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import optax
 from flax import nnx
 
 from jax_drive.models import LoRAParam
+from jax_drive.parallel import constrain_batch, constrain_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,20 +94,27 @@ def copy_tree(tree):
 LossFn = Callable[[nnx.Module, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
-def make_train_step(graphdef, loss_fn: LossFn, tx: optax.GradientTransformation):
+def make_train_step(graphdef, loss_fn: LossFn, tx: optax.GradientTransformation, mesh=None):
     """A jitted ``step(params, rest, opt_state, batch) -> (params, opt_state, loss, metrics)``.
 
     ``loss_fn(model, batch) -> (scalar loss, metrics dict)`` sees the merged model; gradients
-    flow only into ``params``. metrics gain ``grad_norm`` (before clipping).
+    flow only into ``params``. metrics gain ``grad_norm`` (before clipping). ``mesh``: a
+    ``jax_drive.parallel`` mesh (None = one device); the batch's row count must then be a
+    multiple of ``parallel.batch_shards(mesh)``.
     """
 
     def step(params, rest, opt_state, batch):
+        params, rest, opt_state = constrain_params((params, rest, opt_state), mesh)
+        batch = constrain_batch(batch, mesh)
+
         def f(p):
             return loss_fn(nnx.merge(graphdef, p, rest), batch)
 
         (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
+        grads = constrain_params(grads, mesh)  # reduce-scatter, not all-reduce
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
+        params, opt_state = constrain_params((params, opt_state), mesh)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         return params, opt_state, loss, metrics
 
@@ -109,11 +122,13 @@ def make_train_step(graphdef, loss_fn: LossFn, tx: optax.GradientTransformation)
     return jax.jit(step)
 
 
-def make_eval_fn(graphdef, fn: Callable[[nnx.Module, Any], Any]):
-    """A jitted ``f(params, rest, batch) = fn(merged model, batch)`` (no gradient)."""
+def make_eval_fn(graphdef, fn: Callable[[nnx.Module, Any], Any], mesh=None):
+    """A jitted ``f(params, rest, batch) = fn(merged model, batch)`` (no gradient); ``mesh``
+    as in :func:`make_train_step`."""
 
     def run(params, rest, batch):
-        return fn(nnx.merge(graphdef, params, rest), batch)
+        params, rest = constrain_params((params, rest), mesh)
+        return fn(nnx.merge(graphdef, params, rest), constrain_batch(batch, mesh))
 
     return jax.jit(run)
 

@@ -9,7 +9,8 @@ padded to a multiple of ``bucket_size`` (few distinct shapes -> few compiles), a
 (token mean over the assistant tokens of the batch) with the shared optimiser plumbing
 (AdamW, constant lr, global-norm clip; LoRA or full fine-tuning). Log-probs come from
 ``model.token_logprobs`` (vocab-chunked, no (B, L, V) float32 tensor). The run is
-checkpointed with orbax and resumes exactly (``resume=True``).
+checkpointed with orbax and resumes exactly (``resume=True``). ``SFTConfig.mesh`` runs the
+step data-parallel and FSDP-sharded on a device mesh (``jax_drive.parallel``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from jax_drive.rl.batching import (
 from jax_drive.rl.checkpoint import Checkpointer, RunState
 from jax_drive.rl.faults import pause_point
 from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
+from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, round_up, shard_batch, shard_model, shard_params
 from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model, write_back
 
 
@@ -57,6 +59,9 @@ class SFTConfig:
       chunk_size: token chunk of ``token_logprobs``.
       checkpoint_every: steps between checkpoints (None = only at the end; needs out_dir).
       log_every: steps between metric records.
+      mesh: devices of the step (default one): rows split over ``data * fsdp``, parameters
+        and optimiser state split along ``fsdp``. A batch that does not divide is padded with
+        empty rows (no loss tokens, so the loss is unchanged).
     """
 
     optim: OptimConfig = OptimConfig(learning_rate=4e-5)
@@ -70,6 +75,7 @@ class SFTConfig:
     chunk_size: int = 256
     checkpoint_every: int | None = None
     log_every: int = 1
+    mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self):
         if self.batch_size < 1 or self.epochs < 1 or self.bucket_size < 1 or self.max_length < 2:
@@ -101,10 +107,10 @@ def sft_loss_fn(chunk_size: int = 256):
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_step(graphdef, chunk_size: int, optim: OptimConfig):
-    """One jitted SFT step per (model structure, chunk size, optimiser): repeated runs in a
-    process (resume, sweeps) reuse the compiled step."""
-    return make_train_step(graphdef, sft_loss_fn(chunk_size), make_optimizer(optim))
+def _cached_step(graphdef, chunk_size: int, optim: OptimConfig, mesh=None):
+    """One jitted SFT step per (model structure, chunk size, optimiser, mesh): repeated runs in
+    a process (resume, sweeps) reuse the compiled step."""
+    return make_train_step(graphdef, sft_loss_fn(chunk_size), make_optimizer(optim), mesh)
 
 
 def tokenize_dataset(dataset: Any, tokenizer, max_length: int, train_on: str = "all") -> list[TokenRow]:
@@ -145,16 +151,18 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     per_epoch = -(-len(rows) // config.batch_size)
     total = config.max_steps if config.max_steps is not None else config.epochs * per_epoch
 
+    mesh = make_mesh(config.mesh)
+    shard_model(model, mesh)  # the live model holds the sharded arrays (no full copy stays)
     graphdef, params, rest = split_model(model, config.optim.trainable)
     tx = make_optimizer(config.optim)
-    state = RunState(params=params, opt_state=tx.init(params), rng=jax.random.key(config.seed))
+    state = RunState(params=params, opt_state=shard_params(tx.init(params), mesh), rng=jax.random.key(config.seed))
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), name="sft") if out_dir is not None else None
     if resume:
         if ckpt is None:
             raise ValueError("resume needs out_dir")
         if ckpt.latest_step() is not None:
             state, _ = ckpt.restore(state)
-    step_fn = _cached_step(graphdef, config.chunk_size, config.optim)
+    step_fn = _cached_step(graphdef, config.chunk_size, config.optim, mesh)
     stream = iterate_epochs(len(rows), [len(r) for r in rows], config.batch_size, config.seed)
     for _ in range(state.data_position):
         next(stream)
@@ -166,8 +174,9 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
             epoch, index = next(stream)
             chosen = [rows[i] for i in index]
             length = bucket_length(max(len(r) for r in chosen) - 1, config.bucket_size, config.max_length)
-            batch = add_images(pad_rows(chosen, length, pad_id, num_rows=config.batch_size), chosen, model)
-            batch = jax.tree.map(jnp.asarray, batch)
+            num_rows = round_up(config.batch_size, batch_shards(mesh))
+            batch = add_images(pad_rows(chosen, length, pad_id, num_rows=num_rows), chosen, model)
+            batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
             start = time.perf_counter()
             params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
             loss = float(loss)  # blocks

@@ -42,6 +42,11 @@ distribution the token was drawn from (0 under greedy decoding).
 
 Multi-turn continuation of the rows of a call (their caches kept on the device) is
 ``jax_drive.sampling.session``.
+
+Several devices (``SamplerConfig.mesh``): the rows of a call are split over the mesh's batch
+axes (``jax_drive.parallel``), the weights are copied to every device, and the jitted programs
+keep that split (XLA partitions them; the loop's "every row done" test becomes a cross-device
+reduction). The batch is padded with dummy rows to a multiple of the device count.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, replicate, round_up, shard_batch
 from jax_drive.models.transformer import (
     LayerCache,
     forward_hidden,
@@ -90,6 +96,7 @@ class SamplerConfig:
         layers) in the loop. Models without ``arrays()`` always use the latter. Default True.
       share_prefix: prefill each distinct prompt of a call once and copy its cache rows to
         the rows that repeat it (default True; outputs equal the unshared path's).
+      mesh: devices the rows of a call are split over (default one; see the module docstring).
     """
 
     prompt_buckets: tuple[int, ...] | None = None
@@ -100,6 +107,7 @@ class SamplerConfig:
     max_stop_ids: int = 4
     unroll_layers: bool = True
     share_prefix: bool = True
+    mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self) -> None:
         for name in ("prompt_buckets", "gen_buckets"):
@@ -113,8 +121,9 @@ class SamplerConfig:
             raise ValueError("minimum bucket sizes must be >= 1")
 
     def batch_size(self, rows: int) -> int:
-        """Rows of the compiled batch for ``rows`` real rows."""
-        return next_power_of_two(rows) if self.bucket_batch else rows
+        """Rows of the compiled batch for ``rows`` real rows (a multiple of the mesh's devices)."""
+        return round_up(next_power_of_two(rows) if self.bucket_batch else rows,
+                        batch_shards(make_mesh(self.mesh)))
 
 
 def next_power_of_two(n: int) -> int:
@@ -582,10 +591,11 @@ def decode(model, weights: dict | None, loop: DecodeState, request: Request,
     caller's) on the unrolled ``weights`` (or through ``model.__call__`` when None)."""
     settings, mode = request.settings(config), request.mode()
     loop = loop.replace(key=jnp.array(loop.key, copy=True))
+    mesh = make_mesh(config.mesh)
     if weights is not None:
-        return _decode_unrolled(model.config, weights, loop, settings, mode=mode)
+        return _decode_unrolled(model.config, replicate(weights, mesh), loop, settings, mode=mode)
     graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
-    return _decode_generic(graphdef, state, loop, settings, mode=mode)
+    return _decode_generic(graphdef, replicate(state, mesh), loop, settings, mode=mode)
 
 
 def compiled_program_counts() -> dict[str, int]:
@@ -685,8 +695,11 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
         history, history_len = (jnp.asarray(x) for x in right_pad(
             prompts, plen + nbucket + k + 1, batch, request.pad_id))
     graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
-    loop = _prefill(graphdef, state, jnp.asarray(ids), jnp.asarray(mask),
-                    None if source is None else jnp.asarray(source), jnp.asarray(row_valid), key,
+    mesh = make_mesh(config.mesh)  # rows split over the devices, weights on every one
+    ids, mask, source, row_valid, history, history_len = (
+        None if x is None else shard_batch(x, mesh) if mesh is not None else jnp.asarray(x)
+        for x in (ids, mask, source, row_valid, history, history_len))
+    loop = _prefill(graphdef, replicate(state, mesh), ids, mask, source, row_valid, replicate(key, mesh),
                     history, history_len, slots=plen + nbucket + k, width=nbucket + (k + 1 if k else 0),
                     per_layer=weights is not None, positions=positions, vision=vision)
     return loop, rows, plen
