@@ -50,8 +50,10 @@ demo-score: $(STAMP)
 	JAX_PLATFORMS=cpu $(VENV)/bin/jax-drive score --planner constant_velocity --scenes 256 --json runs/demo_score_cv.json
 	JAX_PLATFORMS=cpu $(VENV)/bin/jax-drive score --planner pdm_closed --scenes 256 --json runs/demo_score_pdm_closed.json
 
+# tests/multidevice needs its own process (8 simulated devices, set before JAX starts).
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider tests/multidevice
 
 clean:
 	rm -rf $(VENV) runs
