@@ -304,6 +304,41 @@ def test_cached_generation_equals_uncached_argmax_and_transformers(tiny):
         generate_tokens(model, prompts, jax.random.key(0), max_new_tokens=2, images=images[:2])
 
 
+def test_sampler_never_emits_image_or_video_pads(tiny):
+    """A head pushed towards the placeholder ids: the raw argmax is the image pad, yet neither
+    greedy nor sampled decoding (with or without prompt lookup) emits a placeholder."""
+    from jax_drive.sampling.speculative import PromptLookup
+
+    _, model, config, _ = tiny
+    biased = nnx.clone(model)  # the module fixture's model stays as it is
+    placeholders = config.placeholder_token_ids
+    assert placeholders == (IMAGE, 151)
+    ids, mask = _mixed_batch()
+    images = _images_per_row(_pixels(GRIDS, seed=2))
+    prompts = [ids[b][mask[b]].tolist() for b in range(3)]
+    pos, vision, _ = biased.multimodal_inputs(ids, mask, images)
+
+    def last_logits():
+        logits, _ = biased(jnp.asarray(ids, jnp.int32), pos, jnp.asarray(mask), vision=vision)
+        return np.asarray(logits[:, -1])
+
+    # the placeholders' output rows become scaled copies of row 0's winner: its score doubles
+    winner = int(np.argmax(last_logits()[0]))
+    assert last_logits()[0, winner] > 0
+    tied = biased.lm_head is None
+    head = biased.embed if tied else biased.lm_head
+    w = head[...]
+    row = w[winner] if tied else w[:, winner]
+    for pad, scale in zip(placeholders, (3.0, 2.0)):
+        w = w.at[pad].set(scale * row) if tied else w.at[:, pad].set(scale * row)
+    head[...] = w
+    assert int(np.argmax(last_logits()[0])) == IMAGE  # unmasked, the image pad would come next
+    for temperature, lookup in ((0.0, None), (1.0, None), (0.0, PromptLookup())):
+        out = generate_tokens(biased, prompts, jax.random.key(3), max_new_tokens=8, temperature=temperature,
+                              images=images, prompt_lookup=lookup)
+        assert not np.isin(np.asarray(out.tokens), placeholders).any(), (temperature, lookup)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 def _rename_to_transformers5(src, dst):
     from safetensors.numpy import load_file, save_file

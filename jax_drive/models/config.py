@@ -100,6 +100,12 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ helpers
     @property
+    def placeholder_token_ids(self) -> tuple[int, ...]:
+        """Ids that stand for inputs other than text (a VLM's image / video pads): the sampler
+        never emits them. None for a text model."""
+        return ()
+
+    @property
     def jnp_dtype(self):
         """The jnp dtype of parameters and activations."""
         return jnp.bfloat16 if self.dtype == "bfloat16" else jnp.float32

@@ -237,9 +237,13 @@ class Request:
                           processed_logprobs=self.logprobs_mode == "processed",
                           lookup=self.prompt_lookup)
 
-    def settings(self, config: SamplerConfig) -> "DecodeSettings":
+    def settings(self, config: SamplerConfig, never_ids: Sequence[int] = ()) -> "DecodeSettings":
+        """Traced settings; ``never_ids`` (the model's input placeholders, e.g. a VLM's image
+        pad id) get zero probability, and so are never sampled nor accepted as drafts."""
         stop = list(self.stop_token_ids)
         kpad = max(config.max_stop_ids, next_power_of_two(max(1, len(stop))))
+        never = [int(i) for i in never_ids]
+        mpad = next_power_of_two(max(1, len(never)))
         return DecodeSettings(
             max_new_tokens=jnp.int32(self.max_new_tokens),
             min_new_tokens=jnp.int32(self.min_new_tokens),
@@ -247,6 +251,7 @@ class Request:
             top_k=jnp.int32(self.top_k),
             top_p=jnp.float32(self.top_p),
             stop_ids=jnp.asarray(stop + [-1] * (kpad - len(stop)), jnp.int32),
+            never_ids=jnp.asarray(never + [-1] * (mpad - len(never)), jnp.int32),
             pad_id=jnp.int32(self.pad_id),
         )
 
@@ -339,8 +344,8 @@ class DecodeWeightCache:
 @chex.dataclass
 class DecodeSettings:
     """Traced sampling settings (changing them never recompiles): max_new_tokens,
-    min_new_tokens, top_k, pad_id () int32; temperature, top_p () float32; stop_ids (K,) int32
-    padded with -1."""
+    min_new_tokens, top_k, pad_id () int32; temperature, top_p () float32; stop_ids (K,) and
+    never_ids (M,) int32 padded with -1 (never_ids: ids that are never sampled)."""
 
     max_new_tokens: jax.Array
     min_new_tokens: jax.Array
@@ -348,6 +353,7 @@ class DecodeSettings:
     top_k: jax.Array
     top_p: jax.Array
     stop_ids: jax.Array
+    never_ids: jax.Array
     pad_id: jax.Array
 
 
@@ -445,21 +451,22 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
                             history, history_len)
 
 
-def _stop_table(settings: DecodeSettings, vocab: int) -> jax.Array:
-    """(V,) bool: the vocabulary's stop tokens."""
-    stop = settings.stop_ids
-    return jnp.zeros((vocab,), bool).at[jnp.where(stop >= 0, stop, vocab)].set(True, mode="drop")
+def _id_table(ids: jax.Array, vocab: int) -> jax.Array:
+    """(V,) bool: True at the (-1 padded) ``ids``."""
+    return jnp.zeros((vocab,), bool).at[jnp.where(ids >= 0, ids, vocab)].set(True, mode="drop")
 
 
 def _plain_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
     """Loop body generating one token per row."""
-    is_stop_vocab = _stop_table(settings, vocab)
+    is_stop_vocab = _id_table(settings.stop_ids, vocab)
+    is_never_vocab = _id_table(settings.never_ids, vocab)
 
     def body(s: DecodeState) -> DecodeState:
         logits, cache = step_fn(s.cache, s.token[:, None], s.position[:, None], s.index)
         logits = logits[:, 0].astype(jnp.float32)  # (B, V)
         key, sub = split_keys(s.key)
-        masked = jnp.where((s.step < settings.min_new_tokens) & is_stop_vocab[None, :], NEG_INF, logits)
+        masked = jnp.where(((s.step < settings.min_new_tokens) & is_stop_vocab[None, :]) | is_never_vocab[None, :],
+                           NEG_INF, logits)
         token, processed = select_tokens(masked, sub, settings.temperature, settings.top_k,
                                          settings.top_p, greedy=mode.greedy, use_filter=mode.use_filter)
         logprob = processed if mode.processed_logprobs else gather_logprob(logits, token)
@@ -490,7 +497,8 @@ def _write_rows(buffer: jax.Array, values: jax.Array, start: jax.Array) -> jax.A
 
 def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
     """Loop body verifying K prompt-lookup drafts per row: each row emits 1 to K + 1 tokens."""
-    is_stop_vocab = _stop_table(settings, vocab)
+    is_stop_vocab = _id_table(settings.stop_ids, vocab)
+    is_never_vocab = _id_table(settings.never_ids, vocab)
     lookup = mode.lookup
     k = lookup.num_draft
 
@@ -502,7 +510,7 @@ def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode
         logits = logits.astype(jnp.float32)  # (B, K + 1, V)
         key, sub = split_keys(s.key)
         generated = s.lengths[:, None] + offsets  # index of the token each position predicts
-        masked = jnp.where((generated < settings.min_new_tokens)[..., None] & is_stop_vocab,
+        masked = jnp.where(((generated < settings.min_new_tokens)[..., None] & is_stop_vocab) | is_never_vocab,
                            NEG_INF, logits)
         accept = functools.partial(accept_drafts, temperature=settings.temperature, top_k=settings.top_k,
                                    top_p=settings.top_p, greedy=mode.greedy, use_filter=mode.use_filter)
@@ -589,7 +597,8 @@ def decode(model, weights: dict | None, loop: DecodeState, request: Request,
            config: SamplerConfig, graph_and_state=None) -> DecodeState:
     """Runs the decode loop from ``loop`` (donated, but for its key, which may be the
     caller's) on the unrolled ``weights`` (or through ``model.__call__`` when None)."""
-    settings, mode = request.settings(config), request.mode()
+    settings = request.settings(config, model.config.placeholder_token_ids)
+    mode = request.mode()
     loop = loop.replace(key=jnp.array(loop.key, copy=True))
     mesh = make_mesh(config.mesh)
     if weights is not None:

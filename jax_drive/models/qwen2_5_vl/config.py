@@ -186,6 +186,12 @@ class VLMConfig(ModelConfig):
         return QWEN2_5_VL_MODEL_TYPE
 
     @property
+    def placeholder_token_ids(self) -> tuple[int, ...]:
+        """The image and video pad ids: they only mark where vision embeddings go, and a
+        sampled one would have no pixels behind it."""
+        return tuple(i for i in (self.image_token_id, self.video_token_id) if 0 <= i < self.vocab_size)
+
+    @property
     def text_config(self) -> ModelConfig:
         """The language side as a plain ModelConfig."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
