@@ -24,9 +24,14 @@ import jax  # noqa: E402
 # 2-core CPU, and a compiled program is keyed by its exact HLO, so reuse is always exact.
 # The cache lives in the system temp dir (never the user's home); the environment variable
 # carries it to subprocesses (Ray workers, notebooks, the multi-device run).
+# A size limit turns on JAX's file lock around cache reads and writes: without it an entry
+# is written in place, and a test process reading it mid-write (xdist workers, Ray workers,
+# notebook kernels share the cache) deserialises a torn executable and segfaults.
 XLA_CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                                   os.path.join(tempfile.gettempdir(), "jax_drive_xla"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
+jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 # Real servers (llama.cpp's OpenAI-compatible server) as session fixtures: see servers.py.

@@ -98,7 +98,7 @@ def scenes():
 
 
 def test_bev_drivable_pixels_match_the_scorer(scenes):
-    shapely = pytest.importorskip("shapely")
+    import shapely
     config = BEVConfig(height=160, width=128, metres_per_pixel=0.5)
     budget = map_budget(scenes)
     centres = np.asarray(pixel_centres(config))
@@ -155,7 +155,7 @@ def test_batched_rendering_equals_one_by_one():
 
 
 def test_png_and_contact_sheet(tmp_path):
-    pil = pytest.importorskip("PIL.Image")
+    from PIL import Image as pil
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(20, 30), (10, 40), (25, 25)]]
     sheet = contact_sheet(images, columns=2, pad=3)

@@ -19,8 +19,8 @@ from jax_drive.models.image_processing import (
     smart_resize,
 )
 
-PIL = pytest.importorskip("PIL.Image")
-transformers = pytest.importorskip("transformers")
+from PIL import Image  # noqa: E402  (pinned in requirements-test.txt)
+import transformers  # noqa: E402
 
 SIZES = [(37, 53), (300, 200), (56, 56), (1080, 1920), (252, 448), (15, 700)]
 
@@ -33,7 +33,7 @@ def _images(sizes, seed=0):
 @pytest.mark.parametrize("out", [(56, 28), (252, 336), (84, 56), (224, 112), (37, 53)])
 def test_resize_equals_pillow_bicubic(out):
     for image in _images([(37, 53), (480, 640), (30, 30), (1080, 1920)], seed=sum(out)):
-        ref = np.asarray(PIL.fromarray(image).resize(out[::-1], PIL.BICUBIC))
+        ref = np.asarray(Image.fromarray(image).resize(out[::-1], Image.BICUBIC))
         np.testing.assert_array_equal(resize_bicubic(image, *out), ref)
 
 

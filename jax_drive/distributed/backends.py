@@ -90,6 +90,10 @@ class JaxRunner:
         if backend.xla_cache_dir:
             jax.config.update("jax_compilation_cache_dir", backend.xla_cache_dir)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", backend.xla_cache_min_compile_s)
+            if jax.config.jax_compilation_cache_max_size == -1:
+                # workers share the directory: a size limit makes JAX lock around reads and
+                # writes, so no worker loads an entry another is still writing
+                jax.config.update("jax_compilation_cache_max_size", 64 << 30)
         self.backend = backend
         self.policy = make_policy(backend.policy)
 
