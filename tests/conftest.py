@@ -20,19 +20,17 @@ settings.load_profile("ci")
 
 import jax  # noqa: E402
 
-# Persist XLA executables between test processes: compilation dominates this suite on a
-# 2-core CPU, and a compiled program is keyed by its exact HLO, so reuse is always exact.
-# The cache lives in the system temp dir (never the user's home); the environment variable
-# carries it to subprocesses (Ray workers, notebooks, the multi-device run).
-# A size limit turns on JAX's file lock around cache reads and writes: without it an entry
-# is written in place, and a test process reading it mid-write (xdist workers, Ray workers,
-# notebook kernels share the cache) deserialises a torn executable and segfaults.
-XLA_CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                                  os.path.join(tempfile.gettempdir(), "jax_drive_xla"))
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
-jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
-jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+# No persistent XLA compilation cache by default: with it, two runs of this suite crashed a
+# worker with a segfault inside JAX's executable (de)serialisation (compilation_cache.py,
+# get_executable_and_time / put_executable_and_time), which also hung pytest-xdist once.
+# JAX_COMPILATION_CACHE_DIR=DIR opts in (it is carried to subprocesses and Ray workers);
+# a size limit then turns on JAX's file lock, so no process reads an entry mid-write.
+XLA_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or None
+if XLA_CACHE:
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+    jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
+    jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 # Real servers (llama.cpp's OpenAI-compatible server) as session fixtures: see servers.py.
 from servers import llama_cpp_server  # noqa: E402,F401

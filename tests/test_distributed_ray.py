@@ -235,7 +235,8 @@ def test_driver_killed_and_restarted_resumes_without_duplicates(cluster, referen
     results = tmp_path / "driver"
     cmd = [sys.executable, "-m", "jax_drive.cli", "scale-out", "run", "--scenario", SCENARIO,
            "--seeds", str(len(SEEDS)), "--episodes", str(EPISODES), "--workers", "2", "--chunk-size", "1",
-           "--address", cluster["address"], "--results", str(results), "--xla-cache", XLA_CACHE, "--no-progress"]
+           "--address", cluster["address"], "--results", str(results), "--no-progress",
+           *(["--xla-cache", XLA_CACHE] if XLA_CACHE else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -68,7 +68,7 @@ def test_expand_image_tokens_and_bad_images():
     assert expand_image_tokens([7, 9, 8, 9, 5], grids, 9) == [7] + [9] * 6 + [8, 9, 5]
     with pytest.raises(ValueError, match="2 images but 1"):
         expand_image_tokens([7, 9], grids, 9)
-    with pytest.raises(ValueError, match="more image pad"):
+    with pytest.raises(ValueError, match="2 images but 3 image pad tokens"):
         expand_image_tokens([9, 9, 9], grids, 9)
     with pytest.raises(ValueError, match="uint8"):
         preprocess_image(np.zeros((28, 28, 3), np.float32))
