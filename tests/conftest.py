@@ -13,6 +13,9 @@ os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), "jax_d
 # a local Ray cluster turns on token auth and saves a new token in ~/.ray unless one is given
 os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
 
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
@@ -20,9 +23,7 @@ settings.load_profile("ci")
 
 import jax  # noqa: E402
 
-# No persistent XLA compilation cache by default: with it, two runs of this suite crashed a
-# worker with a segfault inside JAX's executable (de)serialisation (compilation_cache.py,
-# get_executable_and_time / put_executable_and_time), which also hung pytest-xdist once.
+# No persistent XLA compilation cache by default (a cold CI run gains nothing from it).
 # JAX_COMPILATION_CACHE_DIR=DIR opts in (it is carried to subprocesses and Ray workers);
 # a size limit then turns on JAX's file lock, so no process reads an entry mid-write.
 XLA_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or None
@@ -34,6 +35,21 @@ if XLA_CACHE:
 
 # Real servers (llama.cpp's OpenAI-compatible server) as session fixtures: see servers.py.
 from servers import llama_cpp_server  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Frees every compiled XLA program after each test file.
+
+    Each XLA:CPU executable keeps tens of memory mappings of JIT code until its jit cache
+    entry goes, and jit caches live as long as the process. An xdist worker that runs half
+    the suite reached Linux's per-process limit (vm.max_map_count, 65,530) and then
+    segfaulted inside XLA's compiler or cache loader in whatever test came next; dropping the
+    caches per file keeps a worker near the count of one file's programs.
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 MULTIDEVICE = Path(__file__).parent / "multidevice"
