@@ -116,11 +116,12 @@ def _command(out, resume: bool) -> list[str]:
             *(["--resume"] if resume else [])]
 
 
-def _env(pause: str | None = None) -> dict:
+def _env(out, pause: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
-    cache = jax.config.jax_compilation_cache_dir  # share the test session's compiled programs
-    if cache:
-        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    # The four runs of one test compile the same programs: they share the session's cache, or
+    # one of their own (a run is only killed while paused at a hook, never mid-compile).
+    cache = jax.config.jax_compilation_cache_dir or str(out.parent / "xla_cache")
+    env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     env.pop("JAX_DRIVE_PAUSE_AT", None)
     if pause:
         env["JAX_DRIVE_PAUSE_AT"] = pause
@@ -128,14 +129,14 @@ def _env(pause: str | None = None) -> dict:
 
 
 def _run_to_end(out, resume: bool = False) -> None:
-    proc = subprocess.run(_command(out, resume), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(_command(out, resume), env=_env(out), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def _kill_at(out, point: str, resume: bool) -> None:
     """Runs until the test hook pauses the run at ``point``, then SIGKILLs it there."""
     log = open(out.parent / f"{out.name}_{point}.log", "w")
-    proc = subprocess.Popen(_command(out, resume), env=_env(point), cwd=ROOT, stdout=log, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(_command(out, resume), env=_env(out, point), cwd=ROOT, stdout=log, stderr=subprocess.PIPE,
                             text=True)
     paused = False
     try:
