@@ -37,7 +37,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+# One BLAS thread (set before numpy loads OpenBLAS): the reference multiplies tiny matrices,
+# where BLAS threads only add overhead, and after each round OpenBLAS's idle threads keep
+# spinning on the cores XLA's thread pool then needs (measured: the JAX call 0.116 s after
+# a 16-scene reference round with the default threads, 0.093 s with one).
+for _blas in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_blas, "1")
+
+import numpy as np  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -307,6 +314,7 @@ def main(argv=None) -> int:
         "pdm_jerk_matrix": config.jerk_matrix,
         "max_steal": args.max_steal,
         "steal_retries": args.steal_retries,
+        "blas_threads": os.environ["OPENBLAS_NUM_THREADS"],
         "note": ("jax_s: median of `repeats` calls after compilation (first call separate); reference: "
                  "one proposal at a time with the scene geometry and the PDM-Closed reference trajectory "
                  "shared per scene (many scenes: each scene's setup included), timed on a subset in rounds "

@@ -71,6 +71,22 @@ def ego_corners(pose: chex.Array, params: VehicleParameters = VehicleParameters(
     return box_corners(centre[..., 0], centre[..., 1], pose[..., 2], params.length, params.width)
 
 
+def _weighted_sum(*pairs):
+    """Sum of k * x over (k, x) pairs, with Python-number weights folded: 0 drops the term
+    and 1 / -1 skip the product (XLA keeps x * 0.0, which is not 0 for every float), so a
+    box given as axis-aligned (cos 1.0, sin 0.0) costs no work for its zero terms."""
+    total = None
+    for k, x in pairs:
+        if isinstance(k, (int, float)) and k in (0, 1, -1):
+            if k == 0:
+                continue
+            term = x if k == 1 else -x
+        else:
+            term = k * x
+        total = term if total is None else total + term
+    return 0.0 if total is None else total
+
+
 def rectangles_overlap(dx, dy, cos_a, sin_a, half_l_a, half_w_a, cos_b, sin_b, half_l_b, half_w_b) -> chex.Array:
     """Separating-axis test of two rectangles on their four edge directions, in closed form.
 
@@ -78,13 +94,15 @@ def rectangles_overlap(dx, dy, cos_a, sin_a, half_l_a, half_w_a, cos_b, sin_b, h
     simulator's collisions and the ``kernels.box_overlap`` Pallas kernel all call it.
 
     Args (all broadcastable): dx, dy: centre of b minus centre of a; (cos, sin): unit
-      length direction of each box; half_l, half_w: half length and half width.
+      length direction of each box (Python numbers allowed: an axis-aligned box a, cos 1.0
+      and sin 0.0, skips its zero terms with identical results for finite inputs);
+      half_l, half_w: half length and half width.
     Returns: bool, True when the boxes overlap or touch.
     """
-    cos_ab = jnp.abs(cos_a * cos_b + sin_a * sin_b)  # |cos| and |sin| of the relative heading
-    sin_ab = jnp.abs(cos_a * sin_b - sin_a * cos_b)
-    sep = jnp.abs(dx * cos_a + dy * sin_a) > half_l_a + half_l_b * cos_ab + half_w_b * sin_ab
-    sep |= jnp.abs(-dx * sin_a + dy * cos_a) > half_w_a + half_l_b * sin_ab + half_w_b * cos_ab
+    cos_ab = jnp.abs(_weighted_sum((cos_a, cos_b), (sin_a, sin_b)))  # |cos| and |sin| of the relative heading
+    sin_ab = jnp.abs(_weighted_sum((cos_a, sin_b), (-sin_a, cos_b)))
+    sep = jnp.abs(_weighted_sum((cos_a, dx), (sin_a, dy))) > half_l_a + half_l_b * cos_ab + half_w_b * sin_ab
+    sep |= jnp.abs(_weighted_sum((-sin_a, dx), (cos_a, dy))) > half_w_a + half_l_b * sin_ab + half_w_b * cos_ab
     sep |= jnp.abs(dx * cos_b + dy * sin_b) > half_l_b + half_l_a * cos_ab + half_w_a * sin_ab
     sep |= jnp.abs(-dx * sin_b + dy * cos_b) > half_w_b + half_l_a * sin_ab + half_w_a * cos_ab
     return ~sep

@@ -14,6 +14,7 @@ os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), "jax_d
 os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
 
 import gc  # noqa: E402
+import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -23,33 +24,67 @@ settings.load_profile("ci")
 
 import jax  # noqa: E402
 
-# No persistent XLA compilation cache by default (a cold CI run gains nothing from it).
-# JAX_COMPILATION_CACHE_DIR=DIR opts in (it is carried to subprocesses and Ray workers);
-# a size limit then turns on JAX's file lock, so no process reads an entry mid-write.
-XLA_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or None
-if XLA_CACHE:
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
-    jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
-    jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+# A persistent XLA compilation cache for this run only: a fresh temp dir made by the
+# controlling pytest process (inherited by xdist workers, pipeline subprocesses and Ray
+# workers through the environment) and deleted when the run ends, so CI starts cold. It
+# lets a program compiled by one test file be loaded, not compiled again, by another file
+# or worker. JAX_COMPILATION_CACHE_DIR=DIR instead keeps a cache across runs. A size limit
+# turns on JAX's file lock, so no process reads an entry mid-write.
+RUN_CACHE = None
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR") and "PYTEST_XDIST_WORKER" not in os.environ:
+    RUN_CACHE = tempfile.mkdtemp(prefix="jax_drive_xla_run_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = RUN_CACHE
+XLA_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
+jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def pytest_unconfigure(config):
+    if RUN_CACHE is not None:
+        shutil.rmtree(RUN_CACHE, ignore_errors=True)
+
 
 # Real servers (llama.cpp's OpenAI-compatible server) as session fixtures: see servers.py.
 from servers import llama_cpp_server  # noqa: E402,F401
 
 
+def _mapping_count() -> int:
+    """Memory mappings of this process (a large number where /proc is unavailable)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 1 << 30
+
+
+def _mapping_limit() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
+# A third of the limit: the heaviest test file adds ~20,600 mappings on top.
+MAPPING_BUDGET = _mapping_limit() // 3
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """Frees every compiled XLA program after each test file.
+    """Frees every compiled XLA program after a test file once the process holds many.
 
     Each XLA:CPU executable keeps tens of memory mappings of JIT code until its jit cache
-    entry goes, and jit caches live as long as the process. An xdist worker that runs half
+    entry goes, and jit caches live as long as the process. An xdist worker that ran half
     the suite reached Linux's per-process limit (vm.max_map_count, 65,530) and then
-    segfaulted inside XLA's compiler or cache loader in whatever test came next; dropping the
-    caches per file keeps a worker near the count of one file's programs.
+    segfaulted inside XLA's compiler or cache loader in whatever test came next. Dropping
+    the caches when a file leaves the process above ``MAPPING_BUDGET`` keeps it far below
+    the limit, while files that share programs (same functions and shapes) still reuse them.
     """
     yield
-    jax.clear_caches()
-    gc.collect()
+    if _mapping_count() > MAPPING_BUDGET:
+        jax.clear_caches()
+        gc.collect()
 
 
 MULTIDEVICE = Path(__file__).parent / "multidevice"

@@ -220,27 +220,30 @@ def _max_band_count(lo: np.ndarray, hi: np.ndarray, real: np.ndarray, num_bands:
     host in float64 with a wider margin than the device's (so never below its count).
 
     An edge [lo, hi] is listed by bands b with lo <= y0 + (b + 1) h + m and hi >= y0 + b h - m
-    (:func:`band_membership`): a run of bands, so each edge adds 1 over its run of a
-    difference array and a cumulative sum gives every band's count, O(B (E + G)).
+    (:func:`band_membership`): a run of bands [first, last]. A band's count is then
+    #(first <= b) - #(last < b): two histograms over all scenes' real edges at once (one
+    ``bincount`` each) and a cumulative sum, O(B (E + G)) with no sort or scatter.
     """
     if lo.size == 0:
         return 0
-    lo, hi = lo.astype(np.float64), hi.astype(np.float64)
-    y0 = np.min(np.where(real, lo, np.inf), axis=-1)
-    y1 = np.max(np.where(real, hi, -np.inf), axis=-1)
+    y0 = np.min(np.where(real, lo, np.inf), axis=-1).astype(np.float64)  # exact: min of float32 values
+    y1 = np.max(np.where(real, hi, -np.inf), axis=-1).astype(np.float64)
     y0 = np.where(np.isfinite(y0), y0, 0.0)
     y1 = np.where(np.isfinite(y1), y1, y0 + 1.0)
-    height = (np.maximum(y1 - y0, 1e-3) / num_bands)[:, None]
-    margin = _HOST_MARGIN * height
-    first = np.ceil((lo - y0[:, None] - margin) / height - 1.0 - 1e-9)
-    last = np.floor((hi - y0[:, None] + margin) / height + 1e-9)
+    height = np.maximum(y1 - y0, 1e-3) / num_bands
+    scene, edge = np.nonzero(real)  # only real edges are counted: compact them once
+    lo, hi = lo[scene, edge].astype(np.float64), hi[scene, edge].astype(np.float64)
+    h, base = height[scene], y0[scene]
+    first = np.ceil((lo - base - _HOST_MARGIN * h) / h - 1.0 - 1e-9)
+    last = np.floor((hi - base + _HOST_MARGIN * h) / h + 1e-9)
     first, last = np.clip(first, 0, num_bands).astype(np.int64), np.clip(last, -1, num_bands - 1).astype(np.int64)
-    listed = real & (first <= last)
-    rows = np.broadcast_to(np.arange(len(lo))[:, None], lo.shape)
-    diff = np.zeros((len(lo), num_bands + 1), np.int64)
-    np.add.at(diff, (rows[listed], first[listed]), 1)
-    np.add.at(diff, (rows[listed], last[listed] + 1), -1)
-    return int(np.cumsum(diff[:, :num_bands], axis=-1).max())
+    listed = first <= last
+    row = scene[listed] * (num_bands + 1)
+    size = len(real) * (num_bands + 1)
+    starts = np.bincount(row + first[listed], minlength=size)
+    ends = np.bincount(row + last[listed] + 1, minlength=size)
+    counts = np.cumsum((starts - ends).reshape(len(real), num_bands + 1)[:, :num_bands], axis=-1)
+    return int(counts.max())
 
 
 def polygon_budget(vertices: np.ndarray, valid: np.ndarray, num_bands: int = NUM_BANDS) -> PolygonBudget:
@@ -250,16 +253,13 @@ def polygon_budget(vertices: np.ndarray, valid: np.ndarray, num_bands: int = NUM
     v = np.asarray(vertices, np.float32)
     ok = np.asarray(valid, bool)
     p, n = v.shape[-3], v.shape[-2]
-    v = v.reshape((-1, p, n, 2))
+    y = v[..., 1].reshape((-1, p, n))
     ok = ok.reshape((-1, p))
-    b = np.roll(v, -1, axis=-2)
-    lo = np.minimum(v[..., 1], b[..., 1]).reshape(len(v), -1)
-    hi = np.maximum(v[..., 1], b[..., 1]).reshape(len(v), -1)
-    real = ((b[..., 1] != v[..., 1]) & ok[..., None]).reshape(len(v), -1)
-    edges = int(real.sum(-1).max()) if len(v) else 0
-    # Count over each scene's real edges only (moved to the front): 2-3x faster here.
-    front = np.argsort(~real, axis=-1, kind="stable")[:, :max(edges, 1)]
-    lo, hi, real = (np.take_along_axis(a, front, -1) for a in (lo, hi, real))
+    y_next = np.concatenate([y[..., 1:], y[..., :1]], axis=-1)  # each ring's next vertex
+    lo = np.minimum(y, y_next).reshape(len(y), -1)
+    hi = np.maximum(y, y_next).reshape(len(y), -1)
+    real = ((y_next != y) & ok[..., None]).reshape(len(y), -1)
+    edges = int(real.sum(-1).max()) if len(y) else 0
     return PolygonBudget(edges=min(_round_up(edges, 16), p * n),
                          band=min(_round_up(_max_band_count(lo, hi, real, num_bands), 4), p * n),
                          bands=num_bands)
