@@ -18,9 +18,13 @@ import shapely
 from jax_drive.pdm import PDMConfig
 from jax_drive.pdm import scorer as scorer_mod
 from jax_drive.pdm.polygons import (
+    BAND_MARGIN,
     NUM_BANDS,
     PolygonBudget,
+    _edges,
+    band_membership,
     build_band_table,
+    first_true_indices,
     inside_bits,
     inside_bits_brute,
     map_budget,
@@ -112,6 +116,37 @@ def test_pack_bits():
     assert bits.dtype == np.uint32 and bits.shape == (2, 2)
     assert bits[0, 0] == (1 | 1 << 5 | 1 << 31) and bits[0, 1] == 0
     assert bits[1, 0] == 0 and bits[1, 1] == (1 | 1 << 2)
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (20, 5), (31, 40), (32, 32), (33, 7), (100, 100), (176, 28)])
+def test_first_true_indices_lists_the_first_k_true_entries_in_order(n, k):
+    rng = np.random.default_rng(n * 100 + k)
+    mask = rng.uniform(size=(64, n)) < rng.choice([0.0, 0.05, 0.3, 0.9, 1.0], size=(64, 1))
+    index, listed = jax.jit(first_true_indices, static_argnums=1)(jnp.asarray(mask), k)
+    assert index.shape == listed.shape == (64, k) and index.dtype == jnp.int32
+    for row, idx, ok in zip(mask, np.asarray(index), np.asarray(listed)):
+        want = np.flatnonzero(row)[:k]
+        np.testing.assert_array_equal(ok, np.arange(k) < len(want))
+        np.testing.assert_array_equal(idx[: len(want)], want)
+        assert np.all(idx[len(want):] == 0)
+
+
+def test_polygon_budget_never_below_the_device_band_count():
+    """Scenes of different extents in one batch (one without any valid polygon, one with
+    horizontal edges only in part): the host's capacities hold every scene's tables."""
+    rng = np.random.default_rng(7)
+    verts = np.stack([_random_polygons(rng, 6, 9) * s for s in (1.0, 0.2, 5.0, 1.0)])
+    verts[3, :, :, 1] = np.round(verts[3, :, :, 1] / 4) * 4  # many horizontal (unreal) edges
+    valid = rng.uniform(size=(4, 6)) < 0.8
+    valid[1] = False
+    for bands in (4, 16, NUM_BANDS):
+        budget = polygon_budget(verts, valid, bands)
+        e = jax.vmap(_edges)(jnp.asarray(verts), jnp.asarray(valid))
+        real = np.asarray(e["real"])
+        _, _, member = band_membership(e["lo"], e["hi"], e["real"], BAND_MARGIN, bands)
+        assert budget.edges >= real.sum(-1).max()
+        assert budget.band >= np.asarray(member).sum(-1).max()
+        assert budget.band - np.asarray(member).sum(-1).max() < 4 + 2  # rounding up to 4, margin-wide extras
 
 
 def test_map_budget_concrete_and_traced():

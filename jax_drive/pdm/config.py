@@ -150,6 +150,8 @@ class PDMConfig:
     def __post_init__(self):
         if self.jerk_matrix not in ("navsim", "nuplan"):
             raise ValueError(f"PDMConfig.jerk_matrix must be 'navsim' or 'nuplan', got {self.jerk_matrix!r}")
+        if not self.ttc_future_frames or min(self.ttc_future_frames) < 0:
+            raise ValueError(f"PDMConfig.ttc_future_frames must be frame offsets >= 0, got {self.ttc_future_frames!r}")
         if self.chunk_size < 0:
             raise ValueError(f"PDMConfig.chunk_size must be >= 0, got {self.chunk_size}")
 

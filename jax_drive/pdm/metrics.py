@@ -275,6 +275,18 @@ def _first_true(mask: chex.Array, axis: int) -> chex.Array:
     return jnp.min(jnp.where(mask, iota, n), axis=axis, keepdims=True)
 
 
+def _at_frames(a: chex.Array, n_steps: int, offsets: tuple[int, ...]) -> chex.Array:
+    """a (F, ...) read at frames min(t + d, F - 1) for t < n_steps and d in ``offsets``
+    (static, >= 0) -> (T, D, ...).
+
+    Static slices of the edge-padded array: XLA:CPU runs a gather with an index array
+    several times slower than these copies.
+    """
+    pad = max(max(offsets) + n_steps - a.shape[0], 0)
+    padded = jnp.concatenate([a, jnp.broadcast_to(a[-1:], (pad,) + a.shape[1:])], 0)
+    return jnp.stack([padded[d:d + n_steps] for d in offsets], axis=1)
+
+
 def _to_ego(x, y, c, s, ox, oy, oc, os_):
     """Object centres / headings in the ego rear-axle frame (all args broadcast).
 
@@ -334,13 +346,13 @@ def run_steps(x: chex.Array, y: chex.Array, heading: chex.Array, speed: chex.Arr
     # d (0, 3, 6, 9 frames); (Q, T, D, N). NC's boxes (step t against frame t) are the d = 0 slice.
     d_frames = jnp.asarray(config.ttc_future_frames, jnp.int32)  # (D,)
     n_d = d_frames.shape[0]
-    ahead_t = steps[:, None] + d_frames  # (T, D)
-    frames = jnp.minimum(ahead_t, n_frames - 1)
-    fvalid = sa.obj_valid[frames] & (ahead_t < n_frames)[..., None]  # (T, D, N)
+    ahead_t = np.arange(n_steps)[:, None] + np.asarray(config.ttc_future_frames)  # (T, D), static
+    at = lambda a: _at_frames(a, n_steps, config.ttc_future_frames)
+    fvalid = at(sa.obj_valid) & (ahead_t < n_frames)[..., None]  # (T, D, N)
     e = lambda a: a[..., None]
     e2 = lambda a: a[..., None, None]
-    lon, lat, crel, srel = _to_ego(e2(x), e2(y), e2(c), e2(s), sa.obj_x[frames], sa.obj_y[frames],
-                                   obj_cos[frames], obj_sin[frames])  # (Q, T, D, N)
+    lon, lat, crel, srel = _to_ego(e2(x), e2(y), e2(c), e2(s), at(sa.obj_x), at(sa.obj_y),
+                                   at(obj_cos), at(obj_sin))  # (Q, T, D, N)
     shift = centre_lon + (e(v) * (d_frames * config.dt))[..., None]  # (Q, T, D, 1)
     overlap = ego_frame_overlap(lon, lat, crel, srel, shift, hl_ego, hw_ego, ohl, ohw) & fvalid
     ahead, behind = ahead_behind(lon, lat, config)
@@ -378,7 +390,7 @@ def run_steps(x: chex.Array, y: chex.Array, heading: chex.Array, speed: chex.Arr
     fail_any = first < n_d * n_obj
     first = jnp.where(fail_any, first, 0)
     fail_obj = jnp.where(fail_any, first % n_obj, -1).astype(jnp.int32)
-    fail_frame = jnp.where(fail_any, frames[steps[None, :], first // n_obj], -1)
+    fail_frame = jnp.where(fail_any, jnp.minimum(steps + d_frames[first // n_obj], n_frames - 1), -1)
 
     scene_index = lambda i: jnp.where(i >= 0, sa.obj_index[jnp.maximum(i, 0)], -1)
     return StepResults(
