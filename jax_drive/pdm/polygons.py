@@ -329,5 +329,7 @@ def map_budget(scene, num_trajectories: int | None = None) -> MapBudget | None:
     bands = bands_for(num_trajectories)
     return MapBudget(drivable=polygon_budget(scene.map.drivable.vertices, scene.map.drivable.valid, bands),
                      lanes=polygon_budget(lanes.vertices, lanes.valid, bands),
-                     red_lanes=min(_round_up(red_lanes, 2) if red_lanes else 0, red.shape[-1]),
+                     # at least 2 (an all-false pair when no lane is ever red): batches with
+                     # and without red lights then share one compilation
+                     red_lanes=min(_round_up(red_lanes, 2), red.shape[-1]),
                      objects=min(_round_up(objects, 8), n_objects))
