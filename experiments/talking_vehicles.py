@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import textwrap
 
 import numpy as np
 
@@ -51,9 +50,6 @@ def seed_reference() -> dict:
                 "SR_avg": round(float(np.mean(sr)), 2)} for m, (src, cr, sr) in SEED_TABLES.items()}
 
 
-ROLE_COLOURS = {0: "tab:green", 1: "tab:red", 2: "tab:blue"}
-
-
 def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
     """CR and SR per scenario (and their average) per method, SE over seeds as error bars."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -78,56 +74,6 @@ def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
                       fontsize=10)
     axes[0].legend(fontsize=7, ncol=min(len(results), 5))
     axes[1].set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def storyboard_plot(story: dict, path: str, frames: int = 5, title: str = "") -> None:
-    """One episode as ``frames`` snapshots, one per row, each with the messages sent since
-    the previous snapshot beside it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Polygon
-
-    from jax_drive.geometry import box_corners
-
-    poses = np.asarray(story["poses"], float)  # (T, n, 4)
-    dt = float(story["decision_dt"])
-    ticks = np.unique(np.linspace(0, len(poses) - 1, frames).round().astype(int))
-    fig = Figure(figsize=(12, 2.3 * len(ticks) + 0.6))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(ticks), 2, squeeze=False, gridspec_kw={"width_ratios": [3, 2]})
-    present = poses[..., 3] > 0.5
-    xy = poses[..., :2][present]
-    lo, hi = xy.min(0) - 12, xy.max(0) + 12
-    length, width = np.asarray(story["length"]), np.asarray(story["width"])
-    previous = -1.0
-    for (ax, side), t_idx in zip(axes, ticks):
-        for pts in story["lanes"]:
-            pts = np.asarray(pts)
-            ax.plot(pts[:, 0], pts[:, 1], color="0.85", lw=5, solid_capstyle="butt", zorder=0)
-        pose = poses[t_idx]
-        corners = np.asarray(box_corners(pose[:, 0], pose[:, 1], pose[:, 2], length, width))
-        for j in np.flatnonzero(pose[:, 3] > 0.5):
-            ax.add_patch(Polygon(corners[j], closed=True, fc=ROLE_COLOURS.get(int(story["role"][j]), "0.5"), ec="k",
-                                 lw=0.5, alpha=0.9, zorder=3))
-            ax.text(pose[j, 0], pose[j, 1] + width[j] / 2 + 1.5, str(story["vehicle_id"][j]), fontsize=7,
-                    ha="center", zorder=4)
-        ax.set_xlim(lo[0], hi[0])
-        ax.set_ylim(lo[1], hi[1])
-        ax.set_aspect("equal", adjustable="box")
-        ax.tick_params(labelsize=6)
-        now = t_idx * dt
-        ax.set_ylabel(f"t = {now:.1f} s", fontsize=9)
-        said = [m for m in story["messages"] if previous < m[0] <= now]
-        lines = [f"[{m[0]:.1f} s] {m[1]}: {m[2]}" for m in said[-5:]] or ["(no messages)"]
-        side.axis("off")
-        side.text(0.0, 1.0, "\n".join(textwrap.fill(line, 60) for line in lines), transform=side.transAxes,
-                  va="top", fontsize=7, family="monospace")
-        previous = now
-    fig.suptitle((title or story["episode"]) + f" ({'accident-prone' if story['accident_prone'] else 'safe'}): "
-                 + " ".join(story["outcomes"]) + "\ngreen: focal, red: potential collider, blue: background",
-                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -198,8 +144,11 @@ def main(argv=None) -> int:
     stem = os.path.splitext(args.json)[0]
     bar_plot(results, list(preset.scenarios), stem + ".png")
     if results[story_method].get("storyboard"):
-        storyboard_plot(results[story_method]["storyboard"], stem + "_storyboard.png",
-                        title=f"[{story_method}] " + results[story_method]["storyboard"]["episode"])
+        from jax_drive.coop.render import render_storyboard
+
+        story = results[story_method]["storyboard"]
+        render_storyboard(story, panels=5, columns=5, title=f"[{story_method}] {story['episode']}").savefig(
+            stem + "_storyboard.png", dpi=110)
     print(f"results: {args.json}", file=sys.stderr)
     return 0
 

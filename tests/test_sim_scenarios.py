@@ -102,3 +102,17 @@ def test_rule_based_avoids_accidents_with_messages_and_records():
     with tempfile.TemporaryDirectory() as d:
         path = render_episode(results[0], os.path.join(d, "ep.png"))
         assert os.path.getsize(path) > 10_000
+    # A storyboard drawn from the live result and from its story read back from JSON is the
+    # same drawing: same panels, titles, message lines and plotted vehicle boxes.
+    import json
+
+    from jax_drive.coop.render import episode_story, render_storyboard
+
+    story = json.loads(json.dumps(episode_story(results[0], "ep0")))
+    assert story["messages"] and story["messages_sent"] == results[0].messages_sent
+    figures = [render_storyboard(results[0], panels=3), render_storyboard(story, panels=3)]
+    drawn = [[(ax.get_title(), [t.get_text() for t in ax.texts], len(ax.patches), len(ax.lines))
+              for ax in fig.axes] for fig in figures]
+    assert drawn[0] == drawn[1] and len(drawn[0]) == 3
+    assert any(n_boxes > 0 for _, _, n_boxes, _ in drawn[0])
+    assert any(any(":" in t for t in texts[-1:]) for _, texts, _, _ in drawn[0])  # a message line

@@ -1,8 +1,11 @@
-"""Top-down rendering of an episode: lanes, trajectories, final boxes with vehicle ids
-coloured by role, outcomes and the last messages.
+"""Top-down rendering of an episode: lanes, trajectories, boxes with vehicle ids coloured by
+role, outcomes and messages.
 
-Draws on an explicit matplotlib ``Figure`` with the Agg canvas, so importing this module
-never changes the process-wide matplotlib backend.
+Every drawing reads an episode *story* (:func:`episode_story`): the JSON-serialisable part
+of an :class:`~jax_drive.coop.runner.EpisodeResult` run with ``keep_trajectory=True``, so a
+saved record and a live result draw the same way. Draws on an explicit matplotlib
+``Figure`` with the Agg canvas, so importing this module never changes the process-wide
+matplotlib backend.
 """
 
 from __future__ import annotations
@@ -20,56 +23,88 @@ from jax_drive.sim.state import Role
 ROLE_COLOURS = {Role.FOCAL: "tab:green", Role.COLLIDER: "tab:red", Role.BACKGROUND: "tab:blue"}
 
 
-def _draw_lanes(ax, static):
-    for pts in static["lane_points"]:
-        if np.abs(pts).max() > 5e3:  # padding lanes lie far away
-            continue
-        ax.plot(pts[:, 0], pts[:, 1], color="0.85", lw=6, solid_capstyle="butt", zorder=0)
-        ax.plot(pts[:, 0], pts[:, 1], color="0.6", lw=0.5, ls="--", zorder=1)
-
-
-def _draw_vehicles(ax, static, pose, present):
-    n = int(static["valid"].sum())
-    corners = np.asarray(box_corners(pose[:n, 0], pose[:n, 1], pose[:n, 2], static["length"][:n],
-                                     static["width"][:n]))
-    for i in np.flatnonzero(present[:n]):
-        x, y = pose[i, :2]
-        ax.add_patch(Polygon(corners[i], closed=True, fc=ROLE_COLOURS[Role(int(static["role"][i]))], ec="k", lw=0.6,
-                             alpha=0.85, zorder=3))
-        ax.text(x, y + static["width"][i] / 2 + 1.0, str(int(static["vehicle_id"][i])), fontsize=6, ha="center",
-                zorder=4)
-
-
-def render_episode(result, path, title: str | None = None, max_messages: int = 6) -> str:
-    """Saves a PNG of one episode (run it with ``keep_trajectory=True``)."""
+def episode_story(result, episode: str = "") -> dict:
+    """The JSON-serialisable record of one episode that the drawings read: scenario, label,
+    policy, decision_dt, poses (T, n, 4) of its n vehicles (x, y, heading, present), lane
+    centrelines, vehicle ids / roles / sizes, messages [t, vid, text], outcome lines and
+    message counts. ``result`` must have been run with ``keep_trajectory=True``."""
     traj = result.trajectory
     if traj is None:
         raise ValueError("episode has no trajectory; run it with keep_trajectory=True")
-    poses, static = traj["poses"], traj["static"]
+    static = traj["static"]
     n = int(static["valid"].sum())
+    keep = np.abs(static["lane_points"]).max((1, 2)) < 5e3  # padding lanes lie far away
+    return {"episode": episode or result.scenario, "scenario": result.scenario,
+            "accident_prone": bool(result.accident_prone), "policy": result.policy,
+            "decision_dt": float(traj["decision_dt"]), "poses": np.round(traj["poses"][:, :n], 2).tolist(),
+            "lanes": [np.round(p, 2).tolist() for p, ok in zip(static["lane_points"], keep) if ok],
+            "vehicle_id": static["vehicle_id"][:n].tolist(), "role": static["role"][:n].tolist(),
+            "length": static["length"][:n].tolist(), "width": static["width"][:n].tolist(),
+            "messages": [[float(t), int(v), str(x)] for t, v, x in result.message_log],
+            "outcomes": result.feedback, "messages_sent": int(result.messages_sent),
+            "bytes_sent": int(result.bytes_sent)}
+
+
+def _story(episode) -> dict:
+    return episode if isinstance(episode, dict) else episode_story(episode)
+
+
+def story_label(story: dict) -> str:
+    """'scenario (accident-prone, policy)'."""
+    return f"{story['scenario']} ({'accident-prone' if story['accident_prone'] else 'safe'}, {story['policy']})"
+
+
+def story_extent(story: dict, pad: float) -> tuple[np.ndarray, np.ndarray]:
+    """(2,) lower and upper corners of every present vehicle position, widened by ``pad`` m."""
+    poses = np.asarray(story["poses"], float)
+    xy = poses[..., :2][poses[..., 3] > 0.5]
+    if not len(xy):
+        return np.full(2, -50.0), np.full(2, 50.0)
+    return xy.min(0) - pad, xy.max(0) + pad
+
+
+def draw_frame(ax, story: dict, step: int, extent: tuple[np.ndarray, np.ndarray], trail_alpha: float = 0.6) -> None:
+    """Draws ``story`` at trajectory index ``step`` on ``ax``: lanes, each vehicle's trail up
+    to ``step``, its box and id at ``step``, limits ``extent`` (see :func:`story_extent`)."""
+    poses = np.asarray(story["poses"], float)  # (T, n, 4)
+    length, width = np.asarray(story["length"], float), np.asarray(story["width"], float)
+    colours = [ROLE_COLOURS.get(Role(int(r)), "0.5") for r in story["role"]]
+    for pts in story["lanes"]:
+        pts = np.asarray(pts, float)
+        ax.plot(pts[:, 0], pts[:, 1], color="0.85", lw=6, solid_capstyle="butt", zorder=0)
+        ax.plot(pts[:, 0], pts[:, 1], color="0.6", lw=0.5, ls="--", zorder=1)
+    for i, colour in enumerate(colours):
+        keep = poses[: step + 1, i, 3] > 0.5
+        ax.plot(poses[: step + 1][keep, i, 0], poses[: step + 1][keep, i, 1], color=colour, lw=1,
+                alpha=trail_alpha, zorder=2)
+    pose = poses[step]
+    corners = np.asarray(box_corners(pose[:, 0], pose[:, 1], pose[:, 2], length, width))
+    for i in np.flatnonzero(pose[:, 3] > 0.5):
+        ax.add_patch(Polygon(corners[i], closed=True, fc=colours[i], ec="k", lw=0.6, alpha=0.85, zorder=3))
+        ax.text(pose[i, 0], pose[i, 1] + width[i] / 2 + 1.0, str(story["vehicle_id"][i]), fontsize=6,
+                ha="center", zorder=4)
+    lo, hi = extent
+    ax.set_xlim(lo[0], hi[0])
+    ax.set_ylim(lo[1], hi[1])
+    ax.set_aspect("equal")
+
+
+def render_episode(episode, path, title: str | None = None, max_messages: int = 6) -> str:
+    """Saves a PNG of one episode (an EpisodeResult run with ``keep_trajectory=True``, or its
+    :func:`episode_story`): the whole trails and the final boxes, outcomes and last messages."""
+    story = _story(episode)
     fig = Figure(figsize=(12, 6))
     FigureCanvasAgg(fig)
     ax, side = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1.3]})
-    _draw_lanes(ax, static)
-    for i in range(n):
-        keep = poses[:, i, 3] > 0.5
-        ax.plot(poses[keep, i, 0], poses[keep, i, 1], color=ROLE_COLOURS[Role(int(static["role"][i]))], lw=1,
-                alpha=0.6, zorder=2)
-    _draw_vehicles(ax, static, poses[-1], poses[-1, :, 3] > 0.5)
-    xy = poses[:, :n, :2][poses[:, :n, 3] > 0.5]
-    if len(xy):
-        lo, hi = xy.min(0) - 15, xy.max(0) + 15
-        ax.set_xlim(lo[0], hi[0])
-        ax.set_ylim(lo[1], hi[1])
-    ax.set_aspect("equal")
+    last = len(story["poses"]) - 1
+    draw_frame(ax, story, last, story_extent(story, 15.0))
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
-    label = "accident-prone" if result.accident_prone else "safe"
-    ax.set_title(title or f"{result.scenario} ({label}, {result.policy}) t = {result.end_time:.1f} s", fontsize=9)
+    ax.set_title(title or f"{story_label(story)} t = {last * story['decision_dt']:.1f} s", fontsize=9)
     side.axis("off")
-    lines = ["Outcomes:"] + [o.feedback() for o in result.outcomes]
-    lines += ["", f"Messages ({result.messages_sent}, {result.bytes_sent} bytes):"]
-    for t, vid, text in result.message_log[-max_messages:]:
+    lines = ["Outcomes:"] + list(story["outcomes"])
+    lines += ["", f"Messages ({story['messages_sent']}, {story['bytes_sent']} bytes):"]
+    for t, vid, text in story["messages"][-max_messages:]:
         lines.append(f"[{t:.1f}s] {vid}: {text[:70]}")
     side.text(0.0, 1.0, "\n".join(lines), va="top", fontsize=7, family="monospace", wrap=True)
     fig.tight_layout()
@@ -85,37 +120,27 @@ def storyboard_steps(num_steps: int, panels: int) -> np.ndarray:
     return np.unique(np.linspace(0, num_steps - 1, panels).round().astype(int))
 
 
-def render_storyboard(result, panels: int = 4, max_messages: int = 3, columns: int = 4) -> Figure:
-    """A storyboard of one episode (run with ``keep_trajectory=True``): ``panels`` snapshots
+def render_storyboard(episode, panels: int = 4, max_messages: int = 3, columns: int = 4,
+                      title: str | None = None) -> Figure:
+    """A storyboard of one episode (an EpisodeResult run with ``keep_trajectory=True``, or
+    its :func:`episode_story`, e.g. read back from a results JSON): ``panels`` snapshots
     evenly spaced in time, each with the trails so far, the vehicles at that moment and the
     messages sent since the previous panel (the last ``max_messages`` of them). Returns the
     Figure (Agg canvas); save it or display it."""
-    traj = result.trajectory
-    if traj is None:
-        raise ValueError("episode has no trajectory; run it with keep_trajectory=True")
-    poses, static, dt = traj["poses"], traj["static"], traj["decision_dt"]
-    n = int(static["valid"].sum())
-    steps = storyboard_steps(len(poses), panels)
+    story = _story(episode)
+    dt = story["decision_dt"]
+    steps = storyboard_steps(len(story["poses"]), panels)
     rows = -(-len(steps) // columns)
     fig = Figure(figsize=(4.2 * min(columns, len(steps)), 5.2 * rows))
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, min(columns, len(steps)), squeeze=False).ravel()
-    xy = poses[:, :n, :2][poses[:, :n, 3] > 0.5]
-    lo, hi = (xy.min(0) - 10, xy.max(0) + 10) if len(xy) else (np.full(2, -50.0), np.full(2, 50.0))
+    extent = story_extent(story, 10.0)
     previous = -np.inf
     for ax, k in zip(axes, steps):
         t = k * dt
-        _draw_lanes(ax, static)
-        for i in range(n):
-            keep = poses[: k + 1, i, 3] > 0.5
-            ax.plot(poses[: k + 1][keep, i, 0], poses[: k + 1][keep, i, 1],
-                    color=ROLE_COLOURS[Role(int(static["role"][i]))], lw=1, alpha=0.6, zorder=2)
-        _draw_vehicles(ax, static, poses[k], poses[k, :, 3] > 0.5)
-        ax.set_xlim(lo[0], hi[0])
-        ax.set_ylim(lo[1], hi[1])
-        ax.set_aspect("equal")
+        draw_frame(ax, story, int(k), extent)
         ax.set_title(f"t = {t:.1f} s", fontsize=9)
-        sent = [(ts, vid, text) for ts, vid, text in result.message_log if previous < ts <= t + 1e-9]
+        sent = [(ts, vid, text) for ts, vid, text in story["messages"] if previous < ts <= t + 1e-9]
         lines = [line for _, vid, text in sent[-max_messages:]
                  for line in textwrap.wrap(f"{vid}: {text}", 58, max_lines=2, placeholder=" ...")]
         if len(sent) > max_messages:
@@ -125,8 +150,7 @@ def render_storyboard(result, panels: int = 4, max_messages: int = 3, columns: i
         previous = t
     for ax in axes[len(steps):]:
         ax.axis("off")
-    label = "accident-prone" if result.accident_prone else "safe"
-    outcome = "; ".join(o.feedback() for o in result.outcomes)
-    fig.suptitle(f"{result.scenario} ({label}, {result.policy})\n{outcome[:160]}", fontsize=9)
+    outcome = "; ".join(story["outcomes"])
+    fig.suptitle(f"{title or story_label(story)}\n{outcome[:160]}", fontsize=9)
     fig.tight_layout()
     return fig

@@ -427,37 +427,25 @@ def render_dialogue(result, log: list[dict], path: str, frames: int = 4, max_lin
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from jax_drive.coop.render import ROLE_COLOURS, _draw_lanes, _draw_vehicles
-    from jax_drive.sim.state import Role
+    from jax_drive.coop.render import draw_frame, episode_story, story_extent, story_label
 
-    traj = result.trajectory
-    if traj is None:
-        raise ValueError("episode has no trajectory; run it with keep_trajectory=True")
-    poses, static, dt = traj["poses"], traj["static"], traj["decision_dt"]
-    n = int(static["valid"].sum())
+    story = episode_story(result)
+    dt = story["decision_dt"]
+    last = len(story["poses"]) - 1
     times = [rec["time"] for rec in log] or [0.0]
-    picks = sorted(set(np.linspace(0, len(poses) - 1, frames).astype(int).tolist()
-                       + [min(int(t / dt), len(poses) - 1) for t in times[:2]]))[:frames + 2]
+    picks = sorted(set(np.linspace(0, last, frames).astype(int).tolist()
+                       + [min(int(t / dt), last) for t in times[:2]]))[:frames + 2]
     fig = Figure(figsize=(4.0 * len(picks) + 7.0, 5.0))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(picks) + 1, gridspec_kw={"width_ratios": [3] * len(picks) + [5]})
-    xy = poses[:, :n, :2][poses[:, :n, 3] > 0.5]
-    lo, hi = xy.min(0) - 12, xy.max(0) + 12
+    extent = story_extent(story, 12.0)
     for ax, k in zip(axes[:-1], picks):
-        _draw_lanes(ax, static)
-        for i in range(n):
-            keep = poses[: k + 1, i, 3] > 0.5
-            ax.plot(poses[: k + 1][keep, i, 0], poses[: k + 1][keep, i, 1],
-                    color=ROLE_COLOURS[Role(int(static["role"][i]))], lw=1, alpha=0.5)
-        _draw_vehicles(ax, static, poses[k], poses[k, :, 3] > 0.5)
-        ax.set_xlim(lo[0], hi[0])
-        ax.set_ylim(lo[1], hi[1])
-        ax.set_aspect("equal")
+        draw_frame(ax, story, k, extent, trail_alpha=0.5)
         ax.set_title(f"t = {k * dt:.1f} s", fontsize=9)
         ax.tick_params(labelsize=6)
     side = axes[-1]
     side.axis("off")
-    lines = [f"{result.scenario} ({'accident-prone' if result.accident_prone else 'safe'}, {result.policy})",
+    lines = [story_label(story),
              "Outcomes: " + "; ".join(f"{o.vehicle_id} {o.outcome}" for o in result.outcomes), ""]
     for rec in log:
         lines.append(f"[t={rec['time']:.1f} s] group {rec['vids']}")

@@ -325,21 +325,6 @@ def summarise_records(records: Sequence[dict]) -> dict:
             "episodes": len(results)}
 
 
-def storyboard_record(spec: EpisodeSpec, result) -> dict:
-    """What the storyboard plot needs from one episode (poses, lanes, boxes, messages)."""
-    traj = result.trajectory
-    static = traj["static"]
-    n = int(static["valid"].sum())
-    keep = np.abs(static["lane_points"]).max((1, 2)) < 5e3  # padding lanes lie far away
-    return {"episode": spec.tag, "scenario": spec.scenario, "accident_prone": spec.accident_prone,
-            "decision_dt": traj["decision_dt"], "poses": np.round(traj["poses"][:, :n], 2).tolist(),
-            "lanes": [np.round(p, 2).tolist() for p, ok in zip(static["lane_points"], keep) if ok],
-            "vehicle_id": static["vehicle_id"][:n].tolist(), "role": static["role"][:n].tolist(),
-            "length": static["length"][:n].tolist(), "width": static["width"][:n].tolist(),
-            "messages": [[float(t), int(v), str(x)] for t, v, x in result.message_log],
-            "outcomes": result.feedback}
-
-
 def evaluate_chunk(policy, specs: Sequence[EpisodeSpec], *, progress: bool = True, story: str | None = None,
                    label: str = "", max_time: float | None = None) -> dict:
     """Runs ``specs`` in ONE batch with ``policy``: {records, calls, seconds, storyboard}.
@@ -358,10 +343,12 @@ def evaluate_chunk(policy, specs: Sequence[EpisodeSpec], *, progress: bool = Tru
                            max_time=max_time)
     bar.close()
     failures = getattr(policy, "failures", {})
+    from jax_drive.coop.render import episode_story  # matplotlib only when a storyboard is kept
+
     return {"records": [episode_record(s, r, failures.get(n)) for n, (s, r) in enumerate(zip(specs, results))],
             "calls": [dataclasses.asdict(c) for c in getattr(policy, "calls", [])],
             "seconds": time.perf_counter() - start,
-            "storyboard": None if pick is None else storyboard_record(specs[pick], results[pick])}
+            "storyboard": None if pick is None else episode_story(results[pick], specs[pick].tag)}
 
 
 def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *, progress: bool = True,
