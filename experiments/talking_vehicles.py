@@ -144,10 +144,11 @@ def main(argv=None) -> int:
     stem = os.path.splitext(args.json)[0]
     bar_plot(results, list(preset.scenarios), stem + ".png")
     if results[story_method].get("storyboard"):
-        from jax_drive.coop.render import render_storyboard
+        from jax_drive.coop.render import render_storyboard, story_label
 
         story = results[story_method]["storyboard"]
-        render_storyboard(story, panels=5, columns=5, title=f"[{story_method}] {story['episode']}").savefig(
+        title = f"[{story_method}] {story['episode']}: {story_label(story)}"
+        render_storyboard(story, panels=5, columns=5, max_messages=5, title=title).savefig(
             stem + "_storyboard.png", dpi=110)
     print(f"results: {args.json}", file=sys.stderr)
     return 0

@@ -154,6 +154,8 @@ def _roomy_map_budgets():
 
     def roomy(scene, num_trajectories=None):
         b = original(scene, num_trajectories)
+        if b is None:  # traced scenes: the brute-force path
+            return b
         grow = lambda pb, band: pb._replace(edges=max(pb.edges, 192), band=max(pb.band, band))
         return b._replace(drivable=grow(b.drivable, 32), lanes=grow(b.lanes, 72))
 

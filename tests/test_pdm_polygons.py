@@ -147,6 +147,8 @@ def test_polygon_budget_never_below_the_device_band_count():
         assert budget.edges >= real.sum(-1).max()
         assert budget.band >= np.asarray(member).sum(-1).max()
         assert budget.band - np.asarray(member).sum(-1).max() < 4 + 2  # rounding up to 4, margin-wide extras
+        # any leading batch shape: the same scenes as a (2, 2) batch
+        assert polygon_budget(verts.reshape((2, 2) + verts.shape[1:]), valid.reshape(2, 2, -1), bands) == budget
 
 
 def test_map_budget_concrete_and_traced():

@@ -116,3 +116,13 @@ def test_rule_based_avoids_accidents_with_messages_and_records():
     assert drawn[0] == drawn[1] and len(drawn[0]) == 3
     assert any(n_boxes > 0 for _, _, n_boxes, _ in drawn[0])
     assert any(any(":" in t for t in texts[-1:]) for _, texts, _, _ in drawn[0])  # a message line
+    # A record saved before the policy and message counts were stored (a 'method' instead), and
+    # an episode without any vehicle, still draw.
+    old = {k: v for k, v in story.items() if k not in ("policy", "messages_sent", "bytes_sent")}
+    fig = render_storyboard({**old, "method": "rule_based"}, panels=2)
+    assert "rule_based" in fig.get_suptitle()
+    empty = {**story, "poses": [[] for _ in story["poses"]], "role": [], "vehicle_id": [], "length": [],
+             "width": [], "messages": []}
+    assert all(len(ax.patches) == 0 for ax in render_storyboard(empty, panels=2).axes)
+    with tempfile.TemporaryDirectory() as d:
+        assert os.path.getsize(render_episode(old, os.path.join(d, "old.png"))) > 10_000

@@ -21,6 +21,7 @@ from jax_drive.geometry import box_corners
 from jax_drive.sim.state import Role
 
 ROLE_COLOURS = {Role.FOCAL: "tab:green", Role.COLLIDER: "tab:red", Role.BACKGROUND: "tab:blue"}
+ROLE_LEGEND = "green: focal, red: potential collider, blue: background"
 
 
 def episode_story(result, episode: str = "") -> dict:
@@ -49,26 +50,35 @@ def _story(episode) -> dict:
     return episode if isinstance(episode, dict) else episode_story(episode)
 
 
+def _poses(story: dict) -> np.ndarray:
+    """(T, n, 4) poses, also for n = 0 (saved as T empty lists)."""
+    return np.asarray(story["poses"], float).reshape(len(story["poses"]), -1, 4)
+
+
 def story_label(story: dict) -> str:
-    """'scenario (accident-prone, policy)'."""
-    return f"{story['scenario']} ({'accident-prone' if story['accident_prone'] else 'safe'}, {story['policy']})"
+    """'scenario (accident-prone, policy)'; records saved before the policy was stored name
+    their method instead."""
+    policy = story.get("policy", story.get("method", "?"))
+    return f"{story['scenario']} ({'accident-prone' if story['accident_prone'] else 'safe'}, {policy})"
 
 
-def story_extent(story: dict, pad: float) -> tuple[np.ndarray, np.ndarray]:
-    """(2,) lower and upper corners of every present vehicle position, widened by ``pad`` m."""
-    poses = np.asarray(story["poses"], float)
+def story_extent(story: dict, pad: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(2,) lower and upper corners of every present vehicle position, widened by ``pad`` m
+    (None when no vehicle is ever present: let matplotlib fit the lanes)."""
+    poses = _poses(story)
     xy = poses[..., :2][poses[..., 3] > 0.5]
     if not len(xy):
-        return np.full(2, -50.0), np.full(2, 50.0)
+        return None
     return xy.min(0) - pad, xy.max(0) + pad
 
 
-def draw_frame(ax, story: dict, step: int, extent: tuple[np.ndarray, np.ndarray], trail_alpha: float = 0.6) -> None:
+def draw_frame(ax, story: dict, step: int, extent: tuple[np.ndarray, np.ndarray] | None,
+               trail_alpha: float = 0.6) -> None:
     """Draws ``story`` at trajectory index ``step`` on ``ax``: lanes, each vehicle's trail up
     to ``step``, its box and id at ``step``, limits ``extent`` (see :func:`story_extent`)."""
-    poses = np.asarray(story["poses"], float)  # (T, n, 4)
+    poses = _poses(story)  # (T, n, 4)
     length, width = np.asarray(story["length"], float), np.asarray(story["width"], float)
-    colours = [ROLE_COLOURS.get(Role(int(r)), "0.5") for r in story["role"]]
+    colours = [ROLE_COLOURS.get(int(r), "0.5") for r in story["role"]]  # grey: an unknown role
     for pts in story["lanes"]:
         pts = np.asarray(pts, float)
         ax.plot(pts[:, 0], pts[:, 1], color="0.85", lw=6, solid_capstyle="butt", zorder=0)
@@ -83,9 +93,10 @@ def draw_frame(ax, story: dict, step: int, extent: tuple[np.ndarray, np.ndarray]
         ax.add_patch(Polygon(corners[i], closed=True, fc=colours[i], ec="k", lw=0.6, alpha=0.85, zorder=3))
         ax.text(pose[i, 0], pose[i, 1] + width[i] / 2 + 1.0, str(story["vehicle_id"][i]), fontsize=6,
                 ha="center", zorder=4)
-    lo, hi = extent
-    ax.set_xlim(lo[0], hi[0])
-    ax.set_ylim(lo[1], hi[1])
+    if extent is not None:
+        lo, hi = extent
+        ax.set_xlim(lo[0], hi[0])
+        ax.set_ylim(lo[1], hi[1])
     ax.set_aspect("equal")
 
 
@@ -103,7 +114,8 @@ def render_episode(episode, path, title: str | None = None, max_messages: int = 
     ax.set_title(title or f"{story_label(story)} t = {last * story['decision_dt']:.1f} s", fontsize=9)
     side.axis("off")
     lines = ["Outcomes:"] + list(story["outcomes"])
-    lines += ["", f"Messages ({story['messages_sent']}, {story['bytes_sent']} bytes):"]
+    sent, size = story.get("messages_sent", len(story["messages"])), story.get("bytes_sent", "?")
+    lines += ["", f"Messages ({sent}, {size} bytes):"]
     for t, vid, text in story["messages"][-max_messages:]:
         lines.append(f"[{t:.1f}s] {vid}: {text[:70]}")
     side.text(0.0, 1.0, "\n".join(lines), va="top", fontsize=7, family="monospace", wrap=True)
@@ -151,6 +163,6 @@ def render_storyboard(episode, panels: int = 4, max_messages: int = 3, columns: 
     for ax in axes[len(steps):]:
         ax.axis("off")
     outcome = "; ".join(story["outcomes"])
-    fig.suptitle(f"{title or story_label(story)}\n{outcome[:160]}", fontsize=9)
+    fig.suptitle(f"{title or story_label(story)}\n{outcome[:160]}\n{ROLE_LEGEND}", fontsize=9)
     fig.tight_layout()
     return fig

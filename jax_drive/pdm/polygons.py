@@ -190,7 +190,9 @@ def first_true_indices(mask: chex.Array, k: int) -> tuple[chex.Array, chex.Array
 def build_band_table(vertices: chex.Array, valid: chex.Array, budget: PolygonBudget) -> BandTable:
     """Band table of one polygon set. vertices (P, V, 2), valid (P,); jit-able.
 
-    The budget must hold the scene (see :func:`map_budget`); edges beyond it are dropped.
+    The budget must hold the scene (see :func:`map_budget`): real edges beyond
+    ``budget.edges`` rounded up to a multiple of 32, or band members beyond ``budget.band``,
+    are dropped.
     """
     p = vertices.shape[0]
     edges = _edges(jnp.asarray(vertices, jnp.float32), jnp.asarray(valid, bool))
@@ -249,7 +251,8 @@ def _max_band_count(scene: np.ndarray, lo: np.ndarray, hi: np.ndarray, num_scene
     """Most real edges listed in one band of one scene, counted on the host in float64 with
     a wider margin than the device's (so never below its count).
 
-    scene (R,) int64 ascending, lo, hi (R,) float32: the real edges of all scenes, compacted.
+    scene (R,) int64 ascending, lo, hi (R,) float64 (holding float32 values): the real edges
+    of all scenes, compacted.
     An edge [lo, hi] is listed by bands b with lo <= y0 + (b + 1) h + m and hi >= y0 + b h - m
     (:func:`band_membership`): a run of bands [first, last]. A band's count is then
     #(first <= b) - #(last < b): two histograms over all scenes' real edges at once (one
