@@ -46,8 +46,11 @@ def episode_story(result, episode: str = "") -> dict:
             "bytes_sent": int(result.bytes_sent)}
 
 
-def _story(episode) -> dict:
-    return episode if isinstance(episode, dict) else episode_story(episode)
+def as_story(episode) -> dict:
+    """An EpisodeResult's or a saved story's drawable story, its poses already a (T, n, 4)
+    array (converted once, not once per panel)."""
+    story = episode if isinstance(episode, dict) else episode_story(episode)
+    return {**story, "poses": _poses(story)}
 
 
 def _poses(story: dict) -> np.ndarray:
@@ -103,7 +106,7 @@ def draw_frame(ax, story: dict, step: int, extent: tuple[np.ndarray, np.ndarray]
 def render_episode(episode, path, title: str | None = None, max_messages: int = 6) -> str:
     """Saves a PNG of one episode (an EpisodeResult run with ``keep_trajectory=True``, or its
     :func:`episode_story`): the whole trails and the final boxes, outcomes and last messages."""
-    story = _story(episode)
+    story = as_story(episode)
     fig = Figure(figsize=(12, 6))
     FigureCanvasAgg(fig)
     ax, side = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1.3]})
@@ -139,7 +142,7 @@ def render_storyboard(episode, panels: int = 4, max_messages: int = 3, columns: 
     evenly spaced in time, each with the trails so far, the vehicles at that moment and the
     messages sent since the previous panel (the last ``max_messages`` of them). Returns the
     Figure (Agg canvas); save it or display it."""
-    story = _story(episode)
+    story = as_story(episode)
     dt = story["decision_dt"]
     steps = storyboard_steps(len(story["poses"]), panels)
     rows = -(-len(steps) // columns)

@@ -247,12 +247,12 @@ def _round_up(n: int, step: int) -> int:
     return max(step, int(math.ceil(n / step)) * step)
 
 
-def _max_band_count(scene: np.ndarray, lo: np.ndarray, hi: np.ndarray, num_scenes: int, num_bands: int) -> int:
+def _max_band_count(scene: np.ndarray, lo: np.ndarray, hi: np.ndarray, per_scene: np.ndarray, num_bands: int) -> int:
     """Most real edges listed in one band of one scene, counted on the host in float64 with
     a wider margin than the device's (so never below its count).
 
     scene (R,) int64 ascending, lo, hi (R,) float64 (holding float32 values): the real edges
-    of all scenes, compacted.
+    of all scenes, compacted; per_scene (B,) int: real edges per scene.
     An edge [lo, hi] is listed by bands b with lo <= y0 + (b + 1) h + m and hi >= y0 + b h - m
     (:func:`band_membership`): a run of bands [first, last]. A band's count is then
     #(first <= b) - #(last < b): two histograms over all scenes' real edges at once (one
@@ -260,13 +260,13 @@ def _max_band_count(scene: np.ndarray, lo: np.ndarray, hi: np.ndarray, num_scene
     """
     if scene.size == 0:
         return 0
-    per_scene = np.bincount(scene, minlength=num_scenes)
+    num_scenes = len(per_scene)
     present = per_scene > 0
-    starts = (np.cumsum(per_scene) - per_scene)[present]
+    offsets = (np.cumsum(per_scene) - per_scene)[present]
     y0 = np.zeros(num_scenes)
     y1 = np.ones(num_scenes)  # a scene without real edges: unit extent (it lists nothing)
-    y0[present] = np.minimum.reduceat(lo, starts)  # exact: min of float32 values
-    y1[present] = np.maximum.reduceat(hi, starts)
+    y0[present] = np.minimum.reduceat(lo, offsets)  # exact: min of float32 values
+    y1[present] = np.maximum.reduceat(hi, offsets)
     height = np.maximum(y1 - y0, 1e-3) / num_bands
     h, base = height[scene], y0[scene]
     first = np.ceil((lo - base - _HOST_MARGIN * h) / h - 1.0 - 1e-9)
@@ -289,15 +289,14 @@ def polygon_budget(vertices: np.ndarray, valid: np.ndarray, num_bands: int = NUM
     ok = np.asarray(valid, bool)
     p, n = v.shape[-3], v.shape[-2]
     y = v[..., 1].reshape((-1, p, n))
-    num_scenes = len(y)
     y_next = np.concatenate([y[..., 1:], y[..., :1]], axis=-1)  # each ring's next vertex
     real = (y_next != y) & ok.reshape((-1, p))[..., None]
     flat = np.flatnonzero(real)  # only real edges are counted: compact them once
     scene = flat // (p * n)
     ya, yb = y.reshape(-1)[flat].astype(np.float64), y_next.reshape(-1)[flat].astype(np.float64)
-    edges = int(np.bincount(scene, minlength=1).max()) if flat.size else 0
-    count = _max_band_count(scene, np.minimum(ya, yb), np.maximum(ya, yb), num_scenes, num_bands)
-    return PolygonBudget(edges=min(_round_up(edges, 16), p * n),
+    per_scene = np.bincount(scene, minlength=len(y))
+    count = _max_band_count(scene, np.minimum(ya, yb), np.maximum(ya, yb), per_scene, num_bands)
+    return PolygonBudget(edges=min(_round_up(int(per_scene.max(initial=0)), 16), p * n),
                          band=min(_round_up(count, 4), p * n),
                          bands=num_bands)
 

@@ -427,9 +427,9 @@ def render_dialogue(result, log: list[dict], path: str, frames: int = 4, max_lin
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from jax_drive.coop.render import draw_frame, episode_story, story_extent, story_label
+    from jax_drive.coop.render import as_story, draw_frame, story_extent, story_label
 
-    story = episode_story(result)
+    story = as_story(result)
     dt = story["decision_dt"]
     last = len(story["poses"]) - 1
     times = [rec["time"] for rec in log] or [0.0]
