@@ -1,12 +1,16 @@
 """Micro-benchmark: the sampler's three work-saving features on SmolLM2-135M-Instruct, each
 on and off in one run, on the same inputs, with the on/off outputs compared.
 
-1. shared-prefix prefill: ``--prompts`` distinct long chat prompts, each sampled ``--group``
-   times (rows = prompts x group), with ``SamplerConfig(share_prefix=True/False)``; sampled
-   at temperature 1 with equal keys (both must draw the same tokens).
+1. shared-prefix prefill: ``--prompts`` distinct long chat prompts (a common filler text,
+   then each its own question), each sampled ``--group`` times (rows = prompts x group),
+   with ``SamplerConfig(share_prefix=True/False)`` (on: each distinct prompt once, and their
+   common prefix once); sampled at temperature 1 with equal keys (both must draw the same
+   tokens).
 2. cross-turn KV reuse: a second turn (a feedback message of about ``--feedback-tokens``
    tokens appended to every row's first turn) by ``Session.extend`` vs ``JaxEngine.generate``
-   on the whole context (today's path: re-prefill everything); greedy.
+   on the whole context (today's path: re-prefill everything); the first turn is sampled at
+   temperature 1 (as MTDrive's G rollouts are, so the rows' contexts differ), the second
+   greedy.
 3. prompt-lookup speculative decoding on that refinement turn (the feedback asks to restate
    the answer with one change, so the answer repeats the context): ``Session.extend`` with
    and without ``PromptLookup``; greedy (outputs must be identical); forward passes counted.
@@ -121,16 +125,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. cross-turn KV reuse ---------------------------------------------------------------
     greedy = SamplingParams(max_new_tokens=n, temperature=0.0)
+    sampled = SamplingParams(max_new_tokens=n, temperature=1.0)
     plain_engine = JaxEngine(model, tokenizer, buckets)
     lookup_engine = JaxEngine(model, tokenizer, buckets, prompt_lookup=PromptLookup(num_draft=args.num_draft))
-    first = plain_engine.generate(rows, greedy, jax.random.key(1))
+    first = plain_engine.generate(rows, sampled, jax.random.key(1))
     feedback = [tokenizer.encode(("" if c.finish_reason == "stop" else "<|im_end|>") + "\n<|im_start|>user\n"
                                  + FEEDBACK + "<|im_end|>\n<|im_start|>assistant\n") for c in first]
     contexts = [list(c.prompt_token_ids) + list(c.token_ids) + f for c, f in zip(first, feedback)]
     results["feedback_tokens"] = [len(f) for f in feedback]
 
     def start(engine):
-        return lambda: engine.start(rows, greedy, jax.random.key(1))[0]
+        return lambda: engine.start(rows, sampled, jax.random.key(1))[0]
 
     def extend(session):
         return session.extend(feedback, greedy, jax.random.key(2))
@@ -138,13 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     def regenerate(_):
         return plain_engine.generate(contexts, greedy, jax.random.key(2))
 
-    reused, fresh = extend(start(plain_engine)()), regenerate(None)  # warm-up
+    session, first_again = plain_engine.start(rows, sampled, jax.random.key(1))
+    reused, fresh = extend(session), regenerate(None)  # warm-up
     results["kv_reuse"] = {
         "on": timed(extend, args.repeats, setup=start(plain_engine)),
         "off": timed(regenerate, args.repeats),
         "tokens_identical": [c.token_ids for c in reused] == [c.token_ids for c in fresh],
         "max_abs_logprob_diff": max_logprob_diff(reused, fresh),
         "context_tokens": [len(c) for c in contexts],
+        "distinct_contexts": len({tuple(c) for c in contexts}),
+        "first_turn_identical": [c.token_ids for c in first_again] == [c.token_ids for c in first],
     }
     results["kv_reuse"]["speedup"] = speedup(results["kv_reuse"]["off"], results["kv_reuse"]["on"])
     bar.update()

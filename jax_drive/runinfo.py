@@ -71,18 +71,24 @@ def command_line(script: str, argv: list[str] | None = None) -> str:
 
 
 def _git_commit() -> str | None:
+    """Short HEAD commit, with ``+dirty`` when tracked files differ from it (the results then
+    came from uncommitted code)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", _REPO_ROOT, *args], capture_output=True, text=True, timeout=5,
+                              check=False)
+
     try:
-        out = subprocess.run(["git", "-C", _REPO_ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
+        commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+        dirty = commit and git("diff", "--quiet", "HEAD").returncode == 1
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return (commit + "+dirty" if dirty else commit) or None
 
 
 def run_metadata(**extra: Any) -> dict[str, Any]:
     """What a results file needs to be read later: when, where, which code and JAX devices.
 
-    Keys: ``date_utc``, ``git_commit``, ``platform``, ``python``, ``cpu_count``, ``cpu_affinity``
+    Keys: ``date_utc``, ``git_commit`` (``+dirty`` after uncommitted changes), ``platform``, ``python``, ``cpu_count``, ``cpu_affinity``
     (the cores this process may use, e.g. under ``taskset``), ``load_average`` ([1, 5, 15] min), ``xla_flags``, ``jax_version``, ``jax_devices``
     (the last two only when JAX is already imported, so asking never starts a backend),
     plus ``extra``.

@@ -19,6 +19,25 @@ def test_metadata_keys():
     assert meta["benchmark"] == "x"
 
 
+def test_git_commit_marks_uncommitted_changes(tmp_path, monkeypatch):
+    import subprocess
+
+    from jax_drive import runinfo
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setattr(runinfo, "_REPO_ROOT", str(tmp_path))
+    clean = runinfo._git_commit()
+    assert clean and "+" not in clean
+    (tmp_path / "f.txt").write_text("b")
+    assert runinfo._git_commit() == clean + "+dirty"
+
+
 def test_write_json_is_atomic_and_serialises_arrays(tmp_path):
     import numpy as np
 

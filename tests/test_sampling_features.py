@@ -1,6 +1,7 @@
 """The sampler's work-saving features against the plain path (tiny random models):
 
-1. shared-prefix prefill (equal prompts prefilled once): same samples and log-probs;
+1. shared-prefix prefill (equal prompts prefilled once: same samples and log-probs; a prefix
+   common to distinct prompts prefilled once: same samples, log-probs within 1e-4);
 2. sessions (``JaxEngine.start`` / ``Session.extend``, KV caches kept between turns):
    greedy tokens identical to generating from the whole context, log-probs within 1e-4;
 3. prompt-lookup speculative decoding: greedy outputs identical; sampled tokens keep the
@@ -33,6 +34,7 @@ from jax_drive.sampling import (
     generate_tokens,
     supports_sessions,
 )
+from jax_drive.sampling.sampler import common_prefix_length
 from jax_drive.sampling.speculative import accept_drafts, lookup_drafts
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 5, 6], [42, 43]]
@@ -104,6 +106,32 @@ def test_engine_n_samples_share_the_prompt(model):
     np.testing.assert_allclose([c.logprobs for c in shared], [c.logprobs for c in plain], atol=1e-4)
 
 
+SYSTEM = [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 3, 1, 9, 9, 2, 7, 4, 6, 1, 8, 3]  # 21 ids every prompt starts with
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([SYSTEM + [1], SYSTEM + [2, 3], SYSTEM + [1]]) == 16  # rounded down to 8s
+    assert common_prefix_length([SYSTEM[:17], SYSTEM + [5]]) == 16  # each row keeps >= 1 token
+    assert common_prefix_length([SYSTEM[:16], SYSTEM + [5]]) == 0  # 15 common: below the minimum
+    assert common_prefix_length([SYSTEM + [1]]) == 0  # one row: nothing to share
+    assert common_prefix_length([SYSTEM + [1], [0] + SYSTEM]) == 0
+
+
+@pytest.mark.parametrize("model,temperature,lookup", [("llama", 1.0, None), ("qwen2_lora_merged", 0.0, None),
+                                                      ("llama", 0.0, LOOKUP)], indirect=["model"])
+def test_common_prefix_prefill_equals_unshared(model, temperature, lookup):
+    """Distinct prompts (different lengths: left padding after the shared part) with a common
+    system prefix, one of them repeated; a row stopping early."""
+    rows = [SYSTEM + p for p in (PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2])]
+    assert common_prefix_length(rows) == 16
+    stop = _stop_token(model, rows, jax.random.key(5), temperature=temperature)
+    kw = dict(max_new_tokens=9, temperature=temperature, stop_token_ids=[stop], prompt_lookup=lookup)
+    shared = generate_tokens(model, rows, jax.random.key(5), **kw)
+    plain = generate_tokens(model, rows, jax.random.key(5), config=SamplerConfig(share_prefix=False), **kw)
+    _assert_same(shared, plain)
+    assert shared.stopped.any() and not shared.stopped.all()
+
+
 # --------------------------------------------------------------------------- sessions
 def _assert_completions_equal(got, ref, logprob_atol=1e-4):
     assert got.token_ids == ref.token_ids
@@ -145,17 +173,35 @@ def test_session_turns_equal_generating_from_scratch(model, lookup, max_batch_si
         assert [session.contexts[r] for r in live] == [contexts[r] for r in live]
 
 
-def test_session_sampled_turn_equals_generating_from_scratch(model):
-    """With equal batches and keys, a sampled continuation draws the same tokens."""
-    engine = JaxEngine(model)
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9)
-    session, first = engine.start(PROMPTS, params, jax.random.key(2))
+def _assert_next_turn_equals_scratch(session, first, engine, params):
+    """Extending three rows by a few ids equals ``engine`` generating from their whole contexts."""
     appended = [[7, 7], [8], [9, 9, 9]]
     out = session.extend(appended, params, jax.random.key(3))
     ref = engine.generate([list(c.prompt_token_ids) + list(c.token_ids) + a for c, a in zip(first, appended)],
                           params, jax.random.key(3))
     for got, want in zip(out, ref):
         _assert_completions_equal(got, want)
+
+
+@_which("llama")
+def test_session_after_a_common_prefix_prefill(model):
+    """A first turn whose prompts share a prefix (prefilled once) keeps caches that the next
+    turn extends like a from-scratch generation without any sharing."""
+    prompts = [SYSTEM + p for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    session, first = JaxEngine(model).start(prompts, params, jax.random.key(1))
+    fresh = JaxEngine(model, sampler_config=SamplerConfig(share_prefix=False))
+    for got, ref in zip(first, fresh.generate(prompts, params, jax.random.key(1))):
+        _assert_completions_equal(got, ref)
+    _assert_next_turn_equals_scratch(session, first, fresh, params)
+
+
+def test_session_sampled_turn_equals_generating_from_scratch(model):
+    """With equal batches and keys, a sampled continuation draws the same tokens."""
+    engine = JaxEngine(model)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9)
+    session, first = engine.start(PROMPTS, params, jax.random.key(2))
+    _assert_next_turn_equals_scratch(session, first, engine, params)
 
 
 def test_session_bad_input_and_capability_flag(model):

@@ -12,7 +12,9 @@ Layout of one call (``generate_tokens``):
    2-core CPU: 32 s instead of 62 s). The logits of the prefill are never used, so no
    (B, P, V) LM head is computed. **Shared prefixes**: rows with equal prompts (a request
    with ``n > 1``, or equal prompts in one batch) are prefilled once and their cache rows
-   broadcast to every row that shares them (``SamplerConfig.share_prefix``).
+   broadcast to every row that shares them, and the leading tokens that all distinct prompts
+   have in common (a system prompt, shared instructions) are prefilled once for the whole
+   call (``SamplerConfig.share_prefix``; see :func:`common_prefix_length`).
 3. ``_decode_*`` (jitted, loop state donated): a ``lax.while_loop``; step ``t`` feeds one
    token per row (the last prompt token at ``t = 0``, then the previous sample) at the row's
    cache slot (``P - 1 + t``), samples the next token and records its log-prob. The loop
@@ -29,7 +31,8 @@ Layout of one call (``generate_tokens``):
 
 Randomness: one PRNG key for the call (split at every step), or one key per row (a (R,) key
 array): each row then draws only from its own key, so its sample does not depend on which
-other rows share the call (``jax-drive serve`` batches seeded requests this way).
+other rows share the call (``jax-drive serve`` batches seeded requests this way). A draw is
+a two-level Gumbel-max (``selection.two_level_gumbel_max``).
 
 Sampling-only settings (temperature, top-k/p values, stop ids, min/max new tokens, pad id)
 are traced values, so changing them never recompiles; greedy vs sampled, filtering on/off,
@@ -95,7 +98,10 @@ class SamplerConfig:
         copy of the weights, longer compile). False: call ``CausalLM.__call__`` (scanned
         layers) in the loop. Models without ``arrays()`` always use the latter. Default True.
       share_prefix: prefill each distinct prompt of a call once and copy its cache rows to
-        the rows that repeat it (default True; outputs equal the unshared path's).
+        the rows that repeat it (outputs equal the unshared path's), and prefill the leading
+        tokens all distinct prompts share once (:func:`common_prefix_length`; outputs equal
+        up to float rounding, as the shared keys are computed in a one-row batch). Default
+        True.
       mesh: devices the rows of a call are split over (default one; see the module docstring).
     """
 
@@ -180,6 +186,26 @@ def unique_rows(rows: Sequence[Sequence[int]]) -> tuple[list[list[int]], np.ndar
     index: dict[tuple[int, ...], int] = {}
     source = np.asarray([index.setdefault(tuple(r), len(index)) for r in rows], np.int32)
     return [list(r) for r in index], source
+
+
+COMMON_PREFIX_STEP = 8  # shared prefix lengths are multiples of this (fewer compiled shapes)
+MIN_COMMON_PREFIX = 16  # shorter common prefixes are not worth a separate prefill pass
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """Tokens that every one of >= 2 rows starts with and that the call prefills once:
+    their longest common prefix, leaving each row at least one token of its own, rounded
+    down to a multiple of :data:`COMMON_PREFIX_STEP`; 0 when under :data:`MIN_COMMON_PREFIX`
+    or with fewer than two rows."""
+    if len(rows) < 2:
+        return 0
+    first = rows[0]
+    limit = min(len(r) for r in rows) - 1
+    common = 0
+    while common < limit and all(r[common] == first[common] for r in rows):
+        common += 1
+    common -= common % COMMON_PREFIX_STEP
+    return common if common >= MIN_COMMON_PREFIX else 0
 
 
 def right_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad_id: int = 0):
@@ -410,9 +436,10 @@ def new_decode_state(cache, token, position, index, row_valid, key, width: int,
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots", "width", "per_layer"))
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots", "width", "per_layer", "common"))
 def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, history_len, *,
-             slots: int, width: int, per_layer: bool, positions=None, vision=None) -> DecodeState:
+             slots: int, width: int, per_layer: bool, positions=None, vision=None,
+             common: int = 0) -> DecodeState:
     """Caches the first P - 1 prompt columns and returns the loop state before step 0.
 
     ids/mask (U, P) left-padded prompts; source (B,) int32: the prompt row of each of the B
@@ -422,6 +449,9 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
     positions, vision: a prompt batch with images brings its (3, U, P) M-RoPE positions and
     its vision inputs (``model.multimodal_inputs``); decoding goes on from the last column's
     position (a text token: its three positions are equal).
+    common: the first ``common`` columns are the same real tokens in every row (the prompts'
+    common prefix, see :func:`start_decode`): they are prefilled in one row and broadcast,
+    then the rest of the columns attend to them through the cache (text models only).
     """
     model = nnx.merge(graphdef, state)
     config = model.config
@@ -430,7 +460,13 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
     if positions is None:
         positions = positions_from_mask(mask)
     images = {} if vision is None else {"vision": vision}
-    if plen > 1:
+    if common:
+        head = model.prefill(ids[:1, :common], positions[:1, :common], mask[:1, :common],
+                             init_cache(config, 1, slots, config.jnp_dtype))
+        cache = jax.tree.map(lambda x, like: jnp.broadcast_to(x, like.shape), head, cache)
+        _, cache = forward_hidden(model.arrays(), config, ids[:, common:-1], positions[:, common:-1],
+                                  mask[:, common:-1], cache, jnp.int32(common))
+    elif plen > 1:
         if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
             cache = model.prefill(ids[:, :-1], positions[..., :-1], mask[:, :-1], cache, **images)
         else:
@@ -673,7 +709,6 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
             f"prompt ({longest}) + max_new_tokens ({request.max_new_tokens}) exceeds the model's "
             f"max_position_embeddings ({mcfg.max_position_embeddings})"
         )
-    plen = bucket_size(longest, config.prompt_buckets, config.min_prompt_bucket, "prompt length")
     nbucket = bucket_size(request.max_new_tokens, config.gen_buckets, config.min_gen_bucket,
                           "max_new_tokens")
     rows = len(prompts)
@@ -685,16 +720,27 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
     prefill = prompts if images is None else [p + [id(im) for im in (row or ())] + [len(row or ())]
                                               for p, row in zip(prompts, images)]
     unique, source = unique_rows(prefill) if config.share_prefix else (prompts, None)
+    mesh = make_mesh(config.mesh)  # rows split over the devices, weights on every one
     if source is not None and len(unique) < rows:
         first = np.unique(source, return_index=True)[1]  # the first row of each distinct prompt
-        ids, mask, _ = left_pad([prompts[i] for i in first], plen, config.batch_size(len(unique)),
-                                request.pad_id)
+        distinct = [prompts[i] for i in first]
         images = None if images is None else [images[i] for i in first]
         source = np.concatenate([source, np.zeros((batch - rows,), np.int32)])  # dummies: any row
         row_valid = np.arange(batch) < rows
+        prefill_batch = config.batch_size(len(unique))
     else:
-        ids, mask, row_valid = left_pad(prompts, plen, batch, request.pad_id)
-        source = None
+        distinct, source, prefill_batch = prompts, None, batch
+    # a prefix common to every distinct prompt is prefilled once (text models, one device)
+    text_only = hasattr(model, "arrays") and not hasattr(model, "multimodal_inputs")
+    common = common_prefix_length(distinct) if config.share_prefix and text_only and mesh is None else 0
+    plen = common + bucket_size(longest - common, config.prompt_buckets, config.min_prompt_bucket,
+                                "prompt length")
+    ids, mask, valid = left_pad([p[common:] for p in distinct], plen - common, prefill_batch, request.pad_id)
+    if common:  # layout [common prefix | left-padded rest]: the prefix at the same slots in every row
+        ids = np.concatenate([np.broadcast_to(np.asarray(distinct[0][:common], np.int32), (len(ids), common)), ids], 1)
+        mask = np.concatenate([np.ones((len(ids), common), bool), mask], 1)
+    if source is None:
+        row_valid = valid
     positions = vision = None
     if images is not None:
         positions, vision, _ = model.multimodal_inputs(ids, mask, list(images) + [None] * (len(ids) - len(images)))
@@ -704,13 +750,12 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
         history, history_len = (jnp.asarray(x) for x in right_pad(
             prompts, plen + nbucket + k + 1, batch, request.pad_id))
     graphdef, state = graph_and_state if graph_and_state is not None else nnx.split(model)
-    mesh = make_mesh(config.mesh)  # rows split over the devices, weights on every one
     ids, mask, source, row_valid, history, history_len = (
         None if x is None else shard_batch(x, mesh) if mesh is not None else jnp.asarray(x)
         for x in (ids, mask, source, row_valid, history, history_len))
     loop = _prefill(graphdef, replicate(state, mesh), ids, mask, source, row_valid, replicate(key, mesh),
                     history, history_len, slots=plen + nbucket + k, width=nbucket + (k + 1 if k else 0),
-                    per_layer=weights is not None, positions=positions, vision=vision)
+                    per_layer=weights is not None, positions=positions, vision=vision, common=common)
     return loop, rows, plen
 
 

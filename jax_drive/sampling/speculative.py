@@ -25,7 +25,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jax_drive.sampling.selection import NEG_INF, processed_logits, take_token
+from jax_drive.sampling.selection import NEG_INF, categorical_rows, processed_logits, take_token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +121,6 @@ def accept_drafts(logits: jax.Array, drafts: jax.Array, num_valid: jax.Array, ke
     padded = jnp.concatenate([drafts, jnp.zeros_like(drafts[:, :1])], axis=1)  # (B, K + 1)
     rejected = jnp.take_along_axis(padded, at, axis=1)  # (B, 1)
     rejected_here = (accepted < num_valid)[:, None] & (jnp.arange(scaled.shape[-1]) == rejected)
-    final = jax.random.categorical(key_final, jnp.where(rejected_here, NEG_INF, final_scaled))
+    final = categorical_rows(key_final, jnp.where(rejected_here, NEG_INF, final_scaled))
     tokens = jnp.where(jnp.arange(k + 1) == at, final[:, None].astype(jnp.int32), padded)
     return tokens, accepted, take_token(logp, tokens)
