@@ -69,6 +69,65 @@ def run_path(engine, specs, agent_config, decisions: int, seed: int) -> dict:
             "agent_seconds_mean": seconds / max(agents, 1), "agents_per_decision": agents / max(len(policy.calls), 1)}
 
 
+class Recorder:
+    """Wraps an engine; keeps the conversations of its first ``generate_chat`` call."""
+
+    def __init__(self, engine):
+        self.engine, self.first = engine, None
+
+    def generate_chat(self, conversations, params, key):
+        if self.first is None:
+            self.first = (conversations, params, key)
+        return self.engine.generate_chat(conversations, params, key)
+
+
+def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=(1, 8, 16, 32)) -> dict:
+    """Where a batched decision's time goes: decision 0's prefill (its prompts' common prefix
+    shared once vs not) and decode, and decode milliseconds per step by batch size (random
+    60-token prompts, all steps run). Median of 3 after a warm-up."""
+    import dataclasses
+    import statistics
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jax_drive.sampling.sampler import common_prefix_length, decode, start_decode
+
+    recorder = Recorder(engine)
+    run_path(recorder, specs, agent_config, 1, seed)
+    conversations, params, key = recorder.first
+    prompts = [list(tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=True)))
+               for c in conversations]
+    request = engine.request(params.replace(min_new_tokens=params.max_new_tokens))  # every row runs all steps
+    graph_and_state, weights = nnx.split(model), engine.decode_weights.get(model)
+
+    def timed(rows, config):
+        prefill, steps = [], []
+        for _ in range(4):  # the first is a warm-up
+            start = time.perf_counter()
+            loop, _, _ = start_decode(model, rows, key, request, config, graph_and_state, weights)
+            jax.block_until_ready(loop.cache)
+            middle = time.perf_counter()
+            jax.block_until_ready(decode(model, weights, loop, request, config, graph_and_state).tokens)
+            prefill.append(middle - start)
+            steps.append(time.perf_counter() - middle)
+        return statistics.median(prefill[1:]), statistics.median(steps[1:])
+
+    shared = timed(prompts, engine.sampler_config)
+    unshared = timed(prompts, dataclasses.replace(engine.sampler_config, share_prefix=False))
+    rng = np.random.default_rng(seed)
+    per_step = {}
+    for b in batches:
+        _, seconds = timed([list(rng.integers(100, 1000, 60)) for _ in range(b)], engine.sampler_config)
+        per_step[str(b)] = round(1e3 * seconds / request.max_new_tokens, 2)
+    return {"decision0": {"agents": len(prompts), "prompt_tokens": [len(p) for p in prompts],
+                          "common_prefix": common_prefix_length(prompts),
+                          "prefill_s": {"shared": round(shared[0], 3), "unshared": round(unshared[0], 3)},
+                          "decode_s": round(shared[1], 3), "new_tokens": request.max_new_tokens},
+            "decode_ms_per_step_by_batch": per_step}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct",
@@ -78,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--style", choices=("compact", "full"), default="compact")
     parser.add_argument("--max-new-tokens", type=int, default=28)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-breakdown", action="store_true",
+                        help="skip the breakdown (decision 0's prefill shared vs not, decode ms per step by batch)")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
     require_min(1, episodes=args.episodes, decisions=args.decisions, max_new_tokens=args.max_new_tokens)
@@ -107,6 +168,8 @@ def main(argv=None) -> int:
             print(f"{name}: {report[name]['agent_decisions_per_s']:.2f} agent-decisions/s", file=sys.stderr)
     report["speedup"] = report["batched"]["agent_decisions_per_s"] / max(report["per_agent"]["agent_decisions_per_s"],
                                                                          1e-12)
+    if not args.no_breakdown:
+        report["breakdown"] = breakdown(engine, model, tokenizer, specs, config, args.seed)
     report["meta"] = run_metadata(command=command_line(__file__, argv))
     print(f"batched {report['batched']['agent_decisions_per_s']:.2f} vs per-agent "
           f"{report['per_agent']['agent_decisions_per_s']:.2f} agent-decisions/s: x{report['speedup']:.2f}; "

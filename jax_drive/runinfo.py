@@ -72,17 +72,23 @@ def command_line(script: str, argv: list[str] | None = None) -> str:
 
 def _git_commit() -> str | None:
     """Short HEAD commit, with ``+dirty`` when tracked files differ from it (the results then
-    came from uncommitted code)."""
+    came from uncommitted code; untracked files are not counted), ``+unknown`` when git could
+    not tell."""
     def git(*args):
         return subprocess.run(["git", "-C", _REPO_ROOT, *args], capture_output=True, text=True, timeout=5,
                               check=False)
 
     try:
         commit = git("rev-parse", "--short", "HEAD").stdout.strip()
-        dirty = commit and git("diff", "--quiet", "HEAD").returncode == 1
     except (OSError, subprocess.SubprocessError):
         return None
-    return (commit + "+dirty" if dirty else commit) or None
+    if not commit:
+        return None
+    try:
+        dirty = git("diff", "--quiet", "HEAD").returncode == 1
+    except (OSError, subprocess.SubprocessError):
+        return commit + "+unknown"  # the commit is known, the state of the files is not
+    return commit + "+dirty" if dirty else commit
 
 
 def run_metadata(**extra: Any) -> dict[str, Any]:

@@ -100,8 +100,9 @@ class SamplerConfig:
       share_prefix: prefill each distinct prompt of a call once and copy its cache rows to
         the rows that repeat it (outputs equal the unshared path's), and prefill the leading
         tokens all distinct prompts share once (:func:`common_prefix_length`; outputs equal
-        up to float rounding, as the shared keys are computed in a one-row batch). Default
-        True.
+        up to float rounding, as the shared keys are computed in a one-row batch; the padded
+        prompt length and the decode program stay those of the prompt bucket, the prefill
+        compiles once per shared length). Default True.
       mesh: devices the rows of a call are split over (default one; see the module docstring).
     """
 
@@ -188,15 +189,15 @@ def unique_rows(rows: Sequence[Sequence[int]]) -> tuple[list[list[int]], np.ndar
     return [list(r) for r in index], source
 
 
-COMMON_PREFIX_STEP = 8  # shared prefix lengths are multiples of this (fewer compiled shapes)
 MIN_COMMON_PREFIX = 16  # shorter common prefixes are not worth a separate prefill pass
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     """Tokens that every one of >= 2 rows starts with and that the call prefills once:
     their longest common prefix, leaving each row at least one token of its own, rounded
-    down to a multiple of :data:`COMMON_PREFIX_STEP`; 0 when under :data:`MIN_COMMON_PREFIX`
-    or with fewer than two rows."""
+    down to the grid 16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x them: the prefill
+    compiles once per value, and at most a third of the shared part is given up); 0 below
+    :data:`MIN_COMMON_PREFIX` or with fewer than two rows."""
     if len(rows) < 2:
         return 0
     first = rows[0]
@@ -204,8 +205,10 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     common = 0
     while common < limit and all(r[common] == first[common] for r in rows):
         common += 1
-    common -= common % COMMON_PREFIX_STEP
-    return common if common >= MIN_COMMON_PREFIX else 0
+    if common < MIN_COMMON_PREFIX:
+        return 0
+    power = 1 << (common.bit_length() - 1)  # largest power of two <= common
+    return power + power // 2 if common >= power + power // 2 else power
 
 
 def right_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad_id: int = 0):
@@ -731,12 +734,11 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
     else:
         distinct, source, prefill_batch = prompts, None, batch
     # a prefix common to every distinct prompt is prefilled once (text models, one device)
-    text_only = hasattr(model, "arrays") and not hasattr(model, "multimodal_inputs")
+    text_only = all(hasattr(model, a) for a in ("arrays", "prefill")) and not hasattr(model, "multimodal_inputs")
     common = common_prefix_length(distinct) if config.share_prefix and text_only and mesh is None else 0
-    plen = common + bucket_size(longest - common, config.prompt_buckets, config.min_prompt_bucket,
-                                "prompt length")
+    plen = bucket_size(longest, config.prompt_buckets, config.min_prompt_bucket, "prompt length")
     ids, mask, valid = left_pad([p[common:] for p in distinct], plen - common, prefill_batch, request.pad_id)
-    if common:  # layout [common prefix | left-padded rest]: the prefix at the same slots in every row
+    if common:  # layout [common prefix | rest left-padded to P - common]: the prefix at the same slots in every row
         ids = np.concatenate([np.broadcast_to(np.asarray(distinct[0][:common], np.int32), (len(ids), common)), ids], 1)
         mask = np.concatenate([np.ones((len(ids), common), bool), mask], 1)
     if source is None:
