@@ -115,6 +115,7 @@ def test_common_prefix_length():
     assert common_prefix_length([SYSTEM[:16], SYSTEM + [5]]) == 0  # 15 common: below the minimum
     assert common_prefix_length([SYSTEM + [1]]) == 0  # one row: nothing to share
     assert common_prefix_length([SYSTEM + [1], [0] + SYSTEM]) == 0
+    assert common_prefix_length([SYSTEM + [1] * 100, SYSTEM + [2]]) == 0  # under a quarter of the longest
     shared = list(range(3, 203))  # the grid: 16, 24, 32, 48, 64, 96, 128, 192, ...
     for lcp, expected in ((23, 16), (24, 24), (47, 32), (50, 48), (100, 96), (200, 192)):
         assert common_prefix_length([shared[:lcp] + [1], shared[:lcp] + [2, 3]]) == expected

@@ -190,6 +190,10 @@ def unique_rows(rows: Sequence[Sequence[int]]) -> tuple[list[list[int]], np.ndar
 
 
 MIN_COMMON_PREFIX = 16  # shorter common prefixes are not worth a separate prefill pass
+# The rows' own parts then attend over all cache slots instead of causally in blocks over the
+# prompt alone (up to ~2x the attention work at long prompts), so a shared part under this
+# fraction of the longest prompt would cost more than it saves.
+MIN_COMMON_FRACTION = 0.25
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
@@ -197,7 +201,8 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     their longest common prefix, leaving each row at least one token of its own, rounded
     down to the grid 16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x them: the prefill
     compiles once per value, and at most a third of the shared part is given up); 0 below
-    :data:`MIN_COMMON_PREFIX` or with fewer than two rows."""
+    :data:`MIN_COMMON_PREFIX` tokens or :data:`MIN_COMMON_FRACTION` of the longest row, or
+    with fewer than two rows."""
     if len(rows) < 2:
         return 0
     first = rows[0]
@@ -205,7 +210,7 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     common = 0
     while common < limit and all(r[common] == first[common] for r in rows):
         common += 1
-    if common < MIN_COMMON_PREFIX:
+    if common < max(MIN_COMMON_PREFIX, MIN_COMMON_FRACTION * max(len(r) for r in rows)):
         return 0
     power = 1 << (common.bit_length() - 1)  # largest power of two <= common
     return power + power // 2 if common >= power + power // 2 else power
