@@ -110,7 +110,7 @@ SYSTEM = [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 3, 1, 9, 9, 2, 7, 4, 6, 1, 8, 3]  # 21 i
 
 
 def test_common_prefix_length():
-    assert common_prefix_length([SYSTEM + [1], SYSTEM + [2, 3], SYSTEM + [1]]) == 16  # rounded down to 8s
+    assert common_prefix_length([SYSTEM + [1], SYSTEM + [2, 3], SYSTEM + [1]]) == 16  # 21 rounded down to the grid
     assert common_prefix_length([SYSTEM[:17], SYSTEM + [5]]) == 16  # each row keeps >= 1 token
     assert common_prefix_length([SYSTEM[:16], SYSTEM + [5]]) == 0  # 15 common: below the minimum
     assert common_prefix_length([SYSTEM + [1]]) == 0  # one row: nothing to share
@@ -192,6 +192,7 @@ def test_session_after_a_common_prefix_prefill(model):
     """A first turn whose prompts share a prefix (prefilled once) keeps caches that the next
     turn extends like a from-scratch generation without any sharing."""
     prompts = [SYSTEM + p for p in PROMPTS]
+    assert common_prefix_length(prompts) == 16
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     session, first = JaxEngine(model).start(prompts, params, jax.random.key(1))
     fresh = JaxEngine(model, sampler_config=SamplerConfig(share_prefix=False))
