@@ -82,8 +82,9 @@ class Recorder:
 
 
 def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=(1, 8, 16, 32)) -> dict:
-    """Where a batched decision's time goes: decision 0's prefill (its prompts' common prefix
-    shared once vs not) and decode, and decode milliseconds per step by batch size (random
+    """Where a batched decision's time goes: decision 0's prefill (the default: its prompts'
+    common prefix once, their own parts packed; the common prefix once, own parts left-padded;
+    neither) and decode, and decode milliseconds per step by batch size (random
     60-token prompts, all steps run). Median of 3 after a warm-up."""
     import dataclasses
     import statistics
@@ -114,17 +115,21 @@ def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=
             steps.append(time.perf_counter() - middle)
         return statistics.median(prefill[1:]), statistics.median(steps[1:])
 
-    shared = timed(prompts, engine.sampler_config)
-    unshared = timed(prompts, dataclasses.replace(engine.sampler_config, share_prefix=False))
+    config = engine.sampler_config
+    packed = timed(prompts, config)
+    padded = timed(prompts, dataclasses.replace(config, pack_prompts=False))
+    unshared = timed(prompts, dataclasses.replace(config, share_prefix=False, pack_prompts=False))
     rng = np.random.default_rng(seed)
     per_step = {}
     for b in batches:
         _, seconds = timed([list(rng.integers(100, 1000, 60)) for _ in range(b)], engine.sampler_config)
         per_step[str(b)] = round(1e3 * seconds / request.max_new_tokens, 2)
     return {"decision0": {"agents": len(prompts), "prompt_tokens": [len(p) for p in prompts],
-                          "common_prefix": common_prefix_length(prompts),
-                          "prefill_s": {"shared": round(shared[0], 3), "unshared": round(unshared[0], 3)},
-                          "decode_s": round(shared[1], 3), "new_tokens": request.max_new_tokens},
+                          "common_prefix": {"packed": common_prefix_length(prompts, 0.0),
+                                            "left_padded": common_prefix_length(prompts)},
+                          "prefill_s": {"shared_packed": round(packed[0], 3), "shared_left_padded": round(padded[0], 3),
+                                        "unshared_left_padded": round(unshared[0], 3)},
+                          "decode_s": round(packed[1], 3), "new_tokens": request.max_new_tokens},
             "decode_ms_per_step_by_batch": per_step}
 
 
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=28)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-breakdown", action="store_true",
-                        help="skip the breakdown (decision 0's prefill shared vs not, decode ms per step by batch)")
+                        help="skip the breakdown (decision 0's prefill packed, left-padded, unshared; decode ms per step by batch)")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
     require_min(1, episodes=args.episodes, decisions=args.decisions, max_new_tokens=args.max_new_tokens)

@@ -203,7 +203,7 @@ def test_same_key_same_output_different_key_different_output(model):
 
 # ------------------------------------------------------------------------- bucketing
 def test_compile_count_constant_within_buckets(model):
-    cfg = SamplerConfig(prompt_buckets=(8, 24), gen_buckets=(12,))
+    cfg = SamplerConfig(prompt_buckets=(8, 24), gen_buckets=(12,), pack_prompts=False)  # packing: below
     key = jax.random.key(0)
     generate_tokens(model, [[1] * 9, [2] * 10], key, max_new_tokens=12, temperature=0.0, config=cfg)
     before = sampler_mod.compiled_program_counts()
@@ -220,10 +220,28 @@ def test_compile_count_constant_within_buckets(model):
     assert after["decode"] == before["decode"] + 1
 
 
+def test_packed_prefills_keep_the_decode_program(model):
+    """Packed prefills compile once per packed shape (bins and bin length on a coarse grid)
+    and never a new decode program."""
+    cfg = SamplerConfig(prompt_buckets=(64,), gen_buckets=(8,))
+    key = jax.random.key(0)
+    generate_tokens(model, [[1] * 40, [2] * 40], key, max_new_tokens=8, temperature=0.0, config=cfg)  # no packing
+    plain = sampler_mod.compiled_program_counts()
+    generate_tokens(model, [[1] * 40, [2] * 5, [3] * 6, [4] * 7], key, max_new_tokens=8, temperature=0.0, config=cfg)
+    first = sampler_mod.compiled_program_counts()
+    assert first == {"prefill": plain["prefill"] + 1, "decode": plain["decode"] + 1}  # a new batch bucket
+    # parts of 39, 6, 5, 4 tokens, then of 37, 7, 5, 3: one bin of 64 each time -> the same programs
+    generate_tokens(model, [[5] * 38, [6] * 4, [7] * 6, [8] * 8], key, max_new_tokens=8, temperature=0.0, config=cfg)
+    assert sampler_mod.compiled_program_counts() == first
+    generate_tokens(model, [[5] * 60, [6] * 4, [7] * 6, [8] * 8], key, max_new_tokens=8, temperature=0.0,
+                    config=cfg)  # one bin of 96: a new prefill
+    assert sampler_mod.compiled_program_counts() == {"prefill": first["prefill"] + 1, "decode": first["decode"]}
+
+
 def test_common_prefixes_keep_the_decode_program(model):
     """Prompts sharing a prefix keep the bucket's padded length: a new shared length compiles
     one new prefill, no decode program; the same shared length compiles nothing."""
-    cfg = SamplerConfig(prompt_buckets=(64,), gen_buckets=(8,))
+    cfg = SamplerConfig(prompt_buckets=(64,), gen_buckets=(8,), pack_prompts=False)
     key = jax.random.key(0)
     system = [5, 9, 2, 7] * 8  # 32 ids
     generate_tokens(model, [[1] * 9, [2] * 10], key, max_new_tokens=8, temperature=0.0, config=cfg)

@@ -34,7 +34,8 @@ from jax_drive.sampling import (
     generate_tokens,
     supports_sessions,
 )
-from jax_drive.sampling.sampler import common_prefix_length
+from jax_drive.sampling import sampler as sampler_mod
+from jax_drive.sampling.sampler import common_prefix_length, count_bucket, pack_prompt_parts
 from jax_drive.sampling.speculative import accept_drafts, lookup_drafts
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 5, 6], [42, 43]]
@@ -130,10 +131,56 @@ def test_common_prefix_prefill_equals_unshared(model, temperature, lookup):
     assert common_prefix_length(rows) == 16
     stop = _stop_token(model, rows, jax.random.key(5), temperature=temperature)
     kw = dict(max_new_tokens=9, temperature=temperature, stop_token_ids=[stop], prompt_lookup=lookup)
-    shared = generate_tokens(model, rows, jax.random.key(5), **kw)
-    plain = generate_tokens(model, rows, jax.random.key(5), config=SamplerConfig(share_prefix=False), **kw)
-    _assert_same(shared, plain)
+    plain = generate_tokens(model, rows, jax.random.key(5),
+                            config=SamplerConfig(share_prefix=False, pack_prompts=False), **kw)
+    for config in (SamplerConfig(pack_prompts=False), SamplerConfig()):  # left-padded rest, packed rest
+        shared = generate_tokens(model, rows, jax.random.key(5), config=config, **kw)
+        _assert_same(shared, plain)
     assert shared.stopped.any() and not shared.stopped.all()
+
+
+# --------------------------------------------------------------------- packed prefill
+def test_pack_prompt_parts_layout():
+    parts = [[5] * 9, [], [6, 7], [8] * 4, [9] * 12]
+    packed = pack_prompt_parts(parts, first_position=3, width=14, rows=8)
+    ids, pos, seg, src = (np.asarray(x) for x in (packed.ids, packed.positions, packed.segments, packed.source))
+    assert ids.shape == (2, 16)  # bins of 16 (the longest part, 12, on the grid): 27 tokens in 2
+    for r, part in enumerate(parts):
+        n = len(part)
+        assert (src[r, :14 - n] == -1).all()  # left padding of the cache layout
+        at = src[r, 14 - n:]
+        assert ids.ravel()[at].tolist() == part
+        assert pos.ravel()[at].tolist() == list(range(3, 3 + n))
+        assert (seg.ravel()[at] == r).all()
+    assert (seg >= 0).sum() == sum(map(len, parts))
+    assert (src[len(parts):] == -1).all()  # dummy rows
+    # packing that would skip less than a quarter of the left-padded work is not done
+    assert pack_prompt_parts([[1] * 12, [2] * 12], 0, width=14, rows=2) is None
+    # the bin length that gives the least work: 33 + 30 tokens in one bin of 64, not 2 of 48
+    assert pack_prompt_parts([[1] * 33, [2] * 30], 0, width=40, rows=4).ids.shape == (1, 64)
+    assert pack_prompt_parts([[1] * 30, [2] * 20, [3] * 10], 0, width=40, rows=4).ids.shape == (2, 32)
+
+
+def test_count_bucket_grid():
+    assert [count_bucket(n) for n in (1, 5, 8, 9, 11, 16, 17, 33, 100)] == [1, 5, 8, 10, 12, 16, 20, 40, 112]
+
+
+@pytest.mark.parametrize("model,temperature,lookup", [("llama", 1.0, None), ("qwen2_lora_merged", 0.0, None),
+                                                      ("llama", 0.0, LOOKUP)], indirect=["model"])
+def test_packed_prefill_equals_left_padded(model, temperature, lookup, monkeypatch):
+    """Prompts of very different lengths (one repeated, no common prefix) packed without
+    padding give the left-padded prefill's outputs; a row stops early."""
+    rows = [PROMPTS[1] * 3, PROMPTS[0], PROMPTS[2], PROMPTS[1] * 3, [11, 12, 13, 14]]
+    packs = []
+    spy = sampler_mod.pack_prompt_parts
+    monkeypatch.setattr(sampler_mod, "pack_prompt_parts", lambda *a: packs.append(spy(*a)) or packs[-1])
+    stop = _stop_token(model, rows, jax.random.key(6), temperature=temperature)
+    kw = dict(max_new_tokens=9, temperature=temperature, stop_token_ids=[stop], prompt_lookup=lookup)
+    packed = generate_tokens(model, rows, jax.random.key(6), **kw)
+    assert packs[-1].ids.shape == (1, 48)  # parts of 26, 6, 3 and 1 tokens in one bin of 48, not 4 rows of 31
+    padded = generate_tokens(model, rows, jax.random.key(6), config=SamplerConfig(pack_prompts=False), **kw)
+    _assert_same(packed, padded)
+    assert packed.stopped.any() and not packed.stopped.all()
 
 
 # --------------------------------------------------------------------------- sessions

@@ -7,6 +7,7 @@ imports torch or transformers.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,8 +27,9 @@ def _token_content(value: Any) -> str | None:
     return str(value)
 
 
-def _render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
-                          add_generation_prompt: bool, **extra) -> str:
+@functools.lru_cache(maxsize=16)
+def _compiled_chat_template(template: str):
+    """The jinja2 template object of ``template`` (compiling one takes ~4 ms: once per text)."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -38,7 +40,12 @@ def _render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
     env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent,
                                                                   ensure_ascii=False)
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(
+    return env.from_string(template)
+
+
+def _render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
+                          add_generation_prompt: bool, **extra) -> str:
+    return _compiled_chat_template(template).render(
         messages=list(messages), add_generation_prompt=add_generation_prompt, **extra
     )
 

@@ -246,15 +246,18 @@ ATTENTION_BLOCK = 128  # query rows per block of causal self-attention without a
 
 
 def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                          block: int = ATTENTION_BLOCK) -> jax.Array:
+                          block: int = ATTENTION_BLOCK, prefix: int = 0) -> jax.Array:
     """:func:`attention` for a causal sequence attending to itself (no cache), in query blocks.
 
-    Query rows [s, e) can only attend to keys [0, e), so each block's scores are (e, not L)
-    wide: about half the score work of the full (L, L) product, and the (B, Nq, block, e)
-    intermediates stay small (fwd + bwd of one SmolLM2 layer at B=2, L=1024 on one core:
-    415 ms instead of 872 ms). Blocks are a static Python loop (shapes differ per block).
+    Query rows [s, e) can only attend to keys [0, prefix + e), so each block's scores are
+    (prefix + e, not prefix + L) wide: about half the score work of the full (L, L) product,
+    and the (B, Nq, block, e) intermediates stay small (fwd + bwd of one SmolLM2 layer at
+    B=2, L=1024 on one core: 415 ms instead of 872 ms). Blocks are a static Python loop
+    (shapes differ per block).
 
-    Args: q (B, L, Nq, D); k, v (B, L, Nk, D); mask (B, L, L) bool, causal.
+    Args: q (B, L, Nq, D); k, v (B, prefix + L, Nk, D): ``prefix`` keys every query may
+      see (a cached prompt prefix), then the L keys of the queries themselves;
+      mask (B, L, prefix + L) bool, causal over the last L keys.
     Returns: (B, L, Nq * D). Equal to :func:`attention` on every row with an allowed key;
       a row with none (left padding) gets a uniform mix over its block's key range instead.
     """
@@ -263,8 +266,8 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
         return attention(q, k, v, mask)
     outs = []
     for start in range(0, l, block):
-        end = min(start + block, l)
-        outs.append(attention(q[:, start:end], k[:, :end], v[:, :end], mask[:, start:end, :end]))
+        end = prefix + min(start + block, l)
+        outs.append(attention(q[:, start:end - prefix], k[:, :end], v[:, :end], mask[:, start:end - prefix, :end]))
     return jnp.concatenate(outs, axis=1)
 
 
@@ -540,6 +543,51 @@ def forward_hidden(params: dict[str, Any], config: ModelConfig, input_ids: jax.A
     x, cache = decoder_blocks(config, params["layers"], x, cos, sin,
                               attention_mask.astype(bool), cache, cache_index, empty_cache)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), cache
+
+
+def packed_prompt_kv(params: dict[str, Any], config: ModelConfig, input_ids: jax.Array,
+                     positions: jax.Array, segments: jax.Array, prefix_k: jax.Array | None = None,
+                     prefix_v: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Keys and values of prompt pieces packed several to a row (a prefill without padding).
+
+    Each piece (one prompt's tokens) fills consecutive columns of a packed row; its tokens
+    attend causally to their own piece and, when given, to C prefix keys that every piece
+    follows (a prompt prefix computed once). Equal, up to float rounding, to prefilling each
+    piece in its own row.
+
+    Args:
+      params: stacked ``CausalLM.arrays()``.
+      input_ids, positions, segments: (M, K) int32 packed tokens, their RoPE positions and
+        the id of the piece each column belongs to (-1: an unused column).
+      prefix_k, prefix_v: (NL, C, Nk, D) cached prefix keys / values, or None.
+    Returns:
+      k, v: (NL, M, K, Nk, D) in the cache dtype (the config's), rotary applied.
+    """
+    m, l = input_ids.shape
+    dtype = config.jnp_dtype
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] >= 0)
+    mask = same & jnp.tril(jnp.ones((l, l), bool))[None]
+    c = 0 if prefix_k is None else prefix_k.shape[1]
+    if c:
+        mask = jnp.concatenate([jnp.ones((m, l, c), bool), mask], axis=-1)
+    x = jnp.take(params["embed"], input_ids.astype(jnp.int32), axis=0)
+    cos, sin = rope_tables(config, positions)
+
+    def scan_step(h, xs):
+        layer, pk, pv = xs
+
+        def attend(q, k, v):
+            k, v = k.astype(dtype), v.astype(dtype)  # the cache's rounding, as a plain prefill
+            keys, values = k.astype(q.dtype), v.astype(q.dtype)
+            if c:
+                keys = jnp.concatenate([jnp.broadcast_to(pk.astype(q.dtype), (m, *pk.shape)), keys], axis=1)
+                values = jnp.concatenate([jnp.broadcast_to(pv.astype(q.dtype), (m, *pv.shape)), values], axis=1)
+            return causal_self_attention(q, keys, values, mask, prefix=c), (k, v)
+
+        return decoder_block(config, layer, h, cos, sin, attend)
+
+    _, (k_all, v_all) = jax.lax.scan(scan_step, x, (params["layers"], prefix_k, prefix_v))
+    return k_all, v_all
 
 
 # --------------------------------------------------------------------------- LM head

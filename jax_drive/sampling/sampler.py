@@ -14,7 +14,12 @@ Layout of one call (``generate_tokens``):
    with ``n > 1``, or equal prompts in one batch) are prefilled once and their cache rows
    broadcast to every row that shares them, and the leading tokens that all distinct prompts
    have in common (a system prompt, shared instructions) are prefilled once for the whole
-   call (``SamplerConfig.share_prefix``; see :func:`common_prefix_length`).
+   call (``SamplerConfig.share_prefix``; see :func:`common_prefix_length`). **Packed
+   prompts**: where left padding to ``P`` would waste at least a quarter of the prefill, the
+   rows' own parts are instead packed several to a row without padding (each attends to its
+   own piece and the common prefix only; :func:`pack_prompt_parts`,
+   ``SamplerConfig.pack_prompts``), and their keys / values are placed in the left-padded
+   cache layout, so the decode program is the bucket's either way.
 3. ``_decode_*`` (jitted, loop state donated): a ``lax.while_loop``; step ``t`` feeds one
    token per row (the last prompt token at ``t = 0``, then the previous sample) at the row's
    cache slot (``P - 1 + t``), samples the next token and records its log-prob. The loop
@@ -67,10 +72,12 @@ from flax import nnx
 
 from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, replicate, round_up, shard_batch
 from jax_drive.models.transformer import (
+    KVCache,
     LayerCache,
     forward_hidden,
     init_cache,
     lm_logits,
+    packed_prompt_kv,
     positions_from_mask,
     unroll_params,
 )
@@ -103,6 +110,11 @@ class SamplerConfig:
         up to float rounding, as the shared keys are computed in a one-row batch; the padded
         prompt length and the decode program stay those of the prompt bucket, the prefill
         compiles once per shared length). Default True.
+      pack_prompts: prefill the prompts' own parts (after the common prefix) packed several to
+        a row instead of left-padded to the bucket (:func:`pack_prompt_parts`, when that skips at
+        least a quarter of the work; text models on one device). Outputs equal up to float
+        rounding; the prefill compiles once per packed shape, the decode program is the
+        bucket's. Default True.
       mesh: devices the rows of a call are split over (default one; see the module docstring).
     """
 
@@ -114,6 +126,7 @@ class SamplerConfig:
     max_stop_ids: int = 4
     unroll_layers: bool = True
     share_prefix: bool = True
+    pack_prompts: bool = True
     mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self) -> None:
@@ -196,13 +209,13 @@ MIN_COMMON_PREFIX = 16  # shorter common prefixes are not worth a separate prefi
 MIN_COMMON_FRACTION = 0.25
 
 
-def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+def common_prefix_length(rows: Sequence[Sequence[int]], min_fraction: float = MIN_COMMON_FRACTION) -> int:
     """Tokens that every one of >= 2 rows starts with and that the call prefills once:
     their longest common prefix, leaving each row at least one token of its own, rounded
     down to the grid 16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x them: the prefill
     compiles once per value, and at most a third of the shared part is given up); 0 below
-    :data:`MIN_COMMON_PREFIX` tokens or :data:`MIN_COMMON_FRACTION` of the longest row, or
-    with fewer than two rows."""
+    :data:`MIN_COMMON_PREFIX` tokens or ``min_fraction`` of the longest row (a left-padded
+    prefill: :data:`MIN_COMMON_FRACTION`; a packed one: 0), or with fewer than two rows."""
     if len(rows) < 2:
         return 0
     first = rows[0]
@@ -210,10 +223,102 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     common = 0
     while common < limit and all(r[common] == first[common] for r in rows):
         common += 1
-    if common < max(MIN_COMMON_PREFIX, MIN_COMMON_FRACTION * max(len(r) for r in rows)):
+    if common < max(MIN_COMMON_PREFIX, min_fraction * max(len(r) for r in rows)):
         return 0
     power = 1 << (common.bit_length() - 1)  # largest power of two <= common
     return power + power // 2 if common >= power + power // 2 else power
+
+
+def grid_up(n: int, minimum: int = 1) -> int:
+    """Smallest entry >= max(n, minimum) of the grid 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers
+    of two and 1.5x them: a packed prefill compiles once per grid value, and at most a third
+    of the work is padding)."""
+    n = max(int(n), int(minimum), 1)
+    power = next_power_of_two(n)
+    return power * 3 // 4 if power >= 4 and n <= power * 3 // 4 else power
+
+
+def count_bucket(n: int) -> int:
+    """``n`` rounded up to 1, 2, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (four steps
+    per doubling: at most an eighth to a quarter of padding rows, few compiled shapes)."""
+    step = max(1, next_power_of_two(n) // 8)
+    return -(-max(int(n), 1) // step) * step
+
+
+PACK_MIN_SAVING = 0.25  # pack a prefill only when it skips at least this share of the padded work
+PACK_ATTENTION_COST = 1 / 2048  # per token of bin length: score work relative to the token's matmuls
+
+
+@chex.dataclass(frozen=True)
+class PackedPrompts:
+    """The rows' own prompt parts packed several to a row for the prefill (no left padding).
+
+    ids, positions, segments (M, K) int32: packed tokens, their RoPE positions, the prompt row
+    of each column (-1 unused); source (U, P - 1 - C) int32: for each prompt row and cache slot
+    C .. P - 2 (its left-padded layout) the flat index (bin * K + column) of the packed token it
+    holds, -1 for a padding slot.
+    """
+
+    ids: jax.Array
+    positions: jax.Array
+    segments: jax.Array
+    source: jax.Array
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> tuple[dict[int, tuple[int, int]], int]:
+    """Bins of ``capacity`` for the non-empty ``lengths``, longest first, each into the first
+    bin with room: ({index: (bin, offset)}, number of bins)."""
+    free: list[int] = []  # room left in each bin
+    place = {}
+    for r in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
+        if lengths[r]:
+            b = next((i for i, room in enumerate(free) if room >= lengths[r]), len(free))
+            if b == len(free):
+                free.append(capacity)
+            place[r] = (b, capacity - free[b])
+            free[b] -= lengths[r]
+    return place, len(free)
+
+
+def pack_prompt_parts(parts: Sequence[Sequence[int]], first_position: int, width: int,
+                      rows: int) -> PackedPrompts | None:
+    """Packs the prompts' parts that a prefill caches several to a row, when that saves at
+    least :data:`PACK_MIN_SAVING` of the left-padded work.
+
+    parts: per prompt, the tokens after the shared prefix and before the last one (which the
+    first decode step feeds); first_position: the RoPE position of each part's first token
+    (the shared prefix's length); width: P - 1 - C, the columns a left-padded prefill runs per
+    row; rows: U, that prefill's row count (dummy rows included). The bin length K is the one
+    of the longest part rounded up on :func:`grid_up` (at least 16) and the next four grid
+    values that gives the least work (bins x K, plus :data:`PACK_ATTENTION_COST` for the
+    longer attention of longer bins), bins first-fit decreasing, their count rounded up by
+    :func:`count_bucket`. Returns None when packing would not pay.
+    """
+    lengths = [len(p) for p in parts]
+    if width <= 0 or not lengths:
+        return None
+    capacities = [grid_up(max(lengths), 16)]
+    for _ in range(4):
+        capacities.append(grid_up(capacities[-1] + 1))
+    plans = []
+    for capacity in capacities:
+        place, used = first_fit_decreasing(lengths, capacity)
+        bins = count_bucket(used)
+        plans.append((bins * capacity * (1 + PACK_ATTENTION_COST * capacity), capacity, bins, place))
+    _, capacity, bins, place = min(plans, key=lambda plan: plan[:2])
+    if bins * capacity > (1 - PACK_MIN_SAVING) * rows * width:
+        return None
+    ids = np.zeros((bins, capacity), np.int32)
+    segments = np.full((bins, capacity), -1, np.int32)
+    positions = np.zeros((bins, capacity), np.int32)
+    source = np.full((rows, width), -1, np.int32)
+    for r, (b, offset) in place.items():
+        n = lengths[r]
+        ids[b, offset:offset + n] = parts[r]
+        segments[b, offset:offset + n] = r
+        positions[b, offset:offset + n] = first_position + np.arange(n)
+        source[r, width - n:] = b * capacity + offset + np.arange(n)
+    return PackedPrompts(ids=ids, positions=positions, segments=segments, source=source)
 
 
 def right_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad_id: int = 0):
@@ -447,7 +552,7 @@ def new_decode_state(cache, token, position, index, row_valid, key, width: int,
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots", "width", "per_layer", "common"))
 def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, history_len, *,
              slots: int, width: int, per_layer: bool, positions=None, vision=None,
-             common: int = 0) -> DecodeState:
+             common: int = 0, packed: PackedPrompts | None = None) -> DecodeState:
     """Caches the first P - 1 prompt columns and returns the loop state before step 0.
 
     ids/mask (U, P) left-padded prompts; source (B,) int32: the prompt row of each of the B
@@ -460,6 +565,9 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
     common: the first ``common`` columns are the same real tokens in every row (the prompts'
     common prefix, see :func:`start_decode`): they are prefilled in one row and broadcast,
     then the rest of the columns attend to them through the cache (text models only).
+    packed: the prompt columns common .. P - 2 of every row packed without padding
+    (:func:`pack_prompt_parts`; text models only): their keys / values are computed in the packed
+    rows and placed at the slots of the left-padded layout, which is the cache's.
     """
     model = nnx.merge(graphdef, state)
     config = model.config
@@ -468,7 +576,9 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
     if positions is None:
         positions = positions_from_mask(mask)
     images = {} if vision is None else {"vision": vision}
-    if common:
+    if packed is not None:
+        cache = _packed_cache(model, config, ids, positions, mask, packed, common, slots)
+    elif common:
         head = model.prefill(ids[:1, :common], positions[:1, :common], mask[:1, :common],
                              init_cache(config, 1, slots, config.jnp_dtype))
         cache = jax.tree.map(lambda x, like: jnp.broadcast_to(x, like.shape), head, cache)
@@ -493,6 +603,30 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
         index = jnp.full(row_valid.shape, plen - 1, jnp.int32)
     return new_decode_state(cache, ids[:, -1], positions[:, -1], index, row_valid, key, width,
                             history, history_len)
+
+
+def _packed_cache(model, config, ids, positions, mask, packed: PackedPrompts, common: int, slots: int):
+    """The cache of a prefill of columns [0, P - 1) whose own parts come packed (see _prefill)."""
+    u, plen = ids.shape
+    prefix_k = prefix_v = None
+    if common:
+        head = model.prefill(ids[:1, :common], positions[:1, :common], mask[:1, :common],
+                             init_cache(config, 1, common, config.jnp_dtype))
+        prefix_k, prefix_v = head.k[:, 0], head.v[:, 0]
+    k, v = packed_prompt_kv(model.arrays(), config, packed.ids, packed.positions, packed.segments,
+                            prefix_k, prefix_v)
+    real = packed.source >= 0  # (U, P - 1 - C)
+
+    def layout(x, head):  # packed (NL, M, K, Nk, D) -> (NL, U, S, Nk, D) in the left-padded slots
+        rest = jnp.take(x.reshape(x.shape[0], -1, *x.shape[3:]), jnp.maximum(packed.source, 0), axis=1)
+        parts = [jnp.where(real[None, :, :, None, None], rest, 0)]
+        if common:
+            parts.insert(0, jnp.broadcast_to(head[:, None], (x.shape[0], u, *head.shape[1:])))
+        parts.append(jnp.zeros((x.shape[0], u, slots - plen + 1, *x.shape[3:]), x.dtype))
+        return jnp.concatenate(parts, axis=2)
+
+    cache_mask = jnp.concatenate([jnp.ones((u, common), bool), real, jnp.zeros((u, slots - plen + 1), bool)], 1)
+    return KVCache(k=layout(k, prefix_k), v=layout(v, prefix_v), mask=cache_mask)
 
 
 def _id_table(ids: jax.Array, vocab: int) -> jax.Array:
@@ -738,10 +872,18 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
         prefill_batch = config.batch_size(len(unique))
     else:
         distinct, source, prefill_batch = prompts, None, batch
-    # a prefix common to every distinct prompt is prefilled once (text models, one device)
+    # a prefix common to every distinct prompt is prefilled once, the rest packed without
+    # padding where that pays (text models, one device)
     text_only = all(hasattr(model, a) for a in ("arrays", "prefill")) and not hasattr(model, "multimodal_inputs")
-    common = common_prefix_length(distinct) if config.share_prefix and text_only and mesh is None else 0
+    single = text_only and mesh is None
     plen = bucket_size(longest, config.prompt_buckets, config.min_prompt_bucket, "prompt length")
+    common, packed = 0, None
+    if single and config.share_prefix:  # packed parts attend to the prefix and themselves only
+        common = common_prefix_length(distinct, 0.0 if config.pack_prompts else MIN_COMMON_FRACTION)
+    if single and config.pack_prompts:
+        packed = pack_prompt_parts([p[common:-1] for p in distinct], common, plen - 1 - common, prefill_batch)
+        if packed is None and common:  # a left-padded prefill after all: its own rule
+            common = common_prefix_length(distinct)
     ids, mask, valid = left_pad([p[common:] for p in distinct], plen - common, prefill_batch, request.pad_id)
     if common:  # layout [common prefix | rest left-padded to P - common]: the prefix at the same slots in every row
         ids = np.concatenate([np.broadcast_to(np.asarray(distinct[0][:common], np.int32), (len(ids), common)), ids], 1)
@@ -762,7 +904,8 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
         for x in (ids, mask, source, row_valid, history, history_len))
     loop = _prefill(graphdef, replicate(state, mesh), ids, mask, source, row_valid, replicate(key, mesh),
                     history, history_len, slots=plen + nbucket + k, width=nbucket + (k + 1 if k else 0),
-                    per_layer=weights is not None, positions=positions, vision=vision, common=common)
+                    per_layer=weights is not None, positions=positions, vision=vision, common=common,
+                    packed=None if packed is None else jax.tree.map(jnp.asarray, packed))
     return loop, rows, plen
 
 
