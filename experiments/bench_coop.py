@@ -93,7 +93,8 @@ def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=
     import numpy as np
     from flax import nnx
 
-    from jax_drive.sampling.sampler import common_prefix_length, decode, start_decode
+    from jax_drive.sampling.sampler import (bucket_size, common_prefix_length, decode, pack_prompt_parts, start_decode,
+                                            unique_rows)
 
     recorder = Recorder(engine)
     run_path(recorder, specs, agent_config, 1, seed)
@@ -116,6 +117,10 @@ def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=
         return statistics.median(prefill[1:]), statistics.median(steps[1:])
 
     config = engine.sampler_config
+    distinct = unique_rows(prompts)[0]
+    common = common_prefix_length(distinct, 0.0)
+    width = bucket_size(max(map(len, prompts)), config.prompt_buckets, config.min_prompt_bucket, "prompt") - 1 - common
+    pack = pack_prompt_parts([p[common:-1] for p in distinct], common, width, config.batch_size(len(distinct)))
     packed = timed(prompts, config)
     padded = timed(prompts, dataclasses.replace(config, pack_prompts=False))
     unshared = timed(prompts, dataclasses.replace(config, share_prefix=False, pack_prompts=False))
@@ -125,8 +130,11 @@ def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=
         _, seconds = timed([list(rng.integers(100, 1000, 60)) for _ in range(b)], engine.sampler_config)
         per_step[str(b)] = round(1e3 * seconds / request.max_new_tokens, 2)
     return {"decision0": {"agents": len(prompts), "prompt_tokens": [len(p) for p in prompts],
-                          "common_prefix": {"packed": common_prefix_length(prompts, 0.0),
-                                            "left_padded": common_prefix_length(prompts)},
+                          "distinct_prompts": len(distinct),
+                          "common_prefix": {"packed": common, "left_padded": common_prefix_length(prompts)},
+                          "packed_bins": None if pack is None else list(pack.ids.shape),
+                          "left_padded_columns": [config.batch_size(len(distinct)), width],
+                          "own_tokens": sum(len(p) - common - 1 for p in distinct),
                           "prefill_s": {"shared_packed": round(packed[0], 3), "shared_left_padded": round(padded[0], 3),
                                         "unshared_left_padded": round(unshared[0], 3)},
                           "decode_s": round(packed[1], 3), "new_tokens": request.max_new_tokens},

@@ -54,7 +54,7 @@ from jax_drive.runinfo import (InputError, add_output_args, require_min, run_mai
 
 script_environment()
 
-CONFIGS = {  # name -> (share_prefix, use_sessions, prompt_lookup)
+CONFIGS = {  # name -> (share_prefix and pack_prompts, use_sessions, prompt_lookup)
     "full": (True, True, True),
     "no_prefix": (False, True, True),
     "no_lookup": (True, True, False),
@@ -100,7 +100,7 @@ def run_ours(model, tokenizer, scenes, refs, prompts, args, name: str, key, cloc
 
     share, sessions, lookup = CONFIGS[name]
     engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=tuple(range(128, 32_769, 128)),
-                                                       share_prefix=share),
+                                                       share_prefix=share, pack_prompts=share),
                        max_batch_size=args.batch, prompt_lookup=PromptLookup() if lookup else None)
     config = RolloutConfig(group_size=args.group, max_turns=args.turns, prompt=TEXT_PROMPT,
                            sampling=SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature),

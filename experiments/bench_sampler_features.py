@@ -4,7 +4,7 @@ on and off in one run, on the same inputs, with the on/off outputs compared.
 1. shared-prefix prefill: ``--prompts`` distinct long chat prompts (a common filler text,
    then each its own question), each sampled ``--group`` times (rows = prompts x group),
    with ``SamplerConfig(share_prefix=True/False)`` (on: each distinct prompt once, and their
-   common prefix once); sampled at temperature 1 with equal keys (both must draw the same
+   common prefix once; ``pack_prompts`` follows it, so off is the plain prefill); sampled at temperature 1 with equal keys (both must draw the same
    tokens).
 2. cross-turn KV reuse: a second turn (a feedback message of about ``--feedback-tokens``
    tokens appended to every row's first turn) by ``Session.extend`` vs ``JaxEngine.generate``
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. shared-prefix prefill -----------------------------------------------------------
     def sample(share: bool):
-        config = SamplerConfig(prompt_buckets=buckets.prompt_buckets, share_prefix=share)
+        config = SamplerConfig(prompt_buckets=buckets.prompt_buckets, share_prefix=share, pack_prompts=share)
         return generate_tokens(model, rows, jax.random.key(0), max_new_tokens=n, min_new_tokens=n,
                                temperature=1.0, pad_id=tokenizer.pad_token_id, config=config)
 

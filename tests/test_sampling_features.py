@@ -40,6 +40,7 @@ from jax_drive.sampling.speculative import accept_drafts, lookup_drafts
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 5, 6], [42, 43]]
 LOOKUP = PromptLookup(num_draft=3, max_ngram=2)
+PLAIN = SamplerConfig(share_prefix=False, pack_prompts=False)  # the references: no work saver
 
 
 def _merged_lora_qwen():
@@ -76,6 +77,13 @@ def _stop_token(model, rows=PROMPTS[:1], key=jax.random.key(0), at=3, **kw) -> i
     return int(generate_tokens(model, rows, key, max_new_tokens=at + 1, **kw).tokens[0, at])
 
 
+def _spy_packing(monkeypatch) -> list:
+    """Records what each ``pack_prompt_parts`` call of the sampler returns (None: not packed)."""
+    packs, pack = [], sampler_mod.pack_prompt_parts
+    monkeypatch.setattr(sampler_mod, "pack_prompt_parts", lambda *a: packs.append(pack(*a)) or packs[-1])
+    return packs
+
+
 def _assert_same(a, b, atol=1e-4):
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.lengths, b.lengths)
@@ -90,7 +98,7 @@ def test_shared_prefix_equals_unshared(model, temperature):
     stop = _stop_token(model, rows, jax.random.key(4), temperature=temperature, top_k=20)
     kw = dict(max_new_tokens=10, temperature=temperature, top_k=20, stop_token_ids=[stop])
     shared = generate_tokens(model, rows, jax.random.key(4), **kw)
-    plain = generate_tokens(model, rows, jax.random.key(4), config=SamplerConfig(share_prefix=False), **kw)
+    plain = generate_tokens(model, rows, jax.random.key(4), config=PLAIN, **kw)
     _assert_same(shared, plain)
     assert shared.stopped.any() and not shared.stopped.all()  # some rows stop early
     if temperature:  # equal prompts still get independent samples
@@ -101,7 +109,7 @@ def test_shared_prefix_equals_unshared(model, temperature):
 def test_engine_n_samples_share_the_prompt(model):
     params = SamplingParams(max_new_tokens=6, temperature=1.0, n=3, stop_token_ids=())
     shared = JaxEngine(model).generate(PROMPTS, params, jax.random.key(1))
-    plain = JaxEngine(model, sampler_config=SamplerConfig(share_prefix=False)).generate(
+    plain = JaxEngine(model, sampler_config=PLAIN).generate(
         PROMPTS, params, jax.random.key(1))
     assert [c.token_ids for c in shared] == [c.token_ids for c in plain]
     np.testing.assert_allclose([c.logprobs for c in shared], [c.logprobs for c in plain], atol=1e-4)
@@ -124,18 +132,19 @@ def test_common_prefix_length():
 
 @pytest.mark.parametrize("model,temperature,lookup", [("llama", 1.0, None), ("qwen2_lora_merged", 0.0, None),
                                                       ("llama", 0.0, LOOKUP)], indirect=["model"])
-def test_common_prefix_prefill_equals_unshared(model, temperature, lookup):
+def test_common_prefix_prefill_equals_unshared(model, temperature, lookup, monkeypatch):
     """Distinct prompts (different lengths: left padding after the shared part) with a common
     system prefix, one of them repeated; a row stopping early."""
     rows = [SYSTEM + p for p in (PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2])]
     assert common_prefix_length(rows) == 16
     stop = _stop_token(model, rows, jax.random.key(5), temperature=temperature)
     kw = dict(max_new_tokens=9, temperature=temperature, stop_token_ids=[stop], prompt_lookup=lookup)
-    plain = generate_tokens(model, rows, jax.random.key(5),
-                            config=SamplerConfig(share_prefix=False, pack_prompts=False), **kw)
+    plain = generate_tokens(model, rows, jax.random.key(5), config=PLAIN, **kw)
+    packs = _spy_packing(monkeypatch)
     for config in (SamplerConfig(pack_prompts=False), SamplerConfig()):  # left-padded rest, packed rest
         shared = generate_tokens(model, rows, jax.random.key(5), config=config, **kw)
         _assert_same(shared, plain)
+    assert int(packs[-1].positions[0, 0]) == 16  # the last call packed the parts after the prefix
     assert shared.stopped.any() and not shared.stopped.all()
 
 
@@ -143,7 +152,7 @@ def test_common_prefix_prefill_equals_unshared(model, temperature, lookup):
 def test_pack_prompt_parts_layout():
     parts = [[5] * 9, [], [6, 7], [8] * 4, [9] * 12]
     packed = pack_prompt_parts(parts, first_position=3, width=14, rows=8)
-    ids, pos, seg, src = (np.asarray(x) for x in (packed.ids, packed.positions, packed.segments, packed.source))
+    ids, pos, seg, src = (np.asarray(x) for x in (packed.ids, packed.positions, packed.segments, packed.slot_token))
     assert ids.shape == (2, 16)  # bins of 16 (the longest part, 12, on the grid): 27 tokens in 2
     for r, part in enumerate(parts):
         n = len(part)
@@ -156,6 +165,7 @@ def test_pack_prompt_parts_layout():
     assert (src[len(parts):] == -1).all()  # dummy rows
     # packing that would skip less than a quarter of the left-padded work is not done
     assert pack_prompt_parts([[1] * 12, [2] * 12], 0, width=14, rows=2) is None
+    assert pack_prompt_parts([[], []], 0, width=14, rows=2) is None  # nothing to pack
     # the bin length that gives the least work: 33 + 30 tokens in one bin of 64, not 2 of 48
     assert pack_prompt_parts([[1] * 33, [2] * 30], 0, width=40, rows=4).ids.shape == (1, 64)
     assert pack_prompt_parts([[1] * 30, [2] * 20, [3] * 10], 0, width=40, rows=4).ids.shape == (2, 32)
@@ -171,14 +181,12 @@ def test_packed_prefill_equals_left_padded(model, temperature, lookup, monkeypat
     """Prompts of very different lengths (one repeated, no common prefix) packed without
     padding give the left-padded prefill's outputs; a row stops early."""
     rows = [PROMPTS[1] * 3, PROMPTS[0], PROMPTS[2], PROMPTS[1] * 3, [11, 12, 13, 14]]
-    packs = []
-    spy = sampler_mod.pack_prompt_parts
-    monkeypatch.setattr(sampler_mod, "pack_prompt_parts", lambda *a: packs.append(spy(*a)) or packs[-1])
+    packs = _spy_packing(monkeypatch)
     stop = _stop_token(model, rows, jax.random.key(6), temperature=temperature)
     kw = dict(max_new_tokens=9, temperature=temperature, stop_token_ids=[stop], prompt_lookup=lookup)
     packed = generate_tokens(model, rows, jax.random.key(6), **kw)
     assert packs[-1].ids.shape == (1, 48)  # parts of 26, 6, 3 and 1 tokens in one bin of 48, not 4 rows of 31
-    padded = generate_tokens(model, rows, jax.random.key(6), config=SamplerConfig(pack_prompts=False), **kw)
+    padded = generate_tokens(model, rows, jax.random.key(6), config=PLAIN, **kw)
     _assert_same(packed, padded)
     assert packed.stopped.any() and not packed.stopped.all()
 
@@ -199,7 +207,7 @@ def test_session_turns_equal_generating_from_scratch(model, lookup, max_batch_si
     """Three turns: rows of different lengths (left padding), n = 2, one row stopping early,
     empty and non-empty appended tokens, a row dropped after each turn."""
     engine = JaxEngine(model, max_batch_size=max_batch_size, prompt_lookup=lookup)
-    fresh = JaxEngine(model, max_batch_size=max_batch_size)
+    fresh = JaxEngine(model, max_batch_size=max_batch_size, sampler_config=PLAIN)
     params = SamplingParams(max_new_tokens=7, temperature=0.0, n=2, stop_token_ids=(_stop_token(model),))
     key = jax.random.key(0)
     session, first = engine.start(PROMPTS, params, key)
@@ -242,10 +250,29 @@ def test_session_after_a_common_prefix_prefill(model):
     assert common_prefix_length(prompts) == 16
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     session, first = JaxEngine(model).start(prompts, params, jax.random.key(1))
-    fresh = JaxEngine(model, sampler_config=SamplerConfig(share_prefix=False))
+    fresh = JaxEngine(model, sampler_config=PLAIN)
     for got, ref in zip(first, fresh.generate(prompts, params, jax.random.key(1))):
         _assert_completions_equal(got, ref)
     _assert_next_turn_equals_scratch(session, first, fresh, params)
+
+
+@_which("qwen2_lora_merged")
+def test_packed_prefill_with_long_bins_and_a_common_prefix(model, monkeypatch):
+    """Bins longer than the attention block (the blocked path with the prefix keys in front),
+    a common prefix, a repeated prompt: the packed, left-padded and plain prefills agree, and
+    a session extended after the packed turn equals generating from scratch."""
+    rng = np.random.default_rng(0)
+    own = [list(rng.integers(1, 90, n)) for n in (150, 20)]
+    rows = [SYSTEM + own[0], SYSTEM + own[1], SYSTEM + own[0]]
+    packs = _spy_packing(monkeypatch)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    engine = JaxEngine(model)
+    session, first = engine.start(rows, params, jax.random.key(2))
+    assert packs[-1].ids.shape[1] > 128 and int(packs[-1].positions[0, 0]) == 16
+    for config in (SamplerConfig(pack_prompts=False), PLAIN):
+        for got, ref in zip(first, JaxEngine(model, sampler_config=config).generate(rows, params, jax.random.key(2))):
+            _assert_completions_equal(got, ref)
+    _assert_next_turn_equals_scratch(session, first, JaxEngine(model, sampler_config=PLAIN), params)
 
 
 def test_session_sampled_turn_equals_generating_from_scratch(model):

@@ -251,7 +251,7 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 
     Query rows [s, e) can only attend to keys [0, prefix + e), so each block's scores are
     (prefix + e, not prefix + L) wide: about half the score work of the full (L, L) product,
-    and the (B, Nq, block, e) intermediates stay small (fwd + bwd of one SmolLM2 layer at
+    and the (B, Nq, block, prefix + e) intermediates stay small (fwd + bwd of one SmolLM2 layer at
     B=2, L=1024 on one core: 415 ms instead of 872 ms). Blocks are a static Python loop
     (shapes differ per block).
 

@@ -5,7 +5,8 @@ Layout of one call (``generate_tokens``):
 1. The host left-pads the prompts to a *bucketed* length ``P`` (powers of two by default,
    or a fixed list) and the batch to a bucketed size ``B``; the generation budget is
    bucketed to ``N``. Shapes, hence compiled programs, only change when a bucket changes,
-   so a rollout loop with varying prompt lengths reuses one program.
+   so a rollout loop with varying prompt lengths reuses one decode program (a packed
+   prefill, below, also compiles once per packed shape, on a coarse grid).
 2. ``_prefill`` (jitted): allocates a static KV cache of ``S = P + N`` slots and writes the
    keys/values of the first ``P - 1`` prompt columns (``CausalLM.prefill``: causal attention
    over the prompt in query blocks, not over all S slots; SmolLM2 at B = 8, P = 1408 on the
@@ -113,8 +114,9 @@ class SamplerConfig:
       pack_prompts: prefill the prompts' own parts (after the common prefix) packed several to
         a row instead of left-padded to the bucket (:func:`pack_prompt_parts`, when that skips at
         least a quarter of the work; text models on one device). Outputs equal up to float
-        rounding; the prefill compiles once per packed shape, the decode program is the
-        bucket's. Default True.
+        rounding; the prefill compiles once per packed shape (bin length and count, each on a
+        coarse grid: a few per prompt and batch bucket), the decode program is the bucket's.
+        Default True.
       mesh: devices the rows of a call are split over (default one; see the module docstring).
     """
 
@@ -203,9 +205,10 @@ def unique_rows(rows: Sequence[Sequence[int]]) -> tuple[list[list[int]], np.ndar
 
 
 MIN_COMMON_PREFIX = 16  # shorter common prefixes are not worth a separate prefill pass
-# The rows' own parts then attend over all cache slots instead of causally in blocks over the
-# prompt alone (up to ~2x the attention work at long prompts), so a shared part under this
-# fraction of the longest prompt would cost more than it saves.
+# Left-padded prefills only: the rows' own parts then attend over all cache slots instead of
+# causally in blocks over the prompt alone (up to ~2x the attention work at long prompts), so
+# a shared part under this fraction of the longest prompt would cost more than it saves.
+# Packed parts attend to the prefix and their own piece only: any shared part pays there.
 MIN_COMMON_FRACTION = 0.25
 
 
@@ -225,22 +228,27 @@ def common_prefix_length(rows: Sequence[Sequence[int]], min_fraction: float = MI
         common += 1
     if common < max(MIN_COMMON_PREFIX, min_fraction * max(len(r) for r in rows)):
         return 0
-    power = 1 << (common.bit_length() - 1)  # largest power of two <= common
-    return power + power // 2 if common >= power + power // 2 else power
+    return grid_down(common)
+
+
+# The grid 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5x them): a length rounded
+# on it compiles once per grid value and gives up, or pads, at most a third.
+def grid_down(n: int) -> int:
+    """Largest grid entry <= n (n >= 1)."""
+    power = 1 << (int(n).bit_length() - 1)
+    return power + power // 2 if n >= power + power // 2 else power
 
 
 def grid_up(n: int, minimum: int = 1) -> int:
-    """Smallest entry >= max(n, minimum) of the grid 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers
-    of two and 1.5x them: a packed prefill compiles once per grid value, and at most a third
-    of the work is padding)."""
+    """Smallest grid entry >= max(n, minimum)."""
     n = max(int(n), int(minimum), 1)
     power = next_power_of_two(n)
     return power * 3 // 4 if power >= 4 and n <= power * 3 // 4 else power
 
 
 def count_bucket(n: int) -> int:
-    """``n`` rounded up to 1, 2, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (four steps
-    per doubling: at most an eighth to a quarter of padding rows, few compiled shapes)."""
+    """``n`` rounded up to 1, 2, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (four shapes
+    per doubling above 8; fewer than a quarter of the rows are padding)."""
     step = max(1, next_power_of_two(n) // 8)
     return -(-max(int(n), 1) // step) * step
 
@@ -254,15 +262,19 @@ class PackedPrompts:
     """The rows' own prompt parts packed several to a row for the prefill (no left padding).
 
     ids, positions, segments (M, K) int32: packed tokens, their RoPE positions, the prompt row
-    of each column (-1 unused); source (U, P - 1 - C) int32: for each prompt row and cache slot
+    of each column (-1 unused); slot_token (R, P - 1 - C) int32: for each row and cache slot
     C .. P - 2 (its left-padded layout) the flat index (bin * K + column) of the packed token it
-    holds, -1 for a padding slot.
+    holds, -1 for a padding slot (R: the prompt rows, or the loop's rows, see :meth:`for_rows`).
     """
 
     ids: jax.Array
     positions: jax.Array
     segments: jax.Array
-    source: jax.Array
+    slot_token: jax.Array
+
+    def for_rows(self, source: np.ndarray) -> "PackedPrompts":
+        """The packing seen from rows that repeat prompt rows: row b holds prompt ``source[b]``."""
+        return self.replace(slot_token=self.slot_token[source])
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> tuple[dict[int, tuple[int, int]], int]:
@@ -288,14 +300,17 @@ def pack_prompt_parts(parts: Sequence[Sequence[int]], first_position: int, width
     parts: per prompt, the tokens after the shared prefix and before the last one (which the
     first decode step feeds); first_position: the RoPE position of each part's first token
     (the shared prefix's length); width: P - 1 - C, the columns a left-padded prefill runs per
-    row; rows: U, that prefill's row count (dummy rows included). The bin length K is the one
-    of the longest part rounded up on :func:`grid_up` (at least 16) and the next four grid
-    values that gives the least work (bins x K, plus :data:`PACK_ATTENTION_COST` for the
-    longer attention of longer bins), bins first-fit decreasing, their count rounded up by
-    :func:`count_bucket`. Returns None when packing would not pay.
+    row; rows: U, that prefill's row count (dummy rows included). The bin length K is, among
+    the longest part rounded up on :func:`grid_up` (at least 16) and the next four grid
+    values, the one that gives the least work (bins x K, plus :data:`PACK_ATTENTION_COST` for
+    the longer attention of longer bins); bins are filled first-fit decreasing and their
+    count is rounded up by :func:`count_bucket`. So a prompt bucket and batch bucket compile
+    at most (grid values from 16 to four past the width's) x (count buckets up to U) packed
+    prefills, in practice a few. Returns None when packing would not pay or there is nothing
+    to pack.
     """
     lengths = [len(p) for p in parts]
-    if width <= 0 or not lengths:
+    if width <= 0 or not any(lengths):
         return None
     capacities = [grid_up(max(lengths), 16)]
     for _ in range(4):
@@ -311,14 +326,14 @@ def pack_prompt_parts(parts: Sequence[Sequence[int]], first_position: int, width
     ids = np.zeros((bins, capacity), np.int32)
     segments = np.full((bins, capacity), -1, np.int32)
     positions = np.zeros((bins, capacity), np.int32)
-    source = np.full((rows, width), -1, np.int32)
+    slot_token = np.full((rows, width), -1, np.int32)
     for r, (b, offset) in place.items():
         n = lengths[r]
         ids[b, offset:offset + n] = parts[r]
         segments[b, offset:offset + n] = r
         positions[b, offset:offset + n] = first_position + np.arange(n)
-        source[r, width - n:] = b * capacity + offset + np.arange(n)
-    return PackedPrompts(ids=ids, positions=positions, segments=segments, source=source)
+        slot_token[r, width - n:] = b * capacity + offset + np.arange(n)
+    return PackedPrompts(ids=ids, positions=positions, segments=segments, slot_token=slot_token)
 
 
 def right_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad_id: int = 0):
@@ -564,27 +579,29 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
     position (a text token: its three positions are equal).
     common: the first ``common`` columns are the same real tokens in every row (the prompts'
     common prefix, see :func:`start_decode`): they are prefilled in one row and broadcast,
-    then the rest of the columns attend to them through the cache (text models only).
+    then the rest of the columns attend to them (text models only).
     packed: the prompt columns common .. P - 2 of every row packed without padding
-    (:func:`pack_prompt_parts`; text models only): their keys / values are computed in the packed
-    rows and placed at the slots of the left-padded layout, which is the cache's.
+    (:func:`pack_prompt_parts`, seen from the B loop rows; text models only): their keys /
+    values are computed in the packed rows, after the common prefix's, and placed at the
+    slots of the left-padded layout, which is the cache's.
     """
     model = nnx.merge(graphdef, state)
     config = model.config
     plen = ids.shape[1]
-    cache = init_cache(config, ids.shape[0], slots, config.jnp_dtype)
     if positions is None:
         positions = positions_from_mask(mask)
     images = {} if vision is None else {"vision": vision}
-    if packed is not None:
-        cache = _packed_cache(model, config, ids, positions, mask, packed, common, slots)
-    elif common:
-        head = model.prefill(ids[:1, :common], positions[:1, :common], mask[:1, :common],
-                             init_cache(config, 1, slots, config.jnp_dtype))
-        cache = jax.tree.map(lambda x, like: jnp.broadcast_to(x, like.shape), head, cache)
+    head = _prefix_cache(model, ids, positions, mask, common) if common else None
+    if packed is not None:  # already the loop's rows
+        cache = _packed_cache(model, packed, head, slots, plen)
+    else:
+        cache = init_cache(config, ids.shape[0], slots, config.jnp_dtype)
+    if common and packed is None:  # the prefix in every row's first slots, the rest attending over the cache
+        cache = cache.replace(k=cache.k.at[:, :, :common].set(head.k), v=cache.v.at[:, :, :common].set(head.v),
+                              mask=cache.mask.at[:, :common].set(True))
         _, cache = forward_hidden(model.arrays(), config, ids[:, common:-1], positions[:, common:-1],
                                   mask[:, common:-1], cache, jnp.int32(common))
-    elif plen > 1:
+    elif plen > 1 and packed is None:
         if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
             cache = model.prefill(ids[:, :-1], positions[..., :-1], mask[:, :-1], cache, **images)
         else:
@@ -593,8 +610,9 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
                 **images)
     positions = positions[0] if positions.ndim == 3 else positions  # (U, P): last column's onwards
     if source is not None:  # broadcast the shared prompts' rows
-        cache = cache.replace(k=jnp.take(cache.k, source, axis=1), v=jnp.take(cache.v, source, axis=1),
-                              mask=jnp.take(cache.mask, source, axis=0))
+        if packed is None:
+            cache = cache.replace(k=jnp.take(cache.k, source, axis=1), v=jnp.take(cache.v, source, axis=1),
+                                  mask=jnp.take(cache.mask, source, axis=0))
         ids, positions = jnp.take(ids, source, axis=0), jnp.take(positions, source, axis=0)
     if per_layer:
         cache = LayerCache.from_stacked(cache)
@@ -605,28 +623,33 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
                             history, history_len)
 
 
-def _packed_cache(model, config, ids, positions, mask, packed: PackedPrompts, common: int, slots: int):
-    """The cache of a prefill of columns [0, P - 1) whose own parts come packed (see _prefill)."""
-    u, plen = ids.shape
-    prefix_k = prefix_v = None
-    if common:
-        head = model.prefill(ids[:1, :common], positions[:1, :common], mask[:1, :common],
-                             init_cache(config, 1, common, config.jnp_dtype))
-        prefix_k, prefix_v = head.k[:, 0], head.v[:, 0]
-    k, v = packed_prompt_kv(model.arrays(), config, packed.ids, packed.positions, packed.segments,
-                            prefix_k, prefix_v)
-    real = packed.source >= 0  # (U, P - 1 - C)
+def _prefix_cache(model, ids, positions, mask, common: int) -> KVCache:
+    """The cache (NL, 1, C, Nk, D) of the first ``common`` columns (the same in every row),
+    prefilled in a one-row batch."""
+    return model.prefill(ids[:1, :common], positions[:1, :common], mask[:1, :common],
+                         init_cache(model.config, 1, common, model.config.jnp_dtype))
 
-    def layout(x, head):  # packed (NL, M, K, Nk, D) -> (NL, U, S, Nk, D) in the left-padded slots
-        rest = jnp.take(x.reshape(x.shape[0], -1, *x.shape[3:]), jnp.maximum(packed.source, 0), axis=1)
-        parts = [jnp.where(real[None, :, :, None, None], rest, 0)]
-        if common:
-            parts.insert(0, jnp.broadcast_to(head[:, None], (x.shape[0], u, *head.shape[1:])))
-        parts.append(jnp.zeros((x.shape[0], u, slots - plen + 1, *x.shape[3:]), x.dtype))
+
+def _packed_cache(model, packed: PackedPrompts, head: KVCache | None, slots: int, plen: int) -> KVCache:
+    """The cache (NL, B, S, Nk, D) after prefilling columns [0, P - 1) of B rows: the common
+    prefix ``head`` (C slots, or None) in every row's first slots, then each row's own part
+    from the packed prefill at its left-padded slots ``packed.slot_token`` (B, P - 1 - C)."""
+    prefix_k, prefix_v = (None, None) if head is None else (head.k[:, 0], head.v[:, 0])
+    k, v = packed_prompt_kv(model.arrays(), model.config, packed.ids, packed.positions, packed.segments,
+                            prefix_k, prefix_v)
+    real = packed.slot_token >= 0
+    rows, common = real.shape[0], plen - 1 - real.shape[1]
+
+    def layout(x, prefix):  # packed (NL, M, K, Nk, D) -> (NL, B, S, Nk, D)
+        flat = x.reshape(x.shape[0], -1, *x.shape[3:])
+        parts = [jnp.where(real[None, :, :, None, None], jnp.take(flat, jnp.maximum(packed.slot_token, 0), axis=1), 0),
+                 jnp.zeros((x.shape[0], rows, slots - plen + 1, *x.shape[3:]), x.dtype)]
+        if prefix is not None:
+            parts.insert(0, jnp.broadcast_to(prefix[:, None], (x.shape[0], rows, *prefix.shape[1:])))
         return jnp.concatenate(parts, axis=2)
 
-    cache_mask = jnp.concatenate([jnp.ones((u, common), bool), real, jnp.zeros((u, slots - plen + 1), bool)], 1)
-    return KVCache(k=layout(k, prefix_k), v=layout(v, prefix_v), mask=cache_mask)
+    mask = jnp.concatenate([jnp.ones((rows, common), bool), real, jnp.zeros((rows, slots - plen + 1), bool)], 1)
+    return KVCache(k=layout(k, prefix_k), v=layout(v, prefix_v), mask=mask)
 
 
 def _id_table(ids: jax.Array, vocab: int) -> jax.Array:
@@ -890,6 +913,8 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
         mask = np.concatenate([np.ones((len(ids), common), bool), mask], 1)
     if source is None:
         row_valid = valid
+    elif packed is not None:
+        packed = packed.for_rows(source)
     positions = vision = None
     if images is not None:
         positions, vision, _ = model.multimodal_inputs(ids, mask, list(images) + [None] * (len(ids) - len(images)))
