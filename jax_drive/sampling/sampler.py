@@ -215,16 +215,17 @@ MIN_COMMON_FRACTION = 0.25
 def common_prefix_length(rows: Sequence[Sequence[int]], min_fraction: float = MIN_COMMON_FRACTION) -> int:
     """Tokens that every one of >= 2 rows starts with and that the call prefills once:
     their longest common prefix, leaving each row at least one token of its own, rounded
-    down to the grid 16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x them: the prefill
-    compiles once per value, and at most a third of the shared part is given up); 0 below
+    down on the grid (:func:`grid_down`: the prefill compiles once per value, and at most a
+    third of the shared part is given up); 0 below
     :data:`MIN_COMMON_PREFIX` tokens or ``min_fraction`` of the longest row (a left-padded
     prefill: :data:`MIN_COMMON_FRACTION`; a packed one: 0), or with fewer than two rows."""
     if len(rows) < 2:
         return 0
-    first = rows[0]
+    # every row shares a prefix iff the lexicographically first and last rows do
+    lowest, highest = (min(map(list, rows)), max(map(list, rows)))
     limit = min(len(r) for r in rows) - 1
     common = 0
-    while common < limit and all(r[common] == first[common] for r in rows):
+    while common < limit and lowest[common] == highest[common]:
         common += 1
     if common < max(MIN_COMMON_PREFIX, min_fraction * max(len(r) for r in rows)):
         return 0
