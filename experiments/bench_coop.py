@@ -151,7 +151,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=28)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-breakdown", action="store_true",
-                        help="skip the breakdown (decision 0's prefill packed, left-padded, unshared; decode ms per step by batch)")
+                        help="skip the breakdown (decision 0's prefill packed, left-padded, unshared; "
+                             "decode ms per step by batch)")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
     require_min(1, episodes=args.episodes, decisions=args.decisions, max_new_tokens=args.max_new_tokens)

@@ -4,8 +4,8 @@ on and off in one run, on the same inputs, with the on/off outputs compared.
 1. shared-prefix prefill: ``--prompts`` distinct long chat prompts (a common filler text,
    then each its own question), each sampled ``--group`` times (rows = prompts x group),
    with ``SamplerConfig(share_prefix=True/False)`` (on: each distinct prompt once, and their
-   common prefix once; ``pack_prompts`` follows it, so off is the plain prefill); sampled at temperature 1 with equal keys (both must draw the same
-   tokens).
+   common prefix once; ``pack_prompts`` follows it, so off is the plain prefill); sampled at
+   temperature 1 with equal keys (both must draw the same tokens).
 2. cross-turn KV reuse: a second turn (a feedback message of about ``--feedback-tokens``
    tokens appended to every row's first turn) by ``Session.extend`` vs ``JaxEngine.generate``
    on the whole context (today's path: re-prefill everything); the first turn is sampled at
