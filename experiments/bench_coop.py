@@ -93,7 +93,7 @@ def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=
     import numpy as np
     from flax import nnx
 
-    from jax_drive.sampling.sampler import (bucket_size, common_prefix_length, decode, pack_prompt_parts, start_decode,
+    from jax_drive.sampling.sampler import (bucket_size, common_prefix_length, decode, prefill_plan, start_decode,
                                             unique_rows)
 
     recorder = Recorder(engine)
@@ -117,10 +117,10 @@ def breakdown(engine, model, tokenizer, specs, agent_config, seed: int, batches=
         return statistics.median(prefill[1:]), statistics.median(steps[1:])
 
     config = engine.sampler_config
-    distinct = unique_rows(prompts)[0]
-    common = common_prefix_length(distinct, 0.0)
-    width = bucket_size(max(map(len, prompts)), config.prompt_buckets, config.min_prompt_bucket, "prompt") - 1 - common
-    pack = pack_prompt_parts([p[common:-1] for p in distinct], common, width, config.batch_size(len(distinct)))
+    distinct = unique_rows(prompts)[0]  # the plan start_decode makes for these prompts
+    plen = bucket_size(max(map(len, prompts)), config.prompt_buckets, config.min_prompt_bucket, "prompt")
+    common, pack = prefill_plan(distinct, plen, config.batch_size(len(distinct)), config)
+    width = plen - 1 - common
     packed = timed(prompts, config)
     padded = timed(prompts, dataclasses.replace(config, pack_prompts=False))
     unshared = timed(prompts, dataclasses.replace(config, share_prefix=False, pack_prompts=False))

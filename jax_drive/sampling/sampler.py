@@ -624,6 +624,22 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
                             history, history_len)
 
 
+def prefill_plan(distinct: Sequence[Sequence[int]], plen: int, rows: int,
+                 config: SamplerConfig) -> tuple[int, PackedPrompts | None]:
+    """How a text model on one device prefills the ``distinct`` prompts of a call (left-padded
+    to ``plen`` in ``rows`` rows): the common prefix length computed once (0: none) and the
+    packing of the rest (None: left-padded), as ``config`` allows and where each pays."""
+    common = 0
+    if config.share_prefix:  # packed parts attend to the prefix and themselves only: any prefix pays
+        common = common_prefix_length(distinct, 0.0 if config.pack_prompts else MIN_COMMON_FRACTION)
+    if not config.pack_prompts:
+        return common, None
+    packed = pack_prompt_parts([p[common:-1] for p in distinct], common, plen - 1 - common, rows)
+    if packed is None and common:  # a left-padded prefill after all: its own rule
+        common = common_prefix_length(distinct)
+    return common, packed
+
+
 def _prefix_cache(model, ids, positions, mask, common: int) -> KVCache:
     """The cache (NL, 1, C, Nk, D) of the first ``common`` columns (the same in every row),
     prefilled in a one-row batch."""
@@ -899,15 +915,9 @@ def start_decode(model, prompts: list[list[int]], key: jax.Array, request: Reque
     # a prefix common to every distinct prompt is prefilled once, the rest packed without
     # padding where that pays (text models, one device)
     text_only = all(hasattr(model, a) for a in ("arrays", "prefill")) and not hasattr(model, "multimodal_inputs")
-    single = text_only and mesh is None
     plen = bucket_size(longest, config.prompt_buckets, config.min_prompt_bucket, "prompt length")
-    common, packed = 0, None
-    if single and config.share_prefix:  # packed parts attend to the prefix and themselves only
-        common = common_prefix_length(distinct, 0.0 if config.pack_prompts else MIN_COMMON_FRACTION)
-    if single and config.pack_prompts:
-        packed = pack_prompt_parts([p[common:-1] for p in distinct], common, plen - 1 - common, prefill_batch)
-        if packed is None and common:  # a left-padded prefill after all: its own rule
-            common = common_prefix_length(distinct)
+    common, packed = (prefill_plan(distinct, plen, prefill_batch, config) if text_only and mesh is None
+                      else (0, None))
     ids, mask, valid = left_pad([p[common:] for p in distinct], plen - common, prefill_batch, request.pad_id)
     if common:  # layout [common prefix | rest left-padded to P - common]: the prefix at the same slots in every row
         ids = np.concatenate([np.broadcast_to(np.asarray(distinct[0][:common], np.int32), (len(ids), common)), ids], 1)
