@@ -101,6 +101,7 @@ SCRIPTS = {
     "bench_rollout": (["--group", "0"], "--group must be >= 1, got 0"),
     "bench_coop": (["--episodes", "0"], "--episodes must be >= 1, got 0"),
     "talking_vehicles": (["--method", "silent", "--method", "silent"], "--method names a method twice"),
+    "bench_test_suite": (["--workers", "0"], "--workers must be >= 1, got 0"),
 }
 
 
