@@ -11,6 +11,9 @@ Arms, one after the other on this machine (``pytest -n WORKERS --dist loadfile``
 * ``current_full_opt``: the same, with ``JAX_DRIVE_TEST_FULL_OPT=1`` (XLA's default
   optimisation), which separates the compile setting from the other changes.
 
+Every arm starts with a cold XLA cache (its own empty HOME: the baseline kept a persistent
+cache in ~/.cache/jax_drive_xla, which would make any run after the first look fast).
+
 Reported per arm: wall seconds of the pytest process and its passed / skipped / failed
 counts; the speed-up of each arm against the baseline.
 
@@ -64,12 +67,16 @@ def pytest_counts(output: str) -> dict[str, int]:
     return counts
 
 
-def run_arm(tree: Path, files: list[str], workers: int, env_extra: dict[str, str], progress: bool) -> dict:
-    """Runs ``files`` of ``tree`` with that tree's package first on the path: wall seconds and counts."""
+def run_arm(tree: Path, files: list[str], workers: int, env_extra: dict[str, str], progress: bool,
+            home: Path) -> dict:
+    """Runs ``files`` of ``tree`` with that tree's package first on the path and ``home`` as
+    HOME (empty: older trees kept their XLA cache in ~/.cache, so every arm starts cold):
+    wall seconds and counts."""
     env = dict(os.environ)
-    env.pop("JAX_DRIVE_TEST_FULL_OPT", None)  # only the arm that asks for it
-    env.update(PYTHONPATH=str(tree), JAX_PLATFORMS="cpu", **env_extra)
-    command = [sys.executable, "-m", "pytest", "-q" if progress else "-qq", "-p", "no:cacheprovider",
+    for name in ("JAX_DRIVE_TEST_FULL_OPT", "JAX_COMPILATION_CACHE_DIR"):  # only what the arm asks for
+        env.pop(name, None)
+    env.update(PYTHONPATH=str(tree), JAX_PLATFORMS="cpu", HOME=str(home), **env_extra)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "-n", str(workers), "--dist", "loadfile", *files]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
@@ -111,8 +118,10 @@ def main(argv=None) -> int:
         for arm in arms:
             tree, extra = plans[arm]
             # the baseline runs all its files, the others those that still exist
+            home = base / f"home_{arm}"
+            home.mkdir()
             result = run_arm(tree, baseline_files if arm == "baseline" else files, args.workers, extra,
-                             not args.no_progress)
+                             not args.no_progress, home)
             report["arms"][arm] = result
             print(f"{arm}: {result}", file=sys.stderr)
     if "baseline" in report["arms"]:
