@@ -108,6 +108,9 @@ def main(argv=None) -> int:
         export_tree(commit, base)
         baseline_files = sorted(f"tests/{p.name}" for p in (base / "tests").glob("test_*.py")
                                 if args.only is None or p.name in args.only)
+        unknown = sorted(set(args.only or ()) - {Path(f).name for f in baseline_files})
+        if unknown:
+            raise InputError(f"--only: {', '.join(unknown)} not a test file of {args.baseline}")
         files = [f for f in baseline_files if (ROOT / f).exists()]
         if not files:
             raise InputError(f"--baseline {args.baseline}: no test file of that commit exists in the working tree")
@@ -117,9 +120,9 @@ def main(argv=None) -> int:
                  "current_full_opt": (ROOT, {"JAX_DRIVE_TEST_FULL_OPT": "1"})}
         for arm in arms:
             tree, extra = plans[arm]
-            # the baseline runs all its files, the others those that still exist
             home = base / f"home_{arm}"
             home.mkdir()
+            # the baseline runs all its files, the others those that still exist
             result = run_arm(tree, baseline_files if arm == "baseline" else files, args.workers, extra,
                              not args.no_progress, home)
             report["arms"][arm] = result

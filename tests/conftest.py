@@ -15,8 +15,8 @@ os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
 
 # The suite is compile-bound (tiny shapes: ~80 % of a test file's time is XLA:CPU compiling),
 # and most of a compilation is LLVM optimising the generated code. Tests compile without LLVM
-# optimisation (-O0: ~40 % less compile time, slower but equal-valued programs; subprocesses and
-# Ray workers inherit it through the environment). The library is unchanged; to run the suite
+# optimisation (-O0: ~40 % less compile time; the same operations run slower, and float results
+# may differ in the last bits; subprocesses and Ray workers inherit it through the environment). The library is unchanged; to run the suite
 # with XLA's default optimisation, set JAX_DRIVE_TEST_FULL_OPT=1.
 TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
 _xla_flags = os.environ.get("XLA_FLAGS", "")
