@@ -597,15 +597,14 @@ def _prefill(graphdef, state, ids, mask, source, row_valid, key, history, histor
         cache = _packed_cache(model, packed, head, slots, plen)
     else:
         cache = init_cache(config, ids.shape[0], slots, config.jnp_dtype)
-    if common and packed is None:  # the prefix in every row's first slots, the rest attending over the cache
-        cache = cache.replace(k=cache.k.at[:, :, :common].set(head.k), v=cache.v.at[:, :, :common].set(head.v),
-                              mask=cache.mask.at[:, :common].set(True))
-        _, cache = forward_hidden(model.arrays(), config, ids[:, common:-1], positions[:, common:-1],
-                                  mask[:, common:-1], cache, jnp.int32(common))
-    elif plen > 1 and packed is None:
-        if hasattr(model, "prefill"):  # blocked causal attention over the prompt only
+        if common:  # the prefix in every row's first slots, the rest attending over the cache
+            cache = cache.replace(k=cache.k.at[:, :, :common].set(head.k), v=cache.v.at[:, :, :common].set(head.v),
+                                  mask=cache.mask.at[:, :common].set(True))
+            _, cache = forward_hidden(model.arrays(), config, ids[:, common:-1], positions[:, common:-1],
+                                      mask[:, common:-1], cache, jnp.int32(common))
+        elif plen > 1 and hasattr(model, "prefill"):  # blocked causal attention over the prompt only
             cache = model.prefill(ids[:, :-1], positions[..., :-1], mask[:, :-1], cache, **images)
-        else:
+        elif plen > 1:
             _, cache = model(
                 ids[:, :-1], positions[..., :-1], mask[:, :-1], cache=cache, cache_index=jnp.int32(0),
                 **images)
