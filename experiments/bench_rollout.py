@@ -49,8 +49,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,  # noqa: E402
-                               script_environment, write_json)
+from jax_drive.runinfo import (CompileClock, InputError, add_output_args, require_min, run_main,  # noqa: E402
+                               run_metadata, script_environment, write_json)
 
 script_environment()
 
@@ -64,20 +64,6 @@ CONFIGS = {  # name -> (share_prefix and pack_prompts, use_sessions, prompt_look
 
 def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-class CompileClock:
-    """Sums the seconds JAX reports for tracing, lowering and compiling (jax.monitoring)."""
-
-    def __init__(self):
-        import jax
-
-        self.seconds = 0.0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, event: str, duration: float, **_) -> None:
-        if event.startswith("/jax/core/compile/"):
-            self.seconds += duration
 
 
 def rollout_stats(pdms, fmt, turn_mask, generated_tokens: int) -> dict:

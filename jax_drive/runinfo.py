@@ -139,6 +139,21 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
+class CompileClock:
+    """Sums the seconds JAX reports for tracing, lowering and compiling (``jax.monitoring``),
+    so a benchmark can say how much of a timed region was compilation."""
+
+    def __init__(self):
+        import jax
+
+        self.seconds = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event: str, duration: float, **_) -> None:
+        if event.startswith("/jax/core/compile/"):
+            self.seconds += duration
+
+
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2."""
     try:

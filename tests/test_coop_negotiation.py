@@ -160,12 +160,32 @@ def test_direction_heading_and_order():
 def test_actor_prompt_holds_every_part(style):
     ego, other = _member(201, 0, 0, speed=7.94), _member(202, 10, 10, heading=math.pi, nav=NavIntent.TURN_LEFT)
     msgs = P.actor_messages(ego, [other], [(202, "I will stop; 201 go faster.")], ["Efficiency issue: x"], style)
-    text = msgs[-1]["content"]
+    case = msgs[-1]["content"]
     for part in ("201", "7.9 m/s", "go straight at intersection", "202", "14", "front-left", "towards you",
-                 "turn left at intersection", "I will stop; 201 go faster.", "Efficiency issue: x", "18 words"):
-        assert part in text, part
-    assert msgs[0]["role"] == "system" and msgs[-1]["role"] == "user"
-    assert "yield" in text.lower()  # the traffic rules
+                 "turn left at intersection", "I will stop; 201 go faster.", "Efficiency issue: x"):
+        assert part in case, part
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    text = msgs[0]["content"] + msgs[1]["content"]
+    assert "18 words" in text and "yield" in text.lower()  # the reply form and the traffic rules
+
+
+def test_compact_prompts_put_the_fixed_instructions_first():
+    """Compact prompts of different cases share their system turn (prefilled once per batched
+    call); the case is the user turn. Paper-style prompts keep the seed's section order."""
+    a, b, c = _member(201, 0, 0), _member(202, 10, 10, nav=NavIntent.TURN_LEFT), _member(203, -5, 20, speed=2.0)
+    talk_1, talk_2 = [(201, "I will stop; 202 go faster.")], [(203, "I will go first.")]
+    for requests in ([P.actor_messages(a, [b], talk_1, []), P.actor_messages(c, [a, b], talk_2, ["Safety issue: y"])],
+                     [P.sum_actions_messages([201, 202], talk_1), P.sum_actions_messages([203, 201], talk_2)],
+                     [P.consensus_messages(talk_1), P.consensus_messages(talk_2)]):
+        first, second = requests
+        assert first[0] == second[0] and first[0]["role"] == "system"
+        assert first[1]["content"] != second[1]["content"]
+        assert "201" not in first[0]["content"] and "stop; 202" not in first[0]["content"]
+    assert "Rules:" in P.actor_messages(a, [b], talk_1, [])[0]["content"]
+    assert "JSON only" in P.sum_actions_messages([201, 202], talk_1)[0]["content"]
+    assert "Consensus score" in P.consensus_messages(talk_1)[0]["content"]
+    paper = P.actor_messages(a, [b], talk_1, [], "paper")
+    assert paper[0]["content"] == P.PAPER_SYSTEM and paper[1]["content"].startswith("## Role")
 
 
 def test_clean_message_cuts_to_18_words():

@@ -13,7 +13,11 @@ Styles (:class:`PromptStyle`):
     models served on a GPU.
   * ``compact``: the same facts in a few lines and only the latest round of the
     conversation (about a third of the tokens); what the fine-tuned SmolLM2 negotiator of
-    the CPU demo reads.
+    the CPU demo reads. Each request kind's fixed instructions (the actor's rules and reply
+    form, the critic's classes and answer forms) are its system turn and the case (who,
+    where, what was said) the user turn, so every prompt of a batched call starts with the
+    same tokens: the sampler prefills that common prefix once per call, and a server with
+    prefix caching (vLLM's ``--enable-prefix-caching``) once for all calls.
 
 All functions are pure: structured :class:`MemberInfo` in, chat messages out.
 """
@@ -115,11 +119,20 @@ def _others(ego: MemberInfo, others: list[MemberInfo], style: PromptStyle) -> st
     return "\n".join(lines)
 
 
-def system_message(style: PromptStyle) -> dict:
-    """Short system turn (keeps the chat template from adding its own default)."""
-    text = "You are a driving assistant that negotiates with other vehicles." if style == "paper" else \
-        "You negotiate speeds between vehicles."
-    return {"role": "system", "content": text}
+# The paper style's system turn (short: the sections are in the user turn).
+PAPER_SYSTEM = "You are a driving assistant that negotiates with other vehicles."
+# The compact style's system turns: everything that does not depend on the case.
+COMPACT_ACTOR_SYSTEM = (f"You negotiate speeds between vehicles. Rules: {COMPACT_RULES} "
+                        f"Reply in at most {MAX_WORDS} words: I will ...; ...")
+COMPACT_SUM_SYSTEM = ("You read a negotiation between vehicles. Classify each vehicle's speed: STOP, SLOWER, KEEP or "
+                      "FASTER (yielding: STOP; asking others to yield: FASTER). "
+                      'JSON only: {"<id>": {"speed": "<class>"}}')
+COMPACT_CONSENSUS_SYSTEM = ("You read a negotiation between vehicles. How far do they agree (0 none, 100 full)? "
+                            "Answer: Short analysis: <sentence> Consensus score: <0-100>")
+
+
+def _chat(system: str, user: str) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def actor_messages(ego: MemberInfo, others: list[MemberInfo], conversation: list[tuple[int, str]],
@@ -128,31 +141,29 @@ def actor_messages(ego: MemberInfo, others: list[MemberInfo], conversation: list
     nav = NAV_TEXT[NavIntent(ego.nav)]
     if style == "compact":
         parts = [f"You are vehicle {ego.vid}: {nav}, {ego.speed:.1f} m/s.", "Others:", _others(ego, others, style),
-                 f"Rules: {COMPACT_RULES}", "Last round:", conversation_text(conversation)]
+                 "Last round:", conversation_text(conversation)]
         if feedback:
             parts += ["Critic: " + " ".join(feedback)]
-        parts += [f"Reply as {ego.vid} in at most {MAX_WORDS} words: I will ...; ..."]
-    else:
-        rules = "\n".join(f"{k}. {r}" for k, r in enumerate(RULES))
-        critic = ("\n\n## Critic feedback\n" + "\n".join(feedback)) if feedback else ""
-        parts = [
-            f"## Role\nYou drive vehicle {ego.vid}. Several vehicles have conflicting plans; negotiate with them "
-            "until you agree, keeping everyone safe and moving.",
-            f"## Scenario\n- You (vehicle {ego.vid}): intention {nav}, speed {ego.speed:.1f} m/s\n"
-            f"- Other vehicles:\n{_others(ego, others, style)}",
-            f"## Traffic rules\n{rules}",
-            "## Task\nWeigh every vehicle's speed, direction, distance and intention, find the conflicts and propose "
-            "actions that keep all vehicles safe and efficient. Respect the traffic rules, the earlier messages and "
-            "the critic's feedback. Either ask others to yield or yield yourself. Your message may state your own "
-            "action and requests to other vehicles, both as speed intentions.",
-            "## Tips\n- Your action and your requests must fit together; only one side needs to yield.\n"
-            "- Name the vehicle each request is for.\n- Talk about speed, not about the route.",
-            f"## Conversation so far\n{conversation_text(conversation)}{critic}",
-            f"## Output\nYou are vehicle {ego.vid}. Write only your message, at most {MAX_WORDS} words, describing "
-            "speed trends without numbers. Form: I will [speed intention]; [request].",
-        ]
-    return [system_message(style), {"role": "user", "content": "\n".join(parts) if style == "compact"
-                                    else "\n\n".join(parts)}]
+        return _chat(COMPACT_ACTOR_SYSTEM, "\n".join(parts + [f"Reply as {ego.vid}."]))
+    rules = "\n".join(f"{k}. {r}" for k, r in enumerate(RULES))
+    critic = ("\n\n## Critic feedback\n" + "\n".join(feedback)) if feedback else ""
+    parts = [
+        f"## Role\nYou drive vehicle {ego.vid}. Several vehicles have conflicting plans; negotiate with them "
+        "until you agree, keeping everyone safe and moving.",
+        f"## Scenario\n- You (vehicle {ego.vid}): intention {nav}, speed {ego.speed:.1f} m/s\n"
+        f"- Other vehicles:\n{_others(ego, others, style)}",
+        f"## Traffic rules\n{rules}",
+        "## Task\nWeigh every vehicle's speed, direction, distance and intention, find the conflicts and propose "
+        "actions that keep all vehicles safe and efficient. Respect the traffic rules, the earlier messages and "
+        "the critic's feedback. Either ask others to yield or yield yourself. Your message may state your own "
+        "action and requests to other vehicles, both as speed intentions.",
+        "## Tips\n- Your action and your requests must fit together; only one side needs to yield.\n"
+        "- Name the vehicle each request is for.\n- Talk about speed, not about the route.",
+        f"## Conversation so far\n{conversation_text(conversation)}{critic}",
+        f"## Output\nYou are vehicle {ego.vid}. Write only your message, at most {MAX_WORDS} words, describing "
+        "speed trends without numbers. Form: I will [speed intention]; [request].",
+    ]
+    return _chat(PAPER_SYSTEM, "\n\n".join(parts))
 
 
 def sum_actions_messages(vids: list[int], conversation: list[tuple[int, str]],
@@ -160,35 +171,30 @@ def sum_actions_messages(vids: list[int], conversation: list[tuple[int, str]],
     """Chat messages asking the critic to classify each member's speed change."""
     ids = ", ".join(str(v) for v in vids)
     if style == "compact":
-        text = (f"Vehicles {ids} said:\n{conversation_text(conversation)}\n"
-                "Classify each vehicle's speed: STOP, SLOWER, KEEP or FASTER (yielding: STOP; asking others to "
-                'yield: FASTER). JSON only: {"<id>": {"speed": "<class>"}}')
-    else:
-        text = (
-            "## Task\nSeveral cars negotiated to reach a consensus. Classify each vehicle's speed change as STOP, "
-            "SLOWER, KEEP or FASTER and answer with a JSON object mapping each vehicle id to {\"speed\": class}.\n\n"
-            "## Classes\n- STOP: come to a standstill.\n- SLOWER: reduce speed.\n- KEEP: hold the current speed.\n"
-            "- FASTER: increase speed.\n\n## Extra rules\n- A car that asks others to yield goes faster.\n"
-            "- A car that yields to others stops.\n\n"
-            f"## Vehicles\n{ids}\n\n## Conversation\n{conversation_text(conversation)}\n\n"
-            "Output the JSON object only, with one entry per vehicle, e.g. "
-            '{"0": {"speed": "STOP"}, "1": {"speed": "SLOWER"}}.')
-    return [system_message(style), {"role": "user", "content": text}]
+        return _chat(COMPACT_SUM_SYSTEM, f"Vehicles {ids} said:\n{conversation_text(conversation)}")
+    text = (
+        "## Task\nSeveral cars negotiated to reach a consensus. Classify each vehicle's speed change as STOP, "
+        "SLOWER, KEEP or FASTER and answer with a JSON object mapping each vehicle id to {\"speed\": class}.\n\n"
+        "## Classes\n- STOP: come to a standstill.\n- SLOWER: reduce speed.\n- KEEP: hold the current speed.\n"
+        "- FASTER: increase speed.\n\n## Extra rules\n- A car that asks others to yield goes faster.\n"
+        "- A car that yields to others stops.\n\n"
+        f"## Vehicles\n{ids}\n\n## Conversation\n{conversation_text(conversation)}\n\n"
+        "Output the JSON object only, with one entry per vehicle, e.g. "
+        '{"0": {"speed": "STOP"}, "1": {"speed": "SLOWER"}}.')
+    return _chat(PAPER_SYSTEM, text)
 
 
 def consensus_messages(conversation: list[tuple[int, str]], style: PromptStyle = "compact") -> list[dict]:
     """Chat messages asking the critic how far the group agrees (0-100)."""
     if style == "compact":
-        text = (f"Last round:\n{conversation_text(conversation)}\n"
-                "How far do they agree (0 none, 100 full)? Answer: Short analysis: <sentence> Consensus score: <0-100>")
-    else:
-        text = (
-            "## Task\nRead the conversation and judge whether the vehicles reached a consensus. Give a very short "
-            "explanation, then a score from 0 (no consensus at all) to 100 (complete consensus).\n\n"
-            "## Scale\n0-20: strong disagreement, almost nothing shared.\n21-40: mostly disagreement, one or two "
-            "accepted points.\n41-60: partial compromise, important disagreements left.\n61-80: agreement on most "
-            "points, small differences left.\n81-100: agreement on nearly everything.\n\n"
-            "## Situation\nCars on the road may be about to conflict; they negotiate to avoid it.\n\n"
-            f"## Conversation\n{conversation_text(conversation)}\n\n"
-            "## Output format\nShort analysis: <one short sentence>\nConsensus score: <int>")
-    return [system_message(style), {"role": "user", "content": text}]
+        return _chat(COMPACT_CONSENSUS_SYSTEM, f"Last round:\n{conversation_text(conversation)}")
+    text = (
+        "## Task\nRead the conversation and judge whether the vehicles reached a consensus. Give a very short "
+        "explanation, then a score from 0 (no consensus at all) to 100 (complete consensus).\n\n"
+        "## Scale\n0-20: strong disagreement, almost nothing shared.\n21-40: mostly disagreement, one or two "
+        "accepted points.\n41-60: partial compromise, important disagreements left.\n61-80: agreement on most "
+        "points, small differences left.\n81-100: agreement on nearly everything.\n\n"
+        "## Situation\nCars on the road may be about to conflict; they negotiate to avoid it.\n\n"
+        f"## Conversation\n{conversation_text(conversation)}\n\n"
+        "## Output format\nShort analysis: <one short sentence>\nConsensus score: <int>")
+    return _chat(PAPER_SYSTEM, text)
