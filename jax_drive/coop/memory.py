@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jax_drive.models import positions_from_mask
+from jax_drive.sampling.sampler import count_bucket
 
 
 def memory_key(scenario: str, seed: int, vehicle_id: int) -> str:
@@ -85,8 +86,9 @@ class Embedder:
     Args:
       model: a ``jax_drive.models.CausalLM``; tokenizer: its tokenizer (``encode``).
       max_tokens: texts are cut to their first ``max_tokens`` tokens.
-      bucket: padded lengths are multiples of this; batches are padded to powers of two (few
-        compiled shapes).
+      bucket: padded lengths are multiples of this; batches are padded to
+        :func:`~jax_drive.sampling.sampler.count_bucket` sizes (few compiled shapes, under a
+        quarter of the rows padding).
     """
 
     def __init__(self, model, tokenizer, max_tokens: int = 128, bucket: int = 32):
@@ -106,7 +108,7 @@ class Embedder:
         pad = int(self.tokenizer.pad_token_id or 0)
         rows = [(self.tokenizer.encode(t) or [pad])[: self.max_tokens] for t in texts]
         length = -(-max(len(r) for r in rows) // self.bucket) * self.bucket
-        size = 1 << max(len(rows) - 1, 0).bit_length()
+        size = count_bucket(len(rows))
         ids = np.full((size, length), pad, np.int32)
         mask = np.zeros((size, length), bool)
         for k, r in enumerate(rows):
