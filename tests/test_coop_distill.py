@@ -100,6 +100,20 @@ def test_select_informative_and_dedupe():
     assert summary["by_command"] == {"go": 11, "stop": 20} and summary["samples"] == 31
 
 
+def test_balance_commands_repeats_rare_commands_up_to_their_share():
+    data = [_sample("e", k, "go") for k in range(90)] + [_sample("e", 90 + k, "stop") for k in range(7)] + \
+           [_sample("f", k, "change lane left") for k in range(3)]
+    out = D.balance_commands(data, 0.1)  # target 10 of 100: stop x2 (14), lane change x4 (12), go untouched
+    counts = D.data_summary(out)["by_command"]
+    assert counts == {"go": 90, "stop": 14, "change lane left": 12}
+    assert out[:100] == data  # originals first, in order
+    assert D.balance_commands(data, 0.0) == data and D.balance_commands([], 0.2) == []
+    with pytest.raises(ValueError, match="min_share"):
+        D.balance_commands(data, 1.0)
+    with pytest.raises(ValueError, match="min_command_share"):
+        D.StudentConfig(min_command_share=-0.1)
+
+
 def test_compact_template_trains_only_the_answer():
     tok = D.compact_chat_tokenizer(byte_tokenizer())
     chat = _sample("e", 1, "stop", "Holding.").chat()["messages"]

@@ -278,6 +278,29 @@ def select_informative(samples: Sequence[DistillSample], *, window: int = 3, kee
     return [s for s, k in zip(samples, keep) if k]
 
 
+def balance_commands(samples: Sequence[DistillSample], min_share: float) -> list[DistillSample]:
+    """Repeats the samples of rare commands so that each command makes up about ``min_share``
+    of the result (whole copies; commands already at or above it are left alone).
+
+    The teacher cruises and waits far more often than it changes lanes, slows or stops
+    (lane changes are ~2 % of its decisions), and one epoch of SFT then learns the frequent
+    commands only. The copies follow the originals; the SFT trainer shuffles every epoch.
+    """
+    if not 0.0 <= min_share < 1.0:
+        raise ValueError(f"min_share must be in [0, 1), got {min_share}")
+    if not min_share or not samples:
+        return list(samples)
+    by_command: dict[str, list[DistillSample]] = collections.defaultdict(list)
+    for s in samples:
+        by_command[json.loads(s.answer).get("command")].append(s)
+    target = min_share * len(samples)
+    extra = []
+    for group in by_command.values():
+        copies = int(np.ceil(target / len(group))) - 1
+        extra += [s for _ in range(max(copies, 0)) for s in group]
+    return list(samples) + extra
+
+
 def check_disjoint(samples: Sequence[DistillSample], eval_specs: Sequence[EpisodeSpec]) -> None:
     """Raises ValueError if any sample comes from an evaluation episode (by tag or split)."""
     tags = {s.tag for s in eval_specs}
@@ -335,11 +358,18 @@ class StudentConfig:
       sft: the SFT trainer settings (data order seed, steps, lr, full or LoRA).
       lora_rank, lora_alpha: LoRA adapters (rank 0 = full fine-tuning, as in the seed), merged
         into the weights before saving.
+      min_command_share: rare commands are repeated up to about this share of the training
+        data (:func:`balance_commands`; 0 = the data as selected).
     """
 
     sft: SFTConfig = SFTConfig()
     lora_rank: int = 0
     lora_alpha: float = 32.0
+    min_command_share: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.min_command_share < 1.0:
+            raise ValueError(f"min_command_share must be in [0, 1), got {self.min_command_share}")
 
 
 def train_student(model, tokenizer, samples: Sequence[DistillSample], config: StudentConfig, out_dir: str,
@@ -360,7 +390,8 @@ def train_student(model, tokenizer, samples: Sequence[DistillSample], config: St
     chat_tok = compact_chat_tokenizer(tokenizer)
     if config.lora_rank:
         apply_lora(model, rank=config.lora_rank, alpha=config.lora_alpha, rngs=nnx.Rngs(config.sft.seed + 1))
-    result = sft_train(model, [s.chat() for s in samples], config.sft, tokenizer=chat_tok,
+    rows = [s.chat() for s in balance_commands(samples, config.min_command_share)]
+    result = sft_train(model, rows, config.sft, tokenizer=chat_tok,
                        out_dir=os.path.join(out_dir, "sft"), resume=True, progress=progress)
     if config.lora_rank:
         remove_lora(model, merge=True)

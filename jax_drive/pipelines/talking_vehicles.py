@@ -130,6 +130,11 @@ class Preset:
         return max(extra or self.eval_episodes, self.eval_episodes)
 
 
+# The distilled student's training data repeats each rare command up to this share
+# (:func:`jax_drive.coop.distill.balance_commands`).
+MIN_COMMAND_SHARE = 0.08
+
+
 def _presets() -> dict[str, Preset]:
     return {
         # Tests and dry runs: random tiny model, two scenarios, one seed, two episodes cut at 6 s
@@ -152,8 +157,10 @@ def _presets() -> dict[str, Preset]:
         # a short message fits); one learning episode per lane (accident-prone) for reflection /
         # correction / debrief, no reset (a 60-episode trial is out of reach here); rule-based
         # and silent on 10 episodes, the distilled policy on 4. The student: full fine-tuning,
-        # 1 epoch, on ~2.6k informative decisions of 108 teacher episodes (3 seeds x 6
-        # scenarios x 6, exploration 0 / 0.1 / 0.2).
+        # 2 epochs, on ~2.6k informative decisions of 108 teacher episodes (3 seeds x 6
+        # scenarios x 6, exploration 0 / 0.1 / 0.2), each command repeated up to 8 % of the
+        # data (1 epoch without repeats left lane changes at 0 / 6 and returns right at 1 / 5
+        # on held-out teacher decisions).
         "cpu-demo": Preset(
             name="cpu-demo", eval_episodes=2, baseline_eval_episodes=10, student_eval_episodes=4,
             agent=AgentConfig(max_new_tokens=24),
@@ -161,8 +168,8 @@ def _presets() -> dict[str, Preset]:
                                     discussion_tokens=80),
             distill_episodes=6, distill_seeds=(0, 1, 2), distill_epsilons=(0.0, 0.1, 0.2),
             student=StudentConfig(sft=SFTConfig(optim=OptimConfig(learning_rate=1e-4, trainable="full"),
-                                                batch_size=16, epochs=1, bucket_size=16, max_length=128,
-                                                checkpoint_every=20)),
+                                                batch_size=16, epochs=2, bucket_size=16, max_length=128,
+                                                checkpoint_every=20), min_command_share=MIN_COMMAND_SHARE),
         ),
         # The seed's protocol on a GPU: a vLLM-served instruct model as the LLM agents (the seed
         # used gpt-4o-mini), chain of thought on, 60 learning episodes / 20-success streak / 3
@@ -181,7 +188,7 @@ def _presets() -> dict[str, Preset]:
             distill_keep_fraction=0.5,
             student=StudentConfig(sft=SFTConfig(optim=OptimConfig(learning_rate=5e-5, trainable="full"),
                                                 batch_size=32, epochs=3, bucket_size=16, max_length=128,
-                                                checkpoint_every=200)),
+                                                checkpoint_every=200), min_command_share=MIN_COMMAND_SHARE),
             max_batch=512,
         ),
     }
