@@ -283,7 +283,7 @@ def balance_commands(samples: Sequence[DistillSample], min_share: float) -> list
     of the result (whole copies; commands already at or above it are left alone).
 
     The teacher cruises and waits far more often than it changes lanes, slows or stops
-    (lane changes are ~2 % of its decisions), and one epoch of SFT then learns the frequent
+    (lane changes are ~3 % of its selected decisions), and one epoch of SFT then learns the frequent
     commands only. The copies follow the originals; the SFT trainer shuffles every epoch.
     """
     if not 0.0 <= min_share < 1.0:

@@ -159,7 +159,7 @@ def _presets() -> dict[str, Preset]:
         # and silent on 10 episodes, the distilled policy on 4. The student: full fine-tuning,
         # 2 epochs, on ~2.6k informative decisions of 108 teacher episodes (3 seeds x 6
         # scenarios x 6, exploration 0 / 0.1 / 0.2), each command repeated up to 8 % of the
-        # data (1 epoch without repeats left lane changes at 0 / 6 and returns right at 1 / 5
+        # data (1 epoch without repeats got left lane changes right 0 of 6 times, right ones 1 of 5,
         # on held-out teacher decisions).
         "cpu-demo": Preset(
             name="cpu-demo", eval_episodes=2, baseline_eval_episodes=10, student_eval_episodes=4,
