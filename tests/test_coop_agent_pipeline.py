@@ -83,6 +83,34 @@ def test_llm_method_chunks_resume_without_running_again(tmp_path):
     assert resumed["average"] == first["average"] and resumed["latency"] == first["latency"]
 
 
+def test_distillation_with_a_dagger_round_builds_every_stage_once(tmp_path, monkeypatch):
+    from jax_drive.coop import distill as D
+
+    preset = dataclasses.replace(TV.PRESETS["smoke"], scenarios=("tv_red_light",), distill_episodes=1,
+                                 dagger_rounds=1, dagger_episodes=2, max_time=2.0)
+    run = str(tmp_path)
+    path, info = TV.distill_method(preset, run, progress=False)
+    assert path == os.path.join(run, "dagger1", "student", "model") and os.path.exists(os.path.join(path, "config.json"))
+    teacher = D.load_samples(os.path.join(run, "distill_data.jsonl"))
+    labelled = D.load_samples(os.path.join(run, "dagger1", "data.jsonl"))
+    assert {s.episode for s in labelled} == {"tv_red_light/distill/seed0/1", "tv_red_light/distill/seed0/2"}
+    assert not {s.episode for s in labelled} & {s.episode for s in teacher}  # new episodes
+    (round1,) = info["dagger"]
+    assert round1["episodes"] == 2 and round1["aggregated_samples"] == len(teacher) + len(labelled)
+    assert round1["train_steps"] == preset.student.sft.max_steps and info["train_steps"] == preset.student.sft.max_steps
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished stage must be reused, not run again")
+
+    monkeypatch.setattr(D, "train_student", refuse)
+    monkeypatch.setattr(D, "collect_student", refuse)
+    monkeypatch.setattr(D, "collect_teacher", refuse)
+    again, info2 = TV.distill_method(preset, run, progress=False)
+    assert again == path and info2["dagger"] == info["dagger"]
+    with pytest.raises(ValueError, match="dagger"):
+        dataclasses.replace(preset, dagger_rounds=-1)
+
+
 def test_experiment_script_writes_json_table_and_plots(tmp_path):
     import talking_vehicles as script
 

@@ -11,7 +11,7 @@ import pytest
 
 from jax_drive.coop import distill as D
 from jax_drive.coop.agent import AgentConfig, LanguagePolicy
-from jax_drive.coop.baselines import RuleBasedPolicy
+from jax_drive.coop.baselines import RuleBasedPolicy, SilentPolicy
 from jax_drive.coop.learning import EpisodeSpec, episode_specs, run_specs
 from jax_drive.rl.batching import tokenize_chat
 from jax_drive.rl.optim import OptimConfig
@@ -62,6 +62,28 @@ def test_samples_come_only_from_successful_episodes(teacher_run):
         assert answer["command"] in ("go", "stop", "slow down", "speed up", "change lane left", "change lane right",
                                      "keep")
         assert s.answer.startswith('{"command":"') and '", "' not in s.answer  # compact JSON
+
+
+def test_teacher_labels_the_states_a_student_visits(teacher_run):
+    specs, teacher_results, transitions = teacher_run
+    # the silent baseline as the "student": it crashes where the cooperative teacher does not
+    samples, results = D.collect_student(SilentPolicy(), specs)
+    assert not all(D.episode_success(r) for r in results)
+    assert {s.episode for s in samples} == {s.tag for s in specs}  # failed episodes are kept too
+    # the labels are the teacher's: at the first decision both runs see the same worlds
+    teacher = {(s.episode, s.vehicle_id): s for s in
+               D.samples_from_episodes(specs, teacher_results, transitions, "teacher") if s.step == 0}
+    first = {(s.episode, s.vehicle_id): s for s in samples if s.step == 0}
+    assert first.keys() == teacher.keys()
+    assert all((first[k].observation, first[k].answer) == (teacher[k].observation, teacher[k].answer) for k in first)
+    # where the student drove something else, the sample says so, and selection keeps it
+    marked = [s for s in samples if s.executed]
+    assert marked and all(s.executed != json.loads(s.answer)["command"] for s in marked)
+    assert not any(s.executed for s in D.samples_from_episodes(specs, teacher_results, transitions, "teacher"))
+    kept = D.select_informative(samples, keep_fraction=0.0)
+    assert set(marked) <= set(kept) and len(kept) < len(samples)
+    with pytest.raises(ValueError, match="evaluation episodes"):
+        D.collect_student(SilentPolicy(), [dataclasses.replace(specs[0], split="eval")])
 
 
 def test_distillation_data_never_contains_evaluation_episodes(teacher_run):

@@ -7,7 +7,11 @@ Sources of successful episodes:
     do not talk themselves, e.g. "Car oncoming, 29 m."; "All clear." once they are gone), optionally
     with exploration noise on the executed commands (:class:`Explore`, DART-style: the label
     stays the teacher's command, so the data also covers states just off the teacher's path);
-  * the learning loop (:class:`~jax_drive.coop.agent.LanguagePolicy` replay records).
+  * the learning loop (:class:`~jax_drive.coop.agent.LanguagePolicy` replay records);
+  * the student itself driving with the teacher labelling every state it visits
+    (:class:`TeacherLabels`, DAgger: Ross et al. 2011), so the data covers the states the
+    student's own mistakes lead to; these episodes are kept whether or not they succeed,
+    since the labels are the teacher's.
 
 Each decision of every focal agent of a successful episode becomes one chat sample: the user
 turn is the agent's :func:`~jax_drive.coop.agent.compact_observation`, the assistant turn the
@@ -190,6 +194,7 @@ class DistillSample:
     source: str
     vehicle_id: int = 0
     step: int = 0
+    executed: str = ""  # the command the acting policy drove when it was not the label's (DAgger)
 
     def chat(self) -> dict:
         return {"messages": [{"role": "user", "content": self.observation},
@@ -203,17 +208,21 @@ def _refuse_eval(specs: Sequence[EpisodeSpec]) -> None:
 
 
 def samples_from_episodes(specs: Sequence[EpisodeSpec], results: Sequence[EpisodeResult],
-                          transitions: Sequence[Transition], source: str) -> list[DistillSample]:
-    """Chat samples from every decision of every focal agent of the *successful* episodes.
+                          transitions: Sequence[Transition], source: str, *,
+                          successful_only: bool = True, mark_disagreements: bool = False) -> list[DistillSample]:
+    """Chat samples from every decision of every focal agent of the *successful* episodes
+    (of every episode when not ``successful_only``: teacher-labelled student runs).
 
     Labels: ``info['label_command'/'label_message']`` (teacher) or the executed
-    ``info['command'/'message']`` (language policies). Raises ValueError for eval specs.
+    ``info['command'/'message']`` (language policies). ``mark_disagreements``: a decision
+    whose executed command (``tr.command``) differs from its label records it in
+    ``executed``. Raises ValueError for eval specs.
     """
     specs = list(specs)
     _refuse_eval(specs)
     if len(results) != len(specs):
         raise ValueError("one result per spec is needed")
-    good = {n for n, r in enumerate(results) if episode_success(r)}
+    good = {n for n, r in enumerate(results) if episode_success(r) or not successful_only}
     out = []
     for tr in transitions:
         if tr.episode not in good or "student_observation" not in tr.info:
@@ -221,9 +230,10 @@ def samples_from_episodes(specs: Sequence[EpisodeSpec], results: Sequence[Episod
         info = tr.info
         command = info.get("label_command", info.get("command", tr.command))
         message = info.get("label_message", info.get("message", tr.message))
+        executed = tr.command if mark_disagreements and tr.command != command else ""
         spec = specs[tr.episode]
         out.append(DistillSample(info["student_observation"], format_action(command, message, compact=True),
-                                 spec.scenario, spec.tag, source, tr.vehicle_id, tr.step))
+                                 spec.scenario, spec.tag, source, tr.vehicle_id, tr.step, executed))
     return out
 
 
@@ -237,6 +247,43 @@ def collect_teacher(specs: Sequence[EpisodeSpec], *, epsilon: float = 0.0, seed:
     policy = Explore(teacher, epsilon, seed) if epsilon > 0 else teacher
     results, transitions = run_specs(specs, policy, record=True, progress=progress)
     return samples_from_episodes(specs, results, transitions, policy.name), results
+
+
+class TeacherLabels:
+    """DAgger's data collector: ``student`` (a batched policy, e.g. the distilled
+    :class:`~jax_drive.coop.agent.LanguagePolicy`) drives and talks; a
+    :class:`LanguageRuleTeacher` looks at the same decision batch and its command and message
+    become the labels (``info['label_command'/'label_message']``) of every asked agent. The
+    teacher's structured payloads still travel on its private buses, so its labels are what
+    it would decide in the student's state if the other vehicles were teachers too."""
+
+    def __init__(self, student, teacher: LanguageRuleTeacher | None = None):
+        self.student, self.teacher = student, teacher or LanguageRuleTeacher()
+        self.name = f"{getattr(student, 'name', 'student')}+teacher_labels"
+
+    def decide(self, batch: DecisionBatch) -> PolicyOutput:
+        labels = self.teacher.decide(batch)
+        out = self.student.decide(batch)
+        for e, i in batch.agents:
+            key = (int(e), int(i))
+            label = labels.info[key]
+            info = out.info.setdefault(key, {})
+            info.update(label_command=label["label_command"], label_message=label["label_message"])
+            info.setdefault("student_observation", label["student_observation"])
+        return out
+
+
+def collect_student(student, specs: Sequence[EpisodeSpec], *, progress=None, max_time: float | None = None
+                    ) -> tuple[list[DistillSample], list[EpisodeResult]]:
+    """Runs ``student`` with teacher labels (:class:`TeacherLabels`) on ``specs`` in one
+    batch; returns the labelled samples of every episode (failed ones too) and the results.
+    ``max_time``: optional cap on the episodes' length, s (quick checks)."""
+    specs = list(specs)
+    _refuse_eval(specs)
+    policy = TeacherLabels(student)
+    results, transitions = run_specs(specs, policy, record=True, progress=progress, max_time=max_time)
+    return samples_from_episodes(specs, results, transitions, policy.name, successful_only=False,
+                                 mark_disagreements=True), results
 
 
 def dedupe(samples: Sequence[DistillSample], max_repeats: int = 2) -> list[DistillSample]:
@@ -255,8 +302,9 @@ def select_informative(samples: Sequence[DistillSample], *, window: int = 3, kee
                        seed: int = 0) -> list[DistillSample]:
     """Keeps the decisions that teach something and a random ``keep_fraction`` of the rest.
 
-    A sample is informative when its answer carries a message, or when the same agent's
-    command differs from this one within ``window`` decisions (the moments around a
+    A sample is informative when its answer carries a message, when the acting policy drove
+    another command than the label (``executed``: DAgger's corrections), or when the same
+    agent's command differs from this one within ``window`` decisions (the moments around a
     stop, a yield, a lane change or a restart); long runs of identical cruising or waiting
     decisions are thinned. Order is preserved.
     """
@@ -273,7 +321,8 @@ def select_informative(samples: Sequence[DistillSample], *, window: int = 3, kee
         steps = np.array([samples[n].step for n in idx])
         for a, n in enumerate(idx):
             near = [idx[b] for b in range(len(idx)) if abs(steps[b] - steps[a]) <= window]
-            informative = '"message"' in samples[n].answer or any(command[m] != command[n] for m in near)
+            informative = ('"message"' in samples[n].answer or bool(samples[n].executed)
+                           or any(command[m] != command[n] for m in near))
             keep[n] = informative or rng.random() < keep_fraction
     return [s for s, k in zip(samples, keep) if k]
 

@@ -22,6 +22,7 @@ loaded, not rerun.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -80,6 +81,11 @@ class Preset:
         seed of the ``distill`` split, one exploration epsilon per distillation seed.
       distill_keep_fraction: share of uninformative teacher decisions kept
         (:func:`~jax_drive.coop.distill.select_informative`).
+      dagger_rounds: DAgger rounds after the first student (0 = none): the latest student
+        drives ``dagger_episodes`` new episodes per scenario per distillation seed with the
+        teacher labelling every state it visits (:func:`~jax_drive.coop.distill.collect_student`),
+        and the student is fine-tuned further for ``dagger_epochs`` on the teacher data plus
+        every round's labelled data.
       student_model: base model of the distilled policy (local ``load_pretrained`` source).
       student_path: an already distilled policy (a saved model directory) to evaluate
         instead of distilling one ("" = distil).
@@ -107,6 +113,9 @@ class Preset:
     distill_seeds: tuple[int, ...] = (0, 1, 2)
     distill_epsilons: tuple[float, ...] = (0.0, 0.1, 0.2)
     distill_keep_fraction: float = 0.2
+    dagger_rounds: int = 0
+    dagger_episodes: int = 3
+    dagger_epochs: int = 1
     student_model: str = "smollm2-135m-instruct"
     student_path: str = ""
     student: StudentConfig = StudentConfig()
@@ -122,6 +131,8 @@ class Preset:
             raise ValueError("one exploration epsilon per distillation seed")
         if min(self.eval_episodes, self.baseline_eval_episodes or 1, self.student_eval_episodes or 1) < 1:
             raise ValueError("evaluation episode counts must be >= 1")
+        if self.dagger_rounds < 0 or min(self.dagger_episodes, self.dagger_epochs) < 1:
+            raise ValueError("dagger_rounds must be >= 0, dagger_episodes and dagger_epochs >= 1")
 
     def episodes_for(self, method: str) -> int:
         """Evaluation episodes per scenario per seed of ``method``."""
@@ -160,13 +171,17 @@ def _presets() -> dict[str, Preset]:
         # 2 epochs, on ~2.6k informative decisions of 108 teacher episodes (3 seeds x 6
         # scenarios x 6, exploration 0 / 0.1 / 0.2), each command repeated up to 8 % of the
         # data (1 epoch without repeats got left lane changes right 0 of 6 times, right ones 1 of 5,
-        # on held-out teacher decisions).
+        # on held-out teacher decisions); then one DAgger round: the student drives 4 new
+        # episodes per scenario per seed with the teacher labelling, and trains 1 more epoch on
+        # everything (the student alone pulled out into oncoming traffic it could see, states
+        # the teacher's own episodes never reach).
         "cpu-demo": Preset(
             name="cpu-demo", eval_episodes=2, baseline_eval_episodes=10, student_eval_episodes=4,
             agent=AgentConfig(max_new_tokens=24),
             learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=128,
                                     discussion_tokens=80),
             distill_episodes=6, distill_seeds=(0, 1, 2), distill_epsilons=(0.0, 0.1, 0.2),
+            dagger_rounds=1, dagger_episodes=4,
             student=StudentConfig(sft=SFTConfig(optim=OptimConfig(learning_rate=1e-4, trainable="full"),
                                                 batch_size=16, epochs=2, bucket_size=16, max_length=128,
                                                 checkpoint_every=20), min_command_share=MIN_COMMAND_SHARE),
@@ -438,10 +453,16 @@ def lane_summary(lanes: Sequence[Lane]) -> dict:
 
 
 def distill_method(preset: Preset, run_dir: str, *, progress: bool = True) -> tuple[str, dict]:
-    """Builds (or reuses) the distillation data and the student; returns the student's model
-    directory and a summary (data counts, training history)."""
+    """Builds (or reuses) the distillation data and the student, then runs the preset's DAgger
+    rounds; returns the last student's model directory and a summary (data counts, training
+    history, each round's student success on its labelled episodes).
+
+    Every stage is kept in ``run_dir`` (``distill_data.jsonl``, ``student/``, then
+    ``dagger<r>/data.jsonl`` and ``dagger<r>/student/``) and reused, so a killed run resumes.
+    """
     from jax_drive.coop import distill as D
 
+    holdout = episode_specs(preset.scenarios, preset.seeds, max(preset.episodes_for(m) for m in METHODS), "eval")
     data_path = os.path.join(run_dir, "distill_data.jsonl")
     info_path = os.path.join(run_dir, "distill_data_info.json")
     if not os.path.exists(data_path):
@@ -454,8 +475,7 @@ def distill_method(preset: Preset, run_dir: str, *, progress: bool = True) -> tu
                             "successful": int(sum(D.episode_success(r) for r in results))})
         raw = D.data_summary(samples)
         samples = D.select_informative(D.dedupe(samples, 1), keep_fraction=preset.distill_keep_fraction)
-        D.check_disjoint(samples, episode_specs(preset.scenarios, preset.seeds,
-                                                max(preset.episodes_for(m) for m in METHODS), "eval"))
+        D.check_disjoint(samples, holdout)
         D.save_samples(samples, data_path)
         _write(info_path, {"teacher_runs": teacher, "raw_data": raw})
     samples = D.load_samples(data_path)
@@ -466,18 +486,76 @@ def distill_method(preset: Preset, run_dir: str, *, progress: bool = True) -> tu
     info["data"] = D.data_summary(samples)
     info["examples"] = [s.chat()["messages"] for s in samples[:: max(1, len(samples) // 6)][:6]]
     model_dir = os.path.join(run_dir, "student")
-    model_path = os.path.join(model_dir, "model")
-    if not os.path.exists(os.path.join(model_path, "config.json")):
+    if not _trained(model_dir):
         model, tokenizer = load_local(preset.student_model)
         D.train_student(model, tokenizer, samples, preset.student, model_dir, progress=progress)
-    metrics = os.path.join(model_dir, "sft", "metrics.jsonl")  # the trainer's log (also of resumed runs)
-    if os.path.exists(metrics):
-        with open(metrics, encoding="utf-8") as f:
-            history = [json.loads(line) for line in f if line.strip()]
-        info["train_steps"] = len(history)
-        info["train_seconds"] = float(sum(h["step_seconds"] for h in history))
-        info["train_loss"] = [round(h["loss"], 4) for h in history]
-    return model_path, info
+    info.update(_train_summary(model_dir))
+    rounds = []
+    for r in range(1, preset.dagger_rounds + 1):
+        round_dir = os.path.join(run_dir, f"dagger{r}")
+        found, summary = _dagger_data(preset, model_dir, round_dir, r, holdout, progress=progress)
+        samples = samples + found
+        previous, model_dir = model_dir, os.path.join(round_dir, "student")
+        if not _trained(model_dir):
+            model, tokenizer = load_student(os.path.join(previous, "model"))
+            config = dataclasses.replace(preset.student, sft=dataclasses.replace(
+                preset.student.sft, epochs=preset.dagger_epochs, seed=preset.student.sft.seed + r))
+            D.train_student(model, tokenizer, samples, config, model_dir, progress=progress)
+        rounds.append({**summary, "aggregated_samples": len(samples), **_train_summary(model_dir)})
+    if rounds:
+        info["dagger"] = rounds
+    return os.path.join(model_dir, "model"), info
+
+
+def _trained(model_dir: str) -> bool:
+    return os.path.exists(os.path.join(model_dir, "model", "config.json"))
+
+
+def _train_summary(model_dir: str) -> dict:
+    """Steps, seconds and losses from the SFT trainer's log (also of resumed runs)."""
+    metrics = os.path.join(model_dir, "sft", "metrics.jsonl")
+    if not os.path.exists(metrics):
+        return {}
+    with open(metrics, encoding="utf-8") as f:
+        history = [json.loads(line) for line in f if line.strip()]
+    return {"train_steps": len(history), "train_seconds": float(sum(h["step_seconds"] for h in history)),
+            "train_loss": [round(h["loss"], 4) for h in history]}
+
+
+def _dagger_data(preset: Preset, model_dir: str, round_dir: str, r: int, holdout, *, progress: bool = True):
+    """Round ``r``'s teacher-labelled student data (built once, then loaded) and its summary."""
+    import jax
+
+    from jax_drive.coop import distill as D
+
+    data_path = os.path.join(round_dir, "data.jsonl")
+    info_path = os.path.join(round_dir, "data_info.json")
+    if not os.path.exists(data_path):
+        model, tokenizer = load_student(os.path.join(model_dir, "model"))
+        student = LanguagePolicy(local_engine(model, tokenizer, preset.max_batch), preset.student_agent,
+                                 key=jax.random.key(1000 + r), name="distilled")
+        # new episodes of the distillation split: after the teacher's and the earlier rounds'
+        start = preset.distill_episodes + (r - 1) * preset.dagger_episodes
+        specs = episode_specs(preset.scenarios, preset.distill_seeds, preset.dagger_episodes, "distill", start=start)
+        bar = tqdm(desc=f"dagger {r} ({len(specs)} episodes)", unit="decision", disable=not progress, leave=False)
+        found, results = D.collect_student(student, specs, progress=lambda d: bar.update(1), max_time=preset.max_time)
+        bar.close()
+        raw = {**D.data_summary(found), "disagreements": int(sum(1 for s in found if s.executed))}
+        found = D.select_informative(D.dedupe(found, 1), keep_fraction=preset.distill_keep_fraction)
+        D.check_disjoint(found, holdout)
+        os.makedirs(round_dir, exist_ok=True)
+        D.save_samples(found, data_path)
+        by_scenario = collections.defaultdict(list)
+        for spec, res in zip(specs, results):
+            by_scenario[spec.scenario].append(D.episode_success(res))
+        _write(info_path, {"episodes": len(specs), "student_successes": int(sum(map(D.episode_success, results))),
+                           "student_success_by_scenario": {k: int(sum(v)) for k, v in by_scenario.items()},
+                           "raw_data": raw})
+    found = D.load_samples(data_path)
+    with open(info_path, encoding="utf-8") as f:
+        summary = json.load(f)
+    summary["data"] = D.data_summary(found)
+    return found, summary
 
 
 def load_student(model_path: str):
