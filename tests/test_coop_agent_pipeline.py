@@ -98,6 +98,7 @@ def test_distillation_with_a_dagger_round_builds_every_stage_once(tmp_path, monk
     (round1,) = info["dagger"]
     assert round1["episodes"] == 2 and round1["aggregated_samples"] == len(teacher) + len(labelled)
     assert round1["train_steps"] == preset.student.sft.max_steps and info["train_steps"] == preset.student.sft.max_steps
+    assert not [f for f in os.listdir(run) + os.listdir(os.path.join(run, "dagger1")) if f.endswith(".tmp")]
 
     def refuse(*args, **kwargs):
         raise AssertionError("a finished stage must be reused, not run again")

@@ -359,12 +359,15 @@ def check_disjoint(samples: Sequence[DistillSample], eval_specs: Sequence[Episod
 
 
 def save_samples(samples: Sequence[DistillSample], path: str | os.PathLike) -> str:
-    """JSONL: one {"messages": [...], "meta": provenance} per line."""
+    """JSONL: one {"messages": [...], "meta": provenance} per line, written atomically (the
+    pipelines take an existing file for a finished stage)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
         for s in samples:
             meta = {k: v for k, v in dataclasses.asdict(s).items() if k not in ("observation", "answer")}
             f.write(json.dumps({**s.chat(), "meta": meta}, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
     return os.fspath(path)
 
 

@@ -476,8 +476,8 @@ def distill_method(preset: Preset, run_dir: str, *, progress: bool = True) -> tu
         raw = D.data_summary(samples)
         samples = D.select_informative(D.dedupe(samples, 1), keep_fraction=preset.distill_keep_fraction)
         D.check_disjoint(samples, holdout)
-        D.save_samples(samples, data_path)
         _write(info_path, {"teacher_runs": teacher, "raw_data": raw})
+        D.save_samples(samples, data_path)  # last: its existence marks the stage done
     samples = D.load_samples(data_path)
     info: dict = {}
     if os.path.exists(info_path):
@@ -543,14 +543,14 @@ def _dagger_data(preset: Preset, model_dir: str, round_dir: str, r: int, holdout
         raw = {**D.data_summary(found), "disagreements": int(sum(1 for s in found if s.executed))}
         found = D.select_informative(D.dedupe(found, 1), keep_fraction=preset.distill_keep_fraction)
         D.check_disjoint(found, holdout)
-        os.makedirs(round_dir, exist_ok=True)
-        D.save_samples(found, data_path)
         by_scenario = collections.defaultdict(list)
         for spec, res in zip(specs, results):
             by_scenario[spec.scenario].append(D.episode_success(res))
+        os.makedirs(round_dir, exist_ok=True)
         _write(info_path, {"episodes": len(specs), "student_successes": int(sum(map(D.episode_success, results))),
                            "student_success_by_scenario": {k: int(sum(v)) for k, v in by_scenario.items()},
                            "raw_data": raw})
+        D.save_samples(found, data_path)  # last: its existence marks the round's data done
     found = D.load_samples(data_path)
     with open(info_path, encoding="utf-8") as f:
         summary = json.load(f)
