@@ -171,17 +171,18 @@ def _presets() -> dict[str, Preset]:
         # 2 epochs, on ~2.6k informative decisions of 108 teacher episodes (3 seeds x 6
         # scenarios x 6, exploration 0 / 0.1 / 0.2), each command repeated up to 8 % of the
         # data (1 epoch without repeats got left lane changes right 0 of 6 times, right ones 1 of 5,
-        # on held-out teacher decisions); then one DAgger round: the student drives 4 new
+        # on held-out teacher decisions); then two DAgger rounds: the student drives 4 new
         # episodes per scenario per seed with the teacher labelling, and trains 1 more epoch on
         # everything (the student alone pulled out into oncoming traffic it could see, states
-        # the teacher's own episodes never reach).
+        # the teacher's own episodes never reach; one round took CR 20.8 -> 5.6 %, SR 72.9 ->
+        # 79.9 %, with red-light timeouts left).
         "cpu-demo": Preset(
             name="cpu-demo", eval_episodes=2, baseline_eval_episodes=10, student_eval_episodes=4,
             agent=AgentConfig(max_new_tokens=24),
             learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=128,
                                     discussion_tokens=80),
             distill_episodes=6, distill_seeds=(0, 1, 2), distill_epsilons=(0.0, 0.1, 0.2),
-            dagger_rounds=1, dagger_episodes=4,
+            dagger_rounds=2, dagger_episodes=4,
             student=StudentConfig(sft=SFTConfig(optim=OptimConfig(learning_rate=1e-4, trainable="full"),
                                                 batch_size=16, epochs=2, bucket_size=16, max_length=128,
                                                 checkpoint_every=20), min_command_share=MIN_COMMAND_SHARE),
