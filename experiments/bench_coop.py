@@ -15,7 +15,7 @@ ratio, and the per-agent decision cost (engine wall / agents) of the batched pat
     # canonical (SmolLM2, compact prompts of the distilled policy, E = 16):
     nice -n 10 python experiments/bench_coop.py --episodes 16 --json OUT
     # the distilled student instead of the base model, or the tiny random model (a check):
-    python experiments/bench_coop.py --model runs/talking_vehicles/cpu-demo/student/model --json OUT
+    python experiments/bench_coop.py --model runs/talking_vehicles/cpu-demo/dagger2/student/model --json OUT
     python experiments/bench_coop.py --model tiny --episodes 4 --decisions 2 --json OUT
 
 Heavy imports (JAX, the models) come after the argument checks: bad values exit 2 at once.
