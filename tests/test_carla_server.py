@@ -32,6 +32,9 @@ from jax_drive.cli import main as cli_main
 from jax_drive.runinfo import InputError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The stand-in servers' ports lie below Linux's ephemeral range (32768-60999): a port the
+# kernel hands to another test's bind(0) (a server in the other xdist worker) between our
+# free-port check and the readiness probe made the ready-timeout test see a "ready" server.
 
 
 def test_command_line_uses_three_ports_and_the_gpu():
@@ -127,7 +130,7 @@ def _gone(pids, timeout=10.0) -> bool:
 
 def test_pool_starts_restarts_and_shuts_down_process_groups(carla_root):
     root, control = carla_root
-    specs = server_specs(str(root), 2, base_port=43100, stride=4, tm_base_port=43900, gpus=[0, 1])
+    specs = server_specs(str(root), 2, base_port=23100, stride=4, tm_base_port=23900, gpus=[0, 1])
     pool = ServerPool(specs, probe=tcp_probe, ready_timeout_s=30, poll_s=0.05, max_probe_failures=2, max_restarts=3)
     all_pids: set[int] = set()
     try:
@@ -168,7 +171,7 @@ def test_pool_starts_restarts_and_shuts_down_process_groups(carla_root):
 def test_pool_gives_up_after_the_restart_budget(carla_root, monkeypatch):
     root, control = carla_root
     monkeypatch.setenv("FAKE_FAIL_START", "1")
-    specs = server_specs(str(root), 1, base_port=43200, tm_base_port=43950)
+    specs = server_specs(str(root), 1, base_port=23200, tm_base_port=23950)
     pool = ServerPool(specs, probe=tcp_probe, ready_timeout_s=10, poll_s=0.05, max_restarts=2)
     try:
         with pytest.raises(ServerCrashed, match="did not start"):
@@ -181,7 +184,7 @@ def test_pool_gives_up_after_the_restart_budget(carla_root, monkeypatch):
 def test_ready_timeout_kills_the_group(carla_root, monkeypatch):
     root, control = carla_root
     monkeypatch.setenv("FAKE_READY_AFTER", "60")
-    specs = server_specs(str(root), 1, base_port=43300, tm_base_port=43960)
+    specs = server_specs(str(root), 1, base_port=23300, tm_base_port=23960)
     pool = ServerPool(specs, probe=tcp_probe, ready_timeout_s=1.0, poll_s=0.05, max_restarts=0)
     try:
         with pytest.raises(ServerCrashed):
@@ -198,18 +201,18 @@ def test_cli_carla_pool_once_and_bad_input(carla_root, tmp_path, capsys):
     assert cli_main(["scale-out", "carla-pool", "--carla-root", str(root), "--gpus", "a"]) == 2
     capsys.readouterr()
     out_json = tmp_path / "pool.json"
-    code = cli_main(["scale-out", "carla-pool", "--carla-root", str(root), "--servers", "2", "--base-port", "43400",
-                     "--tm-base-port", "43970", "--render", "none", "--probe", "tcp", "--ready-timeout", "20",
+    code = cli_main(["scale-out", "carla-pool", "--carla-root", str(root), "--servers", "2", "--base-port", "23400",
+                     "--tm-base-port", "23970", "--render", "none", "--probe", "tcp", "--ready-timeout", "20",
                      "--max-restarts", "0", "--once", "--json", str(out_json)])
-    pids = _pids(control, 43400) | _pids(control, 43404)
+    pids = _pids(control, 23400) | _pids(control, 23404)
     try:
         assert code == 0
         out = capsys.readouterr().out
-        assert "server 0 READY" in out and "rpc=43400" in out and "tm=43970" in out and "server 1 READY" in out
+        assert "server 0 READY" in out and "rpc=23400" in out and "tm=23970" in out and "server 1 READY" in out
         import json
 
         servers = json.loads(out_json.read_text())["servers"]
-        assert [s["rpc_port"] for s in servers] == [43400, 43404] and servers[0]["command"][1] == "-nullrhi"
+        assert [s["rpc_port"] for s in servers] == [23400, 23404] and servers[0]["command"][1] == "-nullrhi"
         assert all(psutil.pid_exists(p) for p in pids)  # --once leaves them running
     finally:
         for p in pids:  # ours: started by this test
