@@ -38,9 +38,8 @@ install: $(STAMP)
 
 # MTDrive end to end on the embedded SmolLM2 (cpu-demo preset: SFT -> RL curation -> mtGRPO ->
 # held-out multi-turn evaluation, PDMS per turn for the untrained, SFT and RL policies, then
-# the issue-18 quality goals judged on this run): about 20 min on this 2-core CPU after
-# installation with the earlier preset (8 SFT steps; `time make demo`); the rebalanced
-# preset (24 SFT steps on the top 10 blocks, KV reuse across turns) is not yet timed. A killed
+# the issue-18 quality goals judged on this run): 19.3 min on this 2-core CPU after
+# installation (a fresh seed-1 run of the current preset, quiet machine, 2026-11-27). A killed
 # demo continues where it stopped (--resume); delete runs/demo_mtdrive to start over.
 demo: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) experiments/mtdrive.py --preset cpu-demo --out runs/demo_mtdrive --resume
