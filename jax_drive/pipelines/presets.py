@@ -157,8 +157,9 @@ def _presets() -> dict[str, Preset]:
         # LoRA lr with adapters in all 30 blocks. Adapters in the top 10 blocks only
         # (frozen_layers = 20, ~1.8x cheaper per token) did not learn to stop after 8 points:
         # held-out format rate 0.19 after 48 steps, against 0.76 with all blocks after 32
-        # (seed 0, same data; answers of 9 points, mostly in turn 2 where the model copies its
-        # previous answer and adds one). Rollouts keep KV caches between turns with prompt
+        # (seed 0, same data; its failed answers had 9 points). With all blocks most failures
+        # are second answers (the previous answer copied with a point added, or 7 points).
+        # Rollouts keep KV caches between turns with prompt
         # lookup on turn 2. 2 mtGRPO steps of 1 prompt x G 4 without the KL term (beta = 0: two small updates
         # cannot drift far, and it saves the reference forward pass). RL samples at T = 0.6:
         # at T = 1 (and in one run at 0.7) every sample of the briefly tuned 135M model was out
