@@ -114,6 +114,19 @@ def test_journal_skips_a_torn_last_line(tmp_path):
     with open(store.journal_path, "a") as f:
         f.write('{"event": "recor')
     assert store.events() == [{"event": "recorded", "episode": "a"}]
+    store.log("run_start", planned=2)  # the next writer's event survives the torn line
+    assert store.events() == [{"event": "recorded", "episode": "a"}, {"event": "run_start", "planned": 2}]
+
+
+def test_repair_journal_logs_records_a_killed_driver_published_but_did_not_log(tmp_path):
+    store = ResultStore(tmp_path)
+    for name in ("a", "b", "c"):
+        assert store.put(_record(name, 1.0))
+    store.log("recorded", episode="a")  # b and c: killed between put and log
+    assert store.repair_journal() == ["b", "c"]
+    assert store.repair_journal() == []  # idempotent
+    recorded = [e for e in store.events() if e["event"] == "recorded"]
+    assert [(e["episode"], e.get("recovered", False)) for e in recorded] == [("a", False), ("b", True), ("c", True)]
 
 
 @pytest.fixture(scope="module")

@@ -195,6 +195,7 @@ class ScenarioPool:
         specs = list(specs)
         ids = [s.id for s in specs]
         store.plan(ids, description if description is not None else self.backends[0].describe())
+        store.repair_journal()
         done = store.ids()
         todo = [s for s in specs if s.id not in done]
         if todo and not self.slots:

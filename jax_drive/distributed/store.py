@@ -126,9 +126,21 @@ class ResultStore:
 
     def log(self, event: str, **fields) -> None:
         """Appends one event line to the journal (flushed; one writer: the driver)."""
-        with open(self.journal_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"event": event, **fields}) + "\n")
+        with open(self.journal_path, "a+b") as f:
+            # A torn last line (a killed writer) must not swallow this event.
+            torn = f.tell() > 0 and os.pread(f.fileno(), 1, f.tell() - 1) != b"\n"
+            f.write((("\n" if torn else "") + json.dumps({"event": event, **fields}) + "\n").encode())
             f.flush()
+
+    def repair_journal(self) -> list[str]:
+        """Logs a ``recorded`` event (marked ``recovered``) for every stored episode the
+        journal does not name: a driver killed between publishing a record and logging it
+        leaves such an episode. Returns the repaired ids, sorted."""
+        logged = {e.get("episode") for e in self.events() if e["event"] == "recorded"}
+        missing = sorted(self.ids() - logged)
+        for episode_id in missing:
+            self.log("recorded", episode=episode_id, recovered=True)
+        return missing
 
     def events(self) -> list[dict]:
         """Journal events in order; a torn last line (a driver killed mid-write) is skipped."""
