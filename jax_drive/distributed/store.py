@@ -6,6 +6,8 @@ Layout of a results directory::
                             (backend, policy, ...); a resumed run must match it
     DIR/episodes/<id>.json  one record per episode (see :mod:`jax_drive.distributed.episodes`)
     DIR/journal.jsonl       one line per event: recorded, duplicate, retry, worker_died, ...
+                            (a record published by a driver killed before it logged it
+                            gets its ``recorded`` event, marked ``recovered``, at the next run)
 
 A record is written to a temporary file in ``episodes/``, flushed and fsynced, then
 published with ``os.link`` onto its final name, which fails if the name exists: the first

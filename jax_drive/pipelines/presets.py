@@ -159,9 +159,9 @@ def _presets() -> dict[str, Preset]:
         # held-out format rate 0.19 after 48 steps, against 0.76 with all blocks after 32
         # (seed 0, same data; its failed answers had 9 points). With all blocks most failures
         # are second answers (the previous answer copied with a point added, or 7 points).
-        # Rollouts keep KV caches between turns with prompt
-        # lookup on turn 2. 2 mtGRPO steps of 1 prompt x G 4 without the KL term (beta = 0: two small updates
-        # cannot drift far, and it saves the reference forward pass). RL samples at T = 0.6:
+        # Rollouts keep KV caches between turns with prompt lookup on turn 2. 2 mtGRPO steps of
+        # 1 prompt x G 4 without the KL term (beta = 0: two small updates cannot drift far, and
+        # it saves the reference forward pass). RL samples at T = 0.6:
         # at T = 1 (and in one run at 0.7) every sample of the briefly tuned 135M model was out
         # of format (all rewards equal, zero gradient); groups without signal skip the update
         # (drop_degenerate_groups). 5 held-out scenes per seed pool into two batches of 8.
