@@ -103,11 +103,12 @@ def test_front_end_exit_codes(tmp_path, capsys):
     assert train_main(["--preset", "smoke", "--evaluate", "after_rl"]) == 2
     assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "none")]) == 2
     assert train_main(["--preset", "smoke", "--sft-steps", "-1"]) == 2
+    assert train_main(["--preset", "smoke", "--sft-max-tokens", "1"]) == 2
     RunJournal(tmp_path / "run", {"other": True}, resume=False)
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "unknown preset 'nope'" in err and "already holds a run" in err and "holds a different run" in err
+    assert "unknown preset 'nope'" in err and "sft_max_tokens must be >= 2" in err and "already holds a run" in err and "holds a different run" in err
 
 
 # ----------------------------------------------------------------------------- killed for real

@@ -2,7 +2,7 @@
 
     jax-drive train --preset cpu-demo [--out DIR] [--json OUT] [--resume] [--seed S]
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
-        [--sft-steps N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
+        [--sft-steps N] [--sft-max-tokens N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
 flags). ``--out`` is the run directory (default ``runs/mtdrive_<preset>_s<seed>``): the
@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-rl", action="store_true", help="stop after SFT and its evaluation")
     parser.add_argument("--sft-from", default=None, help="reuse the SFT checkpoint of an earlier run directory")
     parser.add_argument("--sft-steps", type=int, default=None, help="override the preset's SFT step budget")
+    parser.add_argument("--sft-max-tokens", type=int, default=None,
+                        help="override the preset's SFT sample length limit (longer samples are left out)")
     parser.add_argument("--evaluate", nargs="+", default=None, metavar="STAGE", help=STAGE_HELP)
     parser.add_argument("--engine-url", default=None,
                         help="generate RL rollouts on this OpenAI-compatible server (jax-drive serve, vLLM), "
@@ -84,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.sft_steps is not None:
             preset = dataclasses.replace(preset, sft=dataclasses.replace(preset.sft, max_steps=args.sft_steps))
+        if args.sft_max_tokens is not None:
+            preset = dataclasses.replace(preset, sft_max_tokens=args.sft_max_tokens)
         if args.seed is not None:
             preset = with_seed(preset, args.seed)
     except ValueError as error:

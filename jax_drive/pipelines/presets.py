@@ -104,6 +104,10 @@ class Preset:
     frozen_layers: int = 0
     prompt_lookup: PromptLookup | None = PromptLookup()
 
+    def __post_init__(self):
+        if self.sft_max_tokens is not None and self.sft_max_tokens < 2:
+            raise ValueError(f"sft_max_tokens must be >= 2 (or None: keep all), got {self.sft_max_tokens}")
+
 
 def with_seed(preset: Preset, seed: int) -> Preset:
     """The preset with every training seed (scenes, LoRA init, SFT order, RL) set to ``seed``;
