@@ -16,6 +16,8 @@ again, and arms can be run one by one with ``--arms``):
 
   data    teacher-driven episodes on the training seeds -> SFT chat examples
   sft     LoRA fine-tuning of the preset's model (resumes from its checkpoints)
+  probe   the tuned negotiator's first-round yield decisions on held-out teacher prompts
+          against the teacher's (a minute; says whether hours of evaluation are worth it)
   eval    one unit per (arm or baseline, background setting): arms 1-5 of Table 2 and the
           rule-based and silent baselines on the same episodes
   fig5    negotiation-quality score per round with and without the critic
@@ -42,7 +44,7 @@ import numpy as np
 
 from jax_drive.runinfo import InputError, add_output_args, run_main, run_metadata, write_json
 
-STAGES = ("data", "sft", "eval", "fig5", "render", "report")
+STAGES = ("data", "sft", "probe", "eval", "fig5", "render", "report")
 
 
 def _bar(args, desc):
@@ -120,6 +122,25 @@ def stage_sft(run: Run):
     summary = run.I.finetune(run.preset, data["examples"], run.path("sft"), progress=not run.args.no_progress)
     write_json(out, summary)
     print(f"sft: {summary['steps']} steps, loss {summary['loss_first']:.3f} -> {summary['loss_last_10']:.3f}")
+
+
+def stage_probe(run: Run, required: bool):
+    out = run.path("probe.json")
+    if os.path.exists(out) or run.args.engine == "teacher":
+        return
+    if not all(os.path.exists(run.path(name)) for name in ("sft_recorded.json", "sft_data.json")):
+        if required:
+            raise InputError(f"no teacher data in {run.work}: run --stage data first")
+        return
+    recorded, selected = _load(run.path("sft_recorded.json")), _load(run.path("sft_data.json"))
+    examples = run.I.probe_examples(recorded["examples"], selected["examples"], run.preset.probe_size)
+    if not examples:
+        raise InputError(f"no held-out first-round actor prompts in {run.path('sft_recorded.json')}")
+    report = run.I.decision_probe(run.negotiator().engine, examples, run.preset)
+    report["adapter"] = run.adapter if run.args.engine == "jax" else None
+    write_json(out, report)
+    print(f"probe: {report['n']} held-out first-round decisions, agreement with the teacher {report['agreement']:.2f} "
+          f"(always answering the teacher's most common one: {report['majority']:.2f}); model {report['model']}")
 
 
 def _unit_path(run, arm, bg):
@@ -234,6 +255,8 @@ def stage_report(run: Run, png_episode: str):
     for name in ("sft_data.json",):
         if os.path.exists(run.path(name)):
             report["sft_data"] = _load(run.path(name))["info"]
+    if os.path.exists(run.path("probe.json")):
+        report["probe"] = _load(run.path("probe.json"))
     if os.path.exists(run.path("sft", "summary.json")):
         report["sft"] = _load(run.path("sft", "summary.json"))
     base = os.path.splitext(run.args.json)[0]
@@ -359,6 +382,8 @@ def main(argv=None) -> int:
         stage_data(run)
     if "sft" in stages:
         stage_sft(run)
+    if "probe" in stages:
+        stage_probe(run, required=args.stage == "probe")
     if "eval" in stages:
         stage_eval(run)
     if "fig5" in stages:

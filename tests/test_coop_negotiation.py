@@ -194,6 +194,30 @@ def test_clean_message_cuts_to_18_words():
     assert clean_message(None, 18) == ("", False)
 
 
+# ------------------------------------------------------------- stated speeds
+def test_stated_speed_reads_every_teacher_phrasing_and_variants():
+    from jax_drive.coop.negotiation import teacher as T
+
+    for phrases, name in ((T.YIELD_STOP, "STOP"), (T.YIELD_SLOW, "SLOWER"), (T.PASS, "FASTER"), (T.KEEP, "KEEP")):
+        for phrase in phrases:
+            assert T.stated_speed(phrase.format(j="202", y="202", req="stop", o="202")) == name, phrase
+    cases = {"I will slow down and yield; 2 go faster.": "SLOWER",  # the first cue decides
+             "i WILL be stopping for 3": "STOP", "I will keep going": "KEEP", "I will be going first": "FASTER",
+             "Sure. I will wait, 4 goes first.": "STOP",
+             "202 go faster.": None, "I will gobble": None, "I will": None, "": None, None: None, 12: None}
+    for text, name in cases.items():
+        assert T.stated_speed(text) == name, text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_stated_speed_never_raises(text):
+    from jax_drive.coop.negotiation import teacher as T
+
+    assert T.stated_speed(text) in (None, "STOP", "SLOWER", "KEEP", "FASTER")
+    assert T.stated_speed("I will " + text) in (None, "STOP", "SLOWER", "KEEP", "FASTER")
+
+
 # -------------------------------------------------------- batched engine calls
 class CountingEngine:
     """A real engine that records every call (kind of prompts, batch size)."""

@@ -70,6 +70,54 @@ def test_select_examples_counts_distinct_prompts_length_and_late_rounds():
     assert sum(e["round"] > 0 for e in chosen if e["kind"] == "actor") >= 4  # half from later rounds
 
 
+def test_probe_examples_are_unselected_distinct_first_round_actor_prompts():
+    recorded = [_example("actor", f"a{k}", rnd=0) for k in range(6)] + [_example("actor", "a1", rnd=0)]
+    recorded += [_example("actor", "late", rnd=1), _example("sum", "s0")]
+    selected = [_example("actor", "a0"), _example("actor", "a2")]
+    probe = I.probe_examples(recorded, selected, n=10, seed=1)
+    prompts = sorted(e["messages"][0]["content"] for e in probe)
+    assert prompts == ["a1", "a3", "a4", "a5"]
+    assert len(I.probe_examples(recorded, selected, n=2, seed=1)) == 2
+    assert [e["messages"][0]["content"] for e in I.probe_examples(recorded, selected, n=10, seed=1)] == \
+        [e["messages"][0]["content"] for e in probe]  # a fixed order
+
+
+def test_decision_agreement_by_hand():
+    targets = ["I will stop; 2 go faster.", "I will go faster; 1 please stop.", "I will slow down; 3 go faster.",
+               "I will go first and faster; 4 yield please."]
+    answers = ["I will stop and yield; 2 go faster.", "I will stop; 2 go faster.", "I will stop for 3.", "no idea"]
+    got = I.decision_agreement(targets, answers)
+    assert got["n"] == 4 and got["agreement"] == 0.25  # only the first
+    assert got["yield_agreement"] == 0.75  # all but the second (the fourth: neither yields)
+    assert got["majority"] == 0.5  # FASTER twice
+    assert got["teacher"] == {"STOP": 1, "FASTER": 2, "SLOWER": 1}
+    assert got["model"] == {"STOP": 3, "NONE": 1}
+    assert got["confusion"] == {"STOP>STOP": 1, "FASTER>STOP": 1, "SLOWER>STOP": 1, "FASTER>NONE": 1}
+    with pytest.raises(ValueError):
+        I.decision_agreement(targets, answers[:2])
+    with pytest.raises(ValueError):
+        I.decision_agreement([], [])
+
+
+def test_decision_probe_asks_the_engine_once_for_all_prompts():
+    from jax_drive.sampling import JaxEngine
+
+    model, _, tokenizer = tiny_policy(seed=0, lora_rank=None)
+    engine, calls = JaxEngine(model, tokenizer), []
+
+    class Counting:
+        def generate_chat(self, conversations, params, key):
+            calls.append((len(conversations), params.max_new_tokens, params.temperature))
+            return engine.generate_chat(conversations, params, key)
+
+    examples = [_example("actor", f"You are vehicle {k}.", answer="I will stop; 2 go faster.") for k in range(3)]
+    preset = I.PRESETS["smoke"]
+    got = I.decision_probe(Counting(), examples, preset)
+    assert calls == [(3, preset.actor_tokens, 0.0)]
+    assert got["n"] == 3 and got["teacher"] == {"STOP": 3} and sum(got["model"].values()) == 3
+    assert [e["teacher"] for e in got["examples"]] == ["I will stop; 2 go faster."] * 3
+
+
 def test_negotiation_stats_by_hand():
     def rnd(r, q, s, fb, src="json", missing=(), cons=None, err=None):
         return {"round": r, "quality": q, "safety": s, "efficiency": 0.5, "consensus": cons, "feedback": fb,

@@ -52,9 +52,11 @@ from jax_drive.coop.negotiation import (
     negotiate,
 )
 from jax_drive.coop.negotiation.policy import snapshot_waypoints
+from jax_drive.coop.negotiation.teacher import stated_speed
 from jax_drive.coop.runner import run_episodes
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
+from jax_drive.sampling import SamplingParams
 from jax_drive.sim import metrics as M
 from jax_drive.sim import scenarios as S
 from jax_drive.sim.grouping import GroupingConfig
@@ -86,6 +88,9 @@ class Preset:
       ``sft`` trainer settings.
     Fig. 5: ``convergence_groups`` group situations (first negotiations of evaluation
       episodes, collected with the teacher) negotiated for ``max_rounds`` rounds.
+    Probe: ``probe_size`` first-round actor prompts of the teacher data that SFT did not
+      select, answered greedily: the tuned negotiator's yield decisions against the
+      teacher's, in a minute, before hours of closed-loop evaluation.
     """
 
     name: str
@@ -116,6 +121,7 @@ class Preset:
     sft: SFTConfig = SFTConfig(optim=OptimConfig(learning_rate=5e-4), batch_size=4, max_steps=90, max_length=768,
                                bucket_size=32, checkpoint_every=10)
     convergence_groups: int = 24
+    probe_size: int = 128
 
     def __post_init__(self):
         overlap = set(self.train_seeds) & set(self.eval_seeds)
@@ -154,7 +160,7 @@ PRESETS = {
                     sft_counts=(("actor", 6), ("sum", 3), ("consensus", 3)), lora_rank=4, lora_alpha=8.0,
                     sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=2, max_steps=2, max_length=1536,
                                   bucket_size=64, checkpoint_every=None),
-                    convergence_groups=2),
+                    convergence_groups=2, probe_size=4),
 }
 
 
@@ -297,6 +303,57 @@ def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int 
             order = first + [i for i in order if i not in set(first)]
         chosen += [pool[i] for i in order[:n]]
     return [chosen[i] for i in rng.permutation(len(chosen))]
+
+
+def probe_examples(recorded: list[dict], selected: list[dict], n: int, seed: int = 0) -> list[dict]:
+    """Up to ``n`` first-round actor examples of the recorded teacher data whose prompts SFT
+    did not select (distinct prompts, a fixed random order). Their episodes are the training
+    seeds' (held-out prompts, not held-out scenarios)."""
+    seen = {e["messages"][-2]["content"] for e in selected}
+    pool, prompts = [], set()
+    for e in recorded:
+        prompt = e["messages"][-2]["content"]
+        if e["kind"] == "actor" and e["round"] == 0 and prompt not in seen and prompt not in prompts:
+            prompts.add(prompt)
+            pool.append(e)
+    order = np.random.default_rng(seed).permutation(len(pool))
+    return [pool[i] for i in order[:n]]
+
+
+def decision_agreement(targets: list[str], answers: list[str]) -> dict:
+    """The speed intentions stated in ``answers`` against those in the teacher's ``targets``
+    (:func:`~jax_drive.coop.negotiation.teacher.stated_speed`; 'NONE' when a reply states none).
+
+    Returns {"n", "agreement" (same class), "yield_agreement" (both yield, STOP or SLOWER, or
+    both do not), "majority" (the share of the teacher's most common class: what always
+    answering it would score), "teacher" / "model" class counts, "confusion"
+    {"TEACHER>MODEL": count}}.
+    """
+    if len(targets) != len(answers):
+        raise ValueError(f"{len(targets)} targets but {len(answers)} answers")
+    if not targets:
+        raise ValueError("no examples to compare")
+    want = [stated_speed(t) or "NONE" for t in targets]
+    got = [stated_speed(a) or "NONE" for a in answers]
+    yields = ("STOP", "SLOWER")
+    n = len(want)
+    return {"n": n, "agreement": sum(a == b for a, b in zip(want, got)) / n,
+            "yield_agreement": sum((a in yields) == (b in yields) for a, b in zip(want, got)) / n,
+            "majority": collections.Counter(want).most_common(1)[0][1] / n,
+            "teacher": dict(collections.Counter(want)), "model": dict(collections.Counter(got)),
+            "confusion": dict(collections.Counter(f"{a}>{b}" for a, b in zip(want, got)))}
+
+
+def decision_probe(engine, examples: list[dict], preset: Preset) -> dict:
+    """Greedy replies of ``engine`` (one ``generate_chat`` call) to the examples' prompts,
+    scored by :func:`decision_agreement` against the teacher's replies; plus a few
+    (teacher, model) reply pairs."""
+    params = SamplingParams(max_new_tokens=preset.actor_tokens, temperature=0.0)
+    outs = engine.generate_chat([e["messages"][:-1] for e in examples], params, jax.random.key(0))
+    targets = [e["messages"][-1]["content"] for e in examples]
+    report = decision_agreement(targets, [o.text for o in outs])
+    report["examples"] = [{"teacher": t, "model": o.text} for t, o in zip(targets[:6], outs)]
+    return report
 
 
 def load_model(preset: Preset, adapter_dir: str | None = None, lora: bool = False):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 
@@ -50,6 +51,33 @@ PASS = ("I will go faster; {y} please {req}.", "I will go first and faster; {y} 
 KEEP = ("I will keep speed; no conflict with {o}.", "I will keep my speed; {o} no need to yield.")
 ANALYSIS = {"all": "Everyone agrees who yields.", "none": "They disagree on who goes first.",
             "some": "They agree on part of the plan.", "free": "No conflict; everyone keeps going."}
+
+
+# The first cue word of a reply's "I will ..." clause decides (so "slow down and yield" slows):
+# these words exactly, or any word these stems start ("stopping", "slowing", "keeps").
+_CUE_WORDS = {"go": "FASTER", "going": "FASTER", "first": "FASTER", "faster": "FASTER"}
+_CUE_STEMS = {"stop": "STOP", "wait": "STOP", "yield": "STOP", "slow": "SLOWER", "keep": "KEEP"}
+
+
+def stated_speed(text) -> str | None:
+    """The speed intention an actor reply states for its own speaker, as a sum-actions class
+    ('STOP', 'SLOWER', 'KEEP', 'FASTER'), read from its "I will ..." clause (the teacher's
+    phrasings and their close variants); None when the reply states none.
+
+    "I will stop and yield; 202 go faster." -> 'STOP'; "I will go first and faster; ..." ->
+    'FASTER'; "202 go faster." -> None."""
+    if not isinstance(text, str):
+        return None
+    clause = re.search(r"\bi will ([^;,.:!?]*)", text.lower())
+    if clause is None:
+        return None
+    for word in re.findall(r"[a-z]+", clause.group(1)):
+        if word in _CUE_WORDS:
+            return _CUE_WORDS[word]
+        stem = next((stem for stem in _CUE_STEMS if word.startswith(stem)), None)
+        if stem is not None:
+            return _CUE_STEMS[stem]
+    return None
 
 
 def _ids(vids) -> str:
