@@ -12,10 +12,14 @@ every stage in a few minutes on a CPU; its numbers mean nothing.
 Stages (``--stage``, default ``all``; every stage reuses what an earlier run left in
 ``--work-dir`` (default ``runs/interdrive-<preset>``, ``-<engine>`` appended for
 openai and teacher), so a run can be stopped and started
-again, and arms can be run one by one with ``--arms``):
+again, and arms can be run one by one with ``--arms``; evaluation units, the probe, Fig. 5
+and the rendering record the negotiator that made them, and those of another one (a
+different adapter, or the same one trained on to a larger step budget) are run again, the
+old units kept in ``units/stale/``):
 
   data    teacher-driven episodes on the training seeds -> SFT chat examples
-  sft     LoRA fine-tuning of the preset's model (resumes from its checkpoints)
+  sft     LoRA fine-tuning of the preset's model (resumes from its checkpoints; a larger step
+          budget in the preset continues the training)
   probe   the tuned negotiator's first-round yield decisions on held-out teacher prompts
           against the teacher's (a minute; says whether hours of evaluation are worth it)
   eval    one unit per (arm or baseline, background setting): arms 1-5 of Table 2 and the
@@ -79,6 +83,22 @@ class Run:
     def adapter(self):
         return self.args.adapter or self.path("sft", "adapter")
 
+    def negotiator_id(self) -> str:
+        """Names the negotiator behind the results (a unit, probe, study or rendering made by
+        another one is stale: it is run again, the old unit kept under units/stale/)."""
+        if self.args.engine == "teacher":
+            return "teacher"
+        if self.args.engine == "openai":
+            return f"openai {self.args.served_model or self.preset.model} at {self.args.url}"
+        if self.args.adapter:
+            return f"adapter {os.path.abspath(self.args.adapter)}"
+        summary = self.path("sft", "summary.json")
+        return f"sft {_load(summary)['steps']} steps" if os.path.exists(summary) else "sft (not trained)"
+
+    def current(self, path: str) -> bool:
+        """Whether ``path`` exists and was made by this run's negotiator."""
+        return os.path.exists(path) and _load(path).get("negotiator") == self.negotiator_id()
+
     def negotiator(self):
         if self._negotiator is None:
             if self.args.engine == "teacher":
@@ -114,19 +134,39 @@ def stage_data(run: Run):
     print(f"sft data: {info['recorded']} recorded, {info['selected']} selected; teacher driving {info['teacher_driving']}")
 
 
+def _sft_budget(preset) -> dict:
+    sft = preset.sft
+    return {"max_steps": sft.max_steps, "epochs": sft.epochs, "batch_size": sft.batch_size,
+            "learning_rate": sft.optim.learning_rate, "lora_rank": preset.lora_rank, "lora_alpha": preset.lora_alpha}
+
+
 def stage_sft(run: Run):
+    """Trains until the preset's budget is spent: a run trained with fewer steps continues from
+    its checkpoints (the same as an uninterrupted run); other changed settings need a new
+    work directory."""
     out = run.path("sft", "summary.json")
-    if os.path.exists(out) or run.args.engine != "jax" or run.args.adapter:
+    if run.args.engine != "jax" or run.args.adapter:
         return
+    budget = _sft_budget(run.preset)
+    if os.path.exists(out):
+        before = _load(out).get("budget")  # None: written before budgets were recorded
+        if before == budget:
+            return
+        steps_only = ("max_steps", "epochs")
+        if before is not None and {k: v for k, v in before.items() if k not in steps_only} != \
+                {k: v for k, v in budget.items() if k not in steps_only}:
+            raise InputError(f"{run.path('sft')} was trained with {before}, the preset now says {budget}: "
+                             "only the step budget may change; use a new --work-dir")
     data = _load(run.path("sft_data.json"))
     summary = run.I.finetune(run.preset, data["examples"], run.path("sft"), progress=not run.args.no_progress)
+    summary["budget"] = budget
     write_json(out, summary)
     print(f"sft: {summary['steps']} steps, loss {summary['loss_first']:.3f} -> {summary['loss_last_10']:.3f}")
 
 
 def stage_probe(run: Run, required: bool):
     out = run.path("probe.json")
-    if os.path.exists(out) or run.args.engine == "teacher":
+    if run.current(out) or run.args.engine == "teacher":
         return
     if not all(os.path.exists(run.path(name)) for name in ("sft_recorded.json", "sft_data.json")):
         if required:
@@ -137,10 +177,14 @@ def stage_probe(run: Run, required: bool):
     if not examples:
         raise InputError(f"no held-out first-round actor prompts in {run.path('sft_recorded.json')}")
     report = run.I.decision_probe(run.negotiator().engine, examples, run.preset)
-    report["adapter"] = run.adapter if run.args.engine == "jax" else None
+    report["negotiator"] = run.negotiator_id()
     write_json(out, report)
     print(f"probe: {report['n']} held-out first-round decisions, agreement with the teacher {report['agreement']:.2f} "
           f"(always answering the teacher's most common one: {report['majority']:.2f}); model {report['model']}")
+
+
+def _negotiates(I, arm: str) -> bool:
+    return arm not in I.BASELINES and arm != "1_no_negotiation"
 
 
 def _unit_path(run, arm, bg):
@@ -154,9 +198,15 @@ def stage_eval(run: Run):
     for bg in run.backgrounds:
         for arm in run.arms:
             out = _unit_path(run, arm, bg)
-            if os.path.exists(out):
+            needs_llm = _negotiates(I, arm)
+            if os.path.exists(out) and (not needs_llm or run.current(out)):
                 continue
-            needs_llm = arm not in I.BASELINES and arm != "1_no_negotiation"
+            if os.path.exists(out):  # another negotiator's unit: keep it aside, run again
+                stale = run.path("units", "stale", time.strftime("%Y%m%dT%H%M%S"))
+                os.makedirs(stale, exist_ok=True)
+                for path in (out, out.replace(".json", ".log.json")):
+                    if os.path.exists(path):
+                        os.replace(path, os.path.join(stale, os.path.basename(path)))
             policy = I.make_policy(arm, run.preset, run.negotiator() if needs_llm else None)
             if needs_llm:
                 if hasattr(run.negotiator(), "usage"):
@@ -172,7 +222,8 @@ def stage_eval(run: Run):
                                          for t, r in zip(tags, results)]
             if hasattr(policy, "log"):
                 write_json(out.replace(".json", ".log.json"), jsonable(policy.log))
-            write_json(out, jsonable(dict(report, arm=arm, background=bg)))
+            write_json(out, jsonable(dict(report, arm=arm, background=bg,
+                                          negotiator=run.negotiator_id() if needs_llm else None)))
             agg = report["overall"]["aggregate"]
             print(f"{arm:18s} {'bg' if bg else 'no bg':6s} DS {agg['DS']['mean']:6.1f} ± {agg['DS']['se']:4.1f}  "
                   f"SR {agg['SR']['mean']:6.1f} ± {agg['SR']['se']:4.1f}  ({report['wall_seconds']:.0f} s)")
@@ -180,7 +231,7 @@ def stage_eval(run: Run):
 
 def stage_fig5(run: Run):
     out = run.path("fig5.json")
-    if os.path.exists(out):
+    if run.current(out):
         return
     bar, tick = _bar(run.args, "situations")
     situations = run.I.collect_situations(run.preset, run.preset.convergence_groups, progress=tick)
@@ -188,13 +239,14 @@ def stage_fig5(run: Run):
     start = time.perf_counter()
     study = run.I.convergence_study(run.negotiator(), run.preset, situations)
     study["wall_seconds"] = time.perf_counter() - start
+    study["negotiator"] = run.negotiator_id()
     write_json(out, study)
     print("fig5 quality per round: with critic", np.round(study["with_critic"]["mean"], 2),
           "without", np.round(study["without_critic"]["mean"], 2))
 
 
 def stage_render(run: Run, png: str):
-    if os.path.exists(png):
+    if os.path.exists(png) and run.current(run.path("render_log.json")):
         return
     import jax
 
@@ -206,7 +258,8 @@ def stage_render(run: Run, png: str):
     results, _ = run_episodes([name], [key], accident_prone=[True], policy=policy, cfg=run.I.CONTROL_5HZ,
                               keep_trajectory=True)
     run.I.render_dialogue(results[0], policy.log, png)
-    write_json(run.path("render_log.json"), {"scenario": name, "metrics": results[0].metrics, "log": policy.log})
+    write_json(run.path("render_log.json"), {"scenario": name, "metrics": results[0].metrics, "log": policy.log,
+                                             "negotiator": run.negotiator_id()})
 
 
 def _beyond(a, b):
@@ -220,6 +273,10 @@ def stage_report(run: Run, png_episode: str):
     for name in sorted(os.listdir(run.path("units"))):
         if name.endswith(".json") and not name.endswith(".log.json"):
             u = _load(run.path("units", name))
+            if _negotiates(I, u["arm"]) and u.get("negotiator") != run.negotiator_id():
+                print(f"left out {name}: made by {u.get('negotiator') or 'an earlier negotiator'}, "
+                      f"not {run.negotiator_id()} (--stage eval runs it again)")
+                continue
             units[(u["arm"], bool(u["background"]))] = u
     if not units:
         raise InputError(f"no evaluation units in {run.path('units')}: run --stage eval first")
@@ -242,14 +299,14 @@ def stage_report(run: Run, png_episode: str):
             }
     report = {
         "meta": run_metadata(command="python experiments/interdrive.py " + " ".join(run.args.argv)),
-        "preset": run.args.preset, "engine": run.args.engine,
+        "preset": run.args.preset, "engine": run.args.engine, "negotiator": run.negotiator_id(),
         "note": "A rule-based intention planner stands in for the paper's VLM intention planner.",
         "episodes": {"types": list(run.preset.types), "seeds": list(run.preset.eval_seeds),
                      "per_seed": run.preset.episodes_per_seed, "config": run.preset.config},
         "table2": table, "goals": goals,
         "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
                                                        ("per_type", "overall", "negotiation", "engine",
-                                                        "wall_seconds", "episodes")}
+                                                        "wall_seconds", "episodes", "negotiator")}
                   for (arm, bg), u in sorted(units.items())},
     }
     for name in ("sft_data.json",):
