@@ -95,9 +95,13 @@ class Run:
         summary = self.path("sft", "summary.json")
         return f"sft {_load(summary)['steps']} steps" if os.path.exists(summary) else "sft (not trained)"
 
+    def made_here(self, record: dict) -> bool:
+        """Whether a result record was made by this run's negotiator."""
+        return record.get("negotiator") == self.negotiator_id()
+
     def current(self, path: str) -> bool:
         """Whether ``path`` exists and was made by this run's negotiator."""
-        return os.path.exists(path) and _load(path).get("negotiator") == self.negotiator_id()
+        return os.path.exists(path) and self.made_here(_load(path))
 
     def negotiator(self):
         if self._negotiator is None:
@@ -152,9 +156,10 @@ def stage_sft(run: Run):
         before = _load(out).get("budget")  # None: written before budgets were recorded
         if before == budget:
             return
-        steps_only = ("max_steps", "epochs")
-        if before is not None and {k: v for k, v in before.items() if k not in steps_only} != \
-                {k: v for k, v in budget.items() if k not in steps_only}:
+        def settings(b):  # everything but the step budget
+            return {k: v for k, v in b.items() if k not in ("max_steps", "epochs")}
+
+        if before is not None and settings(before) != settings(budget):
             raise InputError(f"{run.path('sft')} was trained with {before}, the preset now says {budget}: "
                              "only the step budget may change; use a new --work-dir")
     data = _load(run.path("sft_data.json"))
@@ -273,7 +278,7 @@ def stage_report(run: Run, png_episode: str):
     for name in sorted(os.listdir(run.path("units"))):
         if name.endswith(".json") and not name.endswith(".log.json"):
             u = _load(run.path("units", name))
-            if _negotiates(I, u["arm"]) and u.get("negotiator") != run.negotiator_id():
+            if _negotiates(I, u["arm"]) and not run.made_here(u):
                 print(f"left out {name}: made by {u.get('negotiator') or 'an earlier negotiator'}, "
                       f"not {run.negotiator_id()} (--stage eval runs it again)")
                 continue
