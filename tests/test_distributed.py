@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -77,10 +80,24 @@ def test_store_first_write_wins_and_resume(tmp_path):
     assert store.put(_record("a", 2.0)) is False  # a second result of the same episode is not recorded
     assert store.get("a")["value"] == 1.0 and store.ids() == {"a"}
     assert not [n for n in os.listdir(tmp_path / "episodes") if TMP_MARK in n]
-    # a driver killed mid-write leaves a temporary file: ignored, and removed on reopening
-    (tmp_path / "episodes" / f"b{TMP_MARK}123-0").write_text('{"episode_id": "b", "val')
+    # a driver killed mid-write leaves a temporary file: ignored, and removed on reopening;
+    # the file of a writer that still runs (here: this process) is kept, so that a reader
+    # opening the store during a live run cannot pull a record from under its driver
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(gone.stdout)
+    host = socket.gethostname().replace("-", "_")
+    partial = '{"episode_id": "b", "val'
+    (tmp_path / "episodes" / f"b{TMP_MARK}{host}-{dead_pid}-0").write_text(partial)
+    (tmp_path / "episodes" / f"b{TMP_MARK}123-0").write_text(partial)  # an older name form
+    live = tmp_path / "episodes" / f"b{TMP_MARK}{host}-{os.getpid()}-7"
+    live.write_text(partial)
+    other_host = tmp_path / "episodes" / f"b{TMP_MARK}elsewhere-{dead_pid}-0"
+    other_host.write_text(partial)
     assert ResultStore(tmp_path).ids() == {"a"}
-    assert not [n for n in os.listdir(tmp_path / "episodes") if TMP_MARK in n]
+    assert sorted(n for n in os.listdir(tmp_path / "episodes") if TMP_MARK in n) == sorted([live.name, other_host.name])
+    live.unlink()
+    other_host.unlink()
     reopened = ResultStore(tmp_path)
     assert reopened.plan(["a", "b"], {"backend": "jax"}) is True  # resume
     assert reopened.records() == [store.get("a")]  # plan order, recorded only

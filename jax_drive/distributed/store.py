@@ -13,7 +13,10 @@ A record is written to a temporary file in ``episodes/``, flushed and fsynced, t
 published with ``os.link`` onto its final name, which fails if the name exists: the first
 result of an episode is kept and a second is reported as a duplicate, also when two
 drivers race. A reader never sees a partial record (the link is atomic), and a driver
-killed mid-write leaves only a temporary file, removed when the store is next opened.
+killed mid-write leaves only a temporary file. Temporary files are named after their
+writer (host and pid); opening the store removes those of writers on this host that
+have exited, and never one whose writer still runs (a ``status`` reader opened during a
+live run must not pull a record from under its driver).
 """
 
 from __future__ import annotations
@@ -21,11 +24,40 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 from collections.abc import Iterable
 
 from jax_drive.runinfo import InputError, write_json
 
 TMP_MARK = ".tmp-"
+
+
+def _tmp_writer(name: str) -> tuple[str, int] | None:
+    """(host, pid) of the writer of temporary file ``name``; None for a name of another form."""
+    parts = name.split(TMP_MARK, 1)[1].rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _stale_tmp(name: str, host: str) -> bool:
+    """Whether temporary file ``name`` was left by a writer that has exited: one of this
+    host whose pid is gone, or one of an unknown form. Files of other hosts are kept
+    (their writers cannot be checked from here; readers ignore them anyway)."""
+    writer = _tmp_writer(name)
+    if writer is None:
+        return True
+    return writer[0] == host and not _process_alive(writer[1])
 
 
 class ResultStore:
@@ -36,9 +68,13 @@ class ResultStore:
         self.episode_dir = os.path.join(self.root, "episodes")
         os.makedirs(self.episode_dir, exist_ok=True)
         self._counter = itertools.count()
+        self._host = socket.gethostname().replace("-", "_")
         for name in os.listdir(self.episode_dir):  # leftovers of a driver killed mid-write
-            if TMP_MARK in name:
-                os.unlink(os.path.join(self.episode_dir, name))
+            if TMP_MARK in name and _stale_tmp(name, self._host):
+                try:
+                    os.unlink(os.path.join(self.episode_dir, name))
+                except FileNotFoundError:  # another opener removed it first
+                    pass
 
     # ------------------------------------------------------------------------ plan
     @property
@@ -83,7 +119,8 @@ class ResultStore:
         final = self.path(record["episode_id"])
         if os.path.exists(final):
             return False
-        tmp = os.path.join(self.episode_dir, f"{record['episode_id']}{TMP_MARK}{os.getpid()}-{next(self._counter)}")
+        writer = f"{self._host}-{os.getpid()}-{next(self._counter)}"
+        tmp = os.path.join(self.episode_dir, f"{record['episode_id']}{TMP_MARK}{writer}")
         try:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(record, f, indent=1)
