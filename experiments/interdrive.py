@@ -119,13 +119,22 @@ class Run:
         return self._negotiator
 
 
+def _marks_wrong(examples) -> bool:
+    """Whether recorded teacher data marks its deliberately wrong actor answers (data recorded
+    before the mark would teach them; it is recorded again)."""
+    return all("wrong" in e for e in examples if e["kind"] == "actor")
+
+
 def stage_data(run: Run):
     out = run.path("sft_data.json")
-    if os.path.exists(out):
+    if os.path.exists(out) and _marks_wrong(_load(out)["examples"]):
         return
     raw = run.path("sft_recorded.json")  # every recorded example: re-selecting needs no new episodes
-    if os.path.exists(raw):
-        saved = _load(raw)
+    saved = _load(raw) if os.path.exists(raw) else None
+    if saved is not None and not _marks_wrong(saved["examples"]):
+        print(f"{raw} does not mark the teacher's deliberately wrong answers: recording it again")
+        saved = None
+    if saved is not None:
         examples, info = saved["examples"], saved["info"]
     else:
         bar, tick = _bar(run.args, "teacher episodes")
@@ -138,10 +147,15 @@ def stage_data(run: Run):
     print(f"sft data: {info['recorded']} recorded, {info['selected']} selected; teacher driving {info['teacher_driving']}")
 
 
-def _sft_budget(preset) -> dict:
+def _sft_budget(preset, examples) -> dict:
+    """The SFT settings a trained adapter is checked against; ``data`` fingerprints the examples."""
+    import hashlib
+
     sft = preset.sft
+    data = hashlib.sha256(json.dumps(examples, sort_keys=True).encode()).hexdigest()[:16]
     return {"max_steps": sft.max_steps, "epochs": sft.epochs, "batch_size": sft.batch_size,
-            "learning_rate": sft.optim.learning_rate, "lora_rank": preset.lora_rank, "lora_alpha": preset.lora_alpha}
+            "learning_rate": sft.optim.learning_rate, "lora_rank": preset.lora_rank, "lora_alpha": preset.lora_alpha,
+            "data": data}
 
 
 def stage_sft(run: Run):
@@ -151,7 +165,8 @@ def stage_sft(run: Run):
     out = run.path("sft", "summary.json")
     if run.args.engine != "jax" or run.args.adapter:
         return
-    budget = _sft_budget(run.preset)
+    data = _load(run.path("sft_data.json"))
+    budget = _sft_budget(run.preset, data["examples"])
     if os.path.exists(out):
         before = _load(out).get("budget")  # None: written before budgets were recorded
         if before == budget:
@@ -160,9 +175,8 @@ def stage_sft(run: Run):
             return {k: v for k, v in b.items() if k not in ("max_steps", "epochs")}
 
         if before is not None and settings(before) != settings(budget):
-            raise InputError(f"{run.path('sft')} was trained with {before}, the preset now says {budget}: "
+            raise InputError(f"{run.path('sft')} was trained with {before}, the preset and data now say {budget}: "
                              "only the step budget may change; use a new --work-dir")
-    data = _load(run.path("sft_data.json"))
     summary = run.I.finetune(run.preset, data["examples"], run.path("sft"), progress=not run.args.no_progress)
     summary["budget"] = budget
     write_json(out, summary)

@@ -57,6 +57,10 @@ def test_teacher_answers_parse_and_corrupted_rounds_are_criticised():
             vids = [int(v) for v in e["messages"][-2]["content"].split(" said")[0].split()[1:] if v.strip(",").isdigit()
                     for v in [v.strip(",")]]
             assert parse_sum_actions(e["messages"][-1]["content"], vids).ok
+    # the recording marks exactly the first-round actor answers as deliberately wrong
+    actor = [e for e in rec.examples if e["kind"] == "actor"]
+    assert {e["round"] == 0 for e in actor} == {True, False}
+    assert all(e["wrong"] == (e["round"] == 0) for e in actor)
     first = policy.log[0]["rounds"]
     # every first round is deliberately wrong: low consensus and feedback; a later round fixes it
     assert first[0]["consensus"] < 0.8 and first[0]["feedback"]

@@ -52,9 +52,9 @@ def test_episode_plan_keys_and_flags():
     assert all(I.episode_plan(("ic_chaos",), (0,), 4, "accident")[2])
 
 
-def _example(kind, prompt, answer="x", rnd=0):
-    return {"kind": kind, "round": rnd, "messages": [{"role": "user", "content": prompt},
-                                                     {"role": "assistant", "content": answer}]}
+def _example(kind, prompt, answer="x", rnd=0, wrong=False):
+    return {"kind": kind, "round": rnd, "wrong": wrong, "messages": [{"role": "user", "content": prompt},
+                                                                     {"role": "assistant", "content": answer}]}
 
 
 def test_select_examples_counts_distinct_prompts_length_and_late_rounds():
@@ -62,17 +62,20 @@ def test_select_examples_counts_distinct_prompts_length_and_late_rounds():
     ex += [_example("actor", "a0")]  # a duplicate prompt
     ex += [_example("sum", f"s{k}") for k in range(5)] + [_example("sum", "s" * 50)]
     ex += [_example("consensus", f"c{k}") for k in range(2)]
+    ex += [_example("actor", f"w{k}", rnd=0, wrong=True) for k in range(30)]  # the teacher's corrupted rounds
     chosen = I.select_examples(ex, (("actor", 8), ("sum", 10), ("consensus", 1)), seed=3, max_chars=20)
     kinds = [e["kind"] for e in chosen]
     assert kinds.count("actor") == 8 and kinds.count("sum") == 5 and kinds.count("consensus") == 1
     prompts = [e["messages"][0]["content"] for e in chosen]
     assert len(set(prompts)) == len(prompts) and "s" * 50 not in prompts
+    assert not any(p.startswith("w") for p in prompts)
+    assert len(I.select_examples(ex, (("actor", 100),), seed=0)) == 20  # every sound one, no wrong one
     assert sum(e["round"] > 0 for e in chosen if e["kind"] == "actor") >= 4  # half from later rounds
 
 
 def test_probe_examples_are_unselected_distinct_first_round_actor_prompts():
     recorded = [_example("actor", f"a{k}", rnd=0) for k in range(6)] + [_example("actor", "a1", rnd=0)]
-    recorded += [_example("actor", "late", rnd=1), _example("sum", "s0")]
+    recorded += [_example("actor", "late", rnd=1), _example("sum", "s0"), _example("actor", "bad", wrong=True)]
     selected = [_example("actor", "a0"), _example("actor", "a2")]
     probe = I.probe_examples(recorded, selected, n=10, seed=1)
     prompts = sorted(e["messages"][0]["content"] for e in probe)

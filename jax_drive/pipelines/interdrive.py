@@ -288,7 +288,9 @@ def sft_examples(preset: Preset, *, progress=None) -> tuple[list[dict], dict]:
 def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int | None = None) -> list[dict]:
     """Up to ``counts`` examples per kind, distinct prompts of at most ``max_chars``
     characters, half of the actor examples (when available) from later rounds (after a
-    first round, mostly with the critic's feedback)."""
+    first round, mostly with the critic's feedback). Actor answers the teacher gave
+    deliberately wrong (``wrong``) are left out: they exist for the critic's examples
+    and for the recovery after its feedback, not to be imitated."""
     rng = np.random.default_rng(seed)
     chosen = []
     for kind, n in counts:
@@ -296,7 +298,8 @@ def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int 
         for e in examples:
             key = e["messages"][-2]["content"]
             size = sum(len(m["content"]) for m in e["messages"])
-            if e["kind"] == kind and key not in seen and (max_chars is None or size <= max_chars):
+            if (e["kind"] == kind and not e.get("wrong") and key not in seen
+                    and (max_chars is None or size <= max_chars)):
                 seen.add(key)
                 pool.append(e)
         order = list(rng.permutation(len(pool)))
@@ -310,13 +313,14 @@ def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int 
 
 def probe_examples(recorded: list[dict], selected: list[dict], n: int, seed: int = 0) -> list[dict]:
     """Up to ``n`` first-round actor examples of the recorded teacher data whose prompts SFT
-    did not select (distinct prompts, a fixed random order). Their episodes are the training
-    seeds' (held-out prompts, not held-out scenarios)."""
+    did not select (distinct prompts, a fixed random order), none deliberately wrong. Their
+    episodes are the training seeds' (held-out prompts, not held-out scenarios)."""
     seen = {e["messages"][-2]["content"] for e in selected}
     pool, prompts = [], set()
     for e in recorded:
         prompt = e["messages"][-2]["content"]
-        if e["kind"] == "actor" and e["round"] == 0 and prompt not in seen and prompt not in prompts:
+        if (e["kind"] == "actor" and e["round"] == 0 and not e.get("wrong") and prompt not in seen
+                and prompt not in prompts):
             prompts.add(prompt)
             pool.append(e)
     order = np.random.default_rng(seed).permutation(len(pool))

@@ -222,7 +222,9 @@ class LLMNegotiator:
 
 class RecordingNegotiator:
     """Wraps a negotiator and keeps every request as a chat example (prompt messages +
-    the answer as the assistant turn), tagged by kind: SFT data from a teacher."""
+    the answer as the assistant turn), tagged by kind: SFT data from a teacher. Actor
+    examples carry ``round``, ``feedback`` and ``wrong`` (the inner negotiator's
+    ``deliberately_wrong(group)``, False when it has none)."""
 
     def __init__(self, inner, style: P.PromptStyle = "compact"):
         self.inner, self.style = inner, style
@@ -235,8 +237,10 @@ class RecordingNegotiator:
 
     def speak(self, requests):
         answers = self.inner.speak(requests)
+        wrong = getattr(self.inner, "deliberately_wrong", lambda g: False)
         self._keep("actor", [actor_request(g, k, vis, self.style) for g, k, vis in requests], answers,
-                   [{"round": len(g.rounds), "feedback": bool(g.feedback)} for g, _, _ in requests])
+                   [{"round": len(g.rounds), "feedback": bool(g.feedback), "wrong": bool(wrong(g))}
+                    for g, _, _ in requests])
         return answers
 
     def sum_actions(self, groups):

@@ -204,6 +204,12 @@ class RuleTeacher:
         return plan
 
     @staticmethod
+    def deliberately_wrong(g) -> bool:
+        """Whether the answers this teacher gives ``g`` now are deliberately wrong (a corrupted
+        first round, see the module docstring): SFT must not teach an actor to say them."""
+        return len(g.rounds) == 0 and bool(g.scratch.get("corrupt"))
+
+    @staticmethod
     def _stated(g) -> dict:
         """The intentions stated in the last round spoken."""
         return g.scratch[g.scratch["spoken"]]
