@@ -15,7 +15,8 @@ openai and teacher), so a run can be stopped and started
 again, and arms can be run one by one with ``--arms``; evaluation units, the probe, Fig. 5
 and the rendering record the negotiator that made them, and those of another one (a
 different adapter, or the same one trained on to a larger step budget) are run again, the
-old units kept in ``units/stale/``):
+old units kept in ``units/stale/``; so are closed-loop results of an earlier
+``LOOP_REVISION`` of the simulator and driving loop):
 
   data    teacher-driven episodes on the training seeds -> SFT chat examples
   sft     LoRA fine-tuning of the preset's model (resumes from its checkpoints; a larger step
@@ -95,13 +96,20 @@ class Run:
         summary = self.path("sft", "summary.json")
         return f"sft {_load(summary)['steps']} steps" if os.path.exists(summary) else "sft (not trained)"
 
-    def made_here(self, record: dict) -> bool:
-        """Whether a result record was made by this run's negotiator."""
-        return record.get("negotiator") == self.negotiator_id()
+    def made_here(self, record: dict, negotiates: bool = True, closed_loop: bool = True) -> bool:
+        """Whether a result record is this run's: made by its negotiator (when the record's
+        arm negotiates) in today's closed loop (``LOOP_REVISION``, when it drove episodes)."""
+        same_loop = not closed_loop or record.get("loop_revision", 1) == self.I.LOOP_REVISION
+        return same_loop and (not negotiates or record.get("negotiator") == self.negotiator_id())
 
-    def current(self, path: str) -> bool:
-        """Whether ``path`` exists and was made by this run's negotiator."""
-        return os.path.exists(path) and self.made_here(_load(path))
+    def current(self, path: str, negotiates: bool = True, closed_loop: bool = True) -> bool:
+        """Whether ``path`` exists and is this run's (:meth:`made_here`)."""
+        return os.path.exists(path) and self.made_here(_load(path), negotiates, closed_loop)
+
+    def origin(self, record: dict) -> str:
+        """Who made a record, for the messages about stale ones."""
+        return (f"{record.get('negotiator') or 'no negotiator'}, closed-loop revision "
+                f"{record.get('loop_revision', 1)}")
 
     def negotiator(self):
         if self._negotiator is None:
@@ -185,7 +193,7 @@ def stage_sft(run: Run):
 
 def stage_probe(run: Run, required: bool):
     out = run.path("probe.json")
-    if run.current(out) or run.args.engine == "teacher":
+    if run.current(out, closed_loop=False) or run.args.engine == "teacher":
         return
     if not all(os.path.exists(run.path(name)) for name in ("sft_recorded.json", "sft_data.json")):
         if required:
@@ -218,7 +226,7 @@ def stage_eval(run: Run):
         for arm in run.arms:
             out = _unit_path(run, arm, bg)
             needs_llm = _negotiates(I, arm)
-            if os.path.exists(out) and (not needs_llm or run.current(out)):
+            if run.current(out, negotiates=needs_llm):
                 continue
             if os.path.exists(out):  # another negotiator's unit: keep it aside, run again
                 stale = run.path("units", "stale", time.strftime("%Y%m%dT%H%M%S"))
@@ -242,7 +250,8 @@ def stage_eval(run: Run):
             if hasattr(policy, "log"):
                 write_json(out.replace(".json", ".log.json"), jsonable(policy.log))
             write_json(out, jsonable(dict(report, arm=arm, background=bg,
-                                          negotiator=run.negotiator_id() if needs_llm else None)))
+                                          negotiator=run.negotiator_id() if needs_llm else None,
+                                          loop_revision=I.LOOP_REVISION)))
             agg = report["overall"]["aggregate"]
             print(f"{arm:18s} {'bg' if bg else 'no bg':6s} DS {agg['DS']['mean']:6.1f} ± {agg['DS']['se']:4.1f}  "
                   f"SR {agg['SR']['mean']:6.1f} ± {agg['SR']['se']:4.1f}  ({report['wall_seconds']:.0f} s)")
@@ -258,7 +267,7 @@ def stage_fig5(run: Run):
     start = time.perf_counter()
     study = run.I.convergence_study(run.negotiator(), run.preset, situations)
     study["wall_seconds"] = time.perf_counter() - start
-    study["negotiator"] = run.negotiator_id()
+    study["negotiator"], study["loop_revision"] = run.negotiator_id(), run.I.LOOP_REVISION
     write_json(out, study)
     print("fig5 quality per round: with critic", np.round(study["with_critic"]["mean"], 2),
           "without", np.round(study["without_critic"]["mean"], 2))
@@ -278,7 +287,7 @@ def stage_render(run: Run, png: str):
                               keep_trajectory=True)
     run.I.render_dialogue(results[0], policy.log, png)
     write_json(run.path("render_log.json"), {"scenario": name, "metrics": results[0].metrics, "log": policy.log,
-                                             "negotiator": run.negotiator_id()})
+                                             "negotiator": run.negotiator_id(), "loop_revision": run.I.LOOP_REVISION})
 
 
 def _beyond(a, b):
@@ -292,9 +301,9 @@ def stage_report(run: Run, png_episode: str):
     for name in sorted(os.listdir(run.path("units"))):
         if name.endswith(".json") and not name.endswith(".log.json"):
             u = _load(run.path("units", name))
-            if _negotiates(I, u["arm"]) and not run.made_here(u):
-                print(f"left out {name}: made by {u.get('negotiator') or 'an earlier negotiator'}, "
-                      f"not {run.negotiator_id()} (--stage eval runs it again)")
+            if not run.made_here(u, negotiates=_negotiates(I, u["arm"])):
+                print(f"left out {name}: made by {run.origin(u)}, not {run.negotiator_id()}, closed-loop "
+                      f"revision {I.LOOP_REVISION} (--stage eval runs it again)")
                 continue
             units[(u["arm"], bool(u["background"]))] = u
     if not units:

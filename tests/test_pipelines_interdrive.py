@@ -178,3 +178,25 @@ def test_render_dialogue_of_a_negotiated_episode(tmp_path):
     assert img.shape[1] > 2 * img.shape[0]  # frames side by side, then the dialogue column
     with pytest.raises(ValueError, match="keep_trajectory"):
         I.render_dialogue(dataclasses.replace(results[0], trajectory=None), policy.log, str(tmp_path / "x.png"))
+
+
+def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp_path):
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "interdrive.py"
+    spec = importlib.util.spec_from_file_location("interdrive_experiment", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = script.Run(argparse.Namespace(preset="smoke", engine="teacher", work_dir=str(tmp_path), adapter=None))
+    today = {"negotiator": "teacher", "loop_revision": I.LOOP_REVISION}
+    assert run.made_here(today)
+    older_loop = {"negotiator": "teacher", "loop_revision": I.LOOP_REVISION - 1}
+    assert not run.made_here(older_loop)
+    assert not run.made_here({"negotiator": "teacher"})  # written before revisions were recorded
+    assert run.made_here(older_loop, closed_loop=False)  # the probe drives no episode
+    other = {"negotiator": "sft 300 steps", "loop_revision": I.LOOP_REVISION}
+    assert not run.made_here(other)
+    assert run.made_here(other, negotiates=False)  # a rule-based unit: any negotiator
+    assert not run.made_here({"negotiator": None, "loop_revision": 1}, negotiates=False)

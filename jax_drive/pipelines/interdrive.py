@@ -63,6 +63,11 @@ from jax_drive.sim.grouping import GroupingConfig
 
 ARMS = ("1_no_negotiation", "2_no_grouping", "3_grouping", "4_critic_se", "5_consensus")
 BASELINES = ("rule_based", "silent")
+# Revision of the closed loop the results come from: evaluation units, Fig. 5 studies and
+# renderings record it, and experiments/interdrive.py runs those of another revision again.
+# 2: a KEEP below 4 m/s becomes FASTER only when a negotiation agreed on it (revision 1
+# applied the rule to every intention, the planner's own and its safety cap included).
+LOOP_REVISION = 2
 ARM_LABELS = {"1_no_negotiation": "(1) no negotiation", "2_no_grouping": "(2) nego, no grouping",
               "3_grouping": "(3) + grouping", "4_critic_se": "(4) + critic S/E", "5_consensus": "(5) + consensus",
               "rule_based": "rule-based", "silent": "silent"}

@@ -2,9 +2,11 @@
 
 CoLMDriver's planner outputs 20 waypoints 0.2 s apart; its training labels re-time the
 reference path with a constant acceleration per speed intention: STOP a = -10,
-SLOWER a in [-8, -1], KEEP 0, FASTER a in [1, 5] m/s^2, speed capped at 8 m/s; KEEP
-below 4 m/s becomes FASTER (reference page). We use the midpoints of the ranges
-(SLOWER -4.5, FASTER +3) unless given. The navigation intention picks the reference
+SLOWER a in [-8, -1], KEEP 0, FASTER a in [1, 5] m/s^2, speed capped at 8 m/s (reference
+page). We use the midpoints of the ranges (SLOWER -4.5, FASTER +3) unless given. KEEP is
+KEEP here at any speed: CoLMDriver turns KEEP below 4 m/s into FASTER only for the
+intentions a negotiation agreed on (``KEEP_MIN_SPEED``, applied by the critic's sum-actions
+step), not for the planner's own intentions or its safety cap. The navigation intention picks the reference
 path: lane follow / straight / turns follow the agent's route path (turns are encoded by
 the path itself), lane changes the neighbouring path.
 """
@@ -40,7 +42,7 @@ class NavIntent(enum.IntEnum):
 
 SPEED_INTENT_ACCEL = (-10.0, -4.5, 0.0, 3.0)  # m/s^2 for STOP, SLOWER, KEEP, FASTER
 SPEED_CAP = 8.0
-KEEP_MIN_SPEED = 4.0
+KEEP_MIN_SPEED = 4.0  # m/s: a negotiated KEEP below this becomes FASTER (coop.negotiation.critic)
 
 
 def reference_lane(lanes: LaneGraph, lane: chex.Array, nav: chex.Array) -> chex.Array:
@@ -55,7 +57,6 @@ def retime(speed: chex.Array, intent: chex.Array, num: int = 20, dt: float = 0.2
     """Distances travelled (..., num) at t = dt, 2 dt, ... under constant acceleration
     from ``speed`` (...), speed clipped to [0, SPEED_CAP] (exact piecewise integral)."""
     table = jnp.asarray(SPEED_INTENT_ACCEL if accel is None else accel, jnp.float32)
-    intent = jnp.where((intent == SpeedIntent.KEEP) & (speed < KEEP_MIN_SPEED), SpeedIntent.FASTER, intent)
     a = table[intent][..., None]
     v0 = jnp.clip(speed, 0.0, SPEED_CAP)[..., None]
     t = dt * jnp.arange(1, num + 1, dtype=jnp.float32)
