@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from jax_drive.coop.negotiation import critic as C
 from jax_drive.coop.negotiation import prompts as P
-from jax_drive.coop.negotiation.negotiate import GroupTalk, LLMNegotiator, RoundsConfig, clean_message, negotiate
+from jax_drive.coop.negotiation.negotiate import (GroupTalk, LLMNegotiator, RoundsConfig, clean_message, negotiate,
+                                                  shown_messages)
 from jax_drive.models.tiny import tiny_policy
 from jax_drive.sampling import JaxEngine
 from jax_drive.sim.actions import NavIntent, SpeedIntent
@@ -274,6 +275,16 @@ def test_sequential_turns_and_rounds_without_critic(tiny_engine):
     negotiate(_groups(), neg, _waypoints_for, RoundsConfig(critic=False, consensus=False, rounds_without_critic=1,
                                                            turns="sequential"))
     assert engine.calls == [3, 3, 1, 3]  # speaking positions 0, 1, 2 across groups, then one sum call
+
+
+def test_compact_prompts_show_the_latest_message_of_each_member():
+    talk = [(0, 1, "a0"), (0, 2, "b0"), (0, 3, "c0"), (1, 1, "a1")]
+    # sequential turns: member 2 of round 1 sees round 0's later speakers and round 1's earlier one
+    assert shown_messages(talk, 3, "compact") == [(2, "b0"), (3, "c0"), (1, "a1")]
+    # parallel turns: everyone of round 1 sees exactly round 0
+    assert shown_messages(talk[:3], 3, "compact") == [(1, "a0"), (2, "b0"), (3, "c0")]
+    assert shown_messages(talk, 3, "paper") == [(v, t) for _, v, t in talk]
+    assert shown_messages([], 3, "compact") == []
 
 
 def test_a_group_without_feedback_stops(tiny_engine):

@@ -144,7 +144,9 @@ PRESETS = {
     # epochs, ~48 min at ~9.6 s per step on a quiet CPU). 90 steps (0.6 epoch) left a
     # negotiator that said STOP to all 128 held-out probe prompts (agreement with the teacher
     # 0.50, its majority share) and deadlocked arm 5 (DS 39.3 / SR 26.7 without background);
-    # 300 steps: agreement 0.62, STOP in 107 of 128.
+    # 300 steps: agreement 0.62, STOP in 107 of 128. Arms 2 and 3 (no critic) talk one round,
+    # the paper preset three: the CPU budget, so from (3) to (4) the critic adds its extra
+    # rounds as well as its feedback.
     "cpu-demo": Preset(name="cpu-demo"),
     # A GPU (vLLM serving Qwen2.5-3B-Instruct, the paper's negotiator size, via --engine
     # openai): the paper-style prompts, four episodes per type and setting and seed

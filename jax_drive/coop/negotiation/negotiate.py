@@ -149,15 +149,19 @@ class Negotiator(Protocol):
 # ------------------------------------------------------------------------- prompts
 def actor_request(group: GroupTalk, k: int, visible: list[tuple[int, int, str]], style: P.PromptStyle) -> list[dict]:
     """Chat messages for member ``k`` of ``group`` given the (round, vid, text) messages it
-    sees (the ``compact`` style shows only the latest round of them)."""
+    sees (the ``compact`` style shows only the latest message of each member)."""
     others = [m for j, m in enumerate(group.infos) if j != k]
-    return P.actor_messages(group.infos[k], others, _shown(visible, style), group.feedback, style)
+    return P.actor_messages(group.infos[k], others, shown_messages(visible, len(group.vids), style),
+                            group.feedback, style)
 
 
-def _shown(conversation: list[tuple[int, int, str]], style: P.PromptStyle) -> list[tuple[int, str]]:
-    if style == "compact" and conversation:
-        last = conversation[-1][0]
-        conversation = [m for m in conversation if m[0] == last]
+def shown_messages(conversation: list[tuple[int, int, str]], members: int,
+                   style: P.PromptStyle) -> list[tuple[int, str]]:
+    """(vid, text) of the messages an actor prompt shows: all of them, or in the ``compact``
+    style the last ``members`` (with parallel turns exactly the latest round; with sequential
+    turns the previous round's later speakers and the current round's earlier ones)."""
+    if style == "compact":
+        conversation = conversation[-members:]
     return [(v, t) for _, v, t in conversation]
 
 
@@ -166,7 +170,7 @@ def sum_request(group: GroupTalk, style: P.PromptStyle) -> list[dict]:
 
 
 def consensus_request(group: GroupTalk, style: P.PromptStyle) -> list[dict]:
-    return P.consensus_messages(_shown(group.conversation, style), style)
+    return P.consensus_messages(shown_messages(group.conversation, len(group.vids), style), style)
 
 
 @dataclasses.dataclass
