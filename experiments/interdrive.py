@@ -228,7 +228,7 @@ def stage_eval(run: Run):
             needs_llm = _negotiates(I, arm)
             if run.current(out, negotiates=needs_llm):
                 continue
-            if os.path.exists(out):  # another negotiator's unit: keep it aside, run again
+            if os.path.exists(out):  # another negotiator's or closed loop's unit: keep it aside, run again
                 stale = run.path("units", "stale", time.strftime("%Y%m%dT%H%M%S"))
                 os.makedirs(stale, exist_ok=True)
                 for path in (out, out.replace(".json", ".log.json")):

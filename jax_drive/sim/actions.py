@@ -6,9 +6,9 @@ SLOWER a in [-8, -1], KEEP 0, FASTER a in [1, 5] m/s^2, speed capped at 8 m/s (r
 page). We use the midpoints of the ranges (SLOWER -4.5, FASTER +3) unless given. KEEP is
 KEEP here at any speed: CoLMDriver turns KEEP below 4 m/s into FASTER only for the
 intentions a negotiation agreed on (``KEEP_MIN_SPEED``, applied by the critic's sum-actions
-step), not for the planner's own intentions or its safety cap. The navigation intention picks the reference
-path: lane follow / straight / turns follow the agent's route path (turns are encoded by
-the path itself), lane changes the neighbouring path.
+step), not for the planner's own intentions or its safety cap. The navigation intention
+picks the reference path: lane follow / straight / turns follow the agent's route path
+(turns are encoded by the path itself), lane changes the neighbouring path.
 """
 
 from __future__ import annotations
