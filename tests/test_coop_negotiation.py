@@ -219,6 +219,29 @@ def test_stated_speed_never_raises(text):
     assert T.stated_speed("I will " + text) in (None, "STOP", "SLOWER", "KEEP", "FASTER")
 
 
+def test_teacher_keeps_a_safety_fix_when_only_efficiency_is_criticised_next(monkeypatch):
+    """Round 0: 1 slows for 2, the critic flags the pair; round 1: 1 stops (safe); round 2,
+    after efficiency feedback alone, 1 must not go back to the criticised SLOWER, while the
+    member that kept its speed goes faster."""
+    from jax_drive.coop.negotiation import teacher as T
+
+    teacher = T.RuleTeacher()
+    rules_plan = {1: (int(SpeedIntent.SLOWER), [2]), 2: (int(SpeedIntent.FASTER), []), 3: (int(SpeedIntent.KEEP), [])}
+    monkeypatch.setattr(teacher, "resolve", lambda g, flagged=(): dict(rules_plan))
+    vids = [1, 2, 3]
+    infos = [_member(v, 10.0 * k, 0.0) for k, v in enumerate(vids)]
+    g = GroupTalk(episode=0, time=0.0, slots=[0, 1, 2], vids=vids, infos=infos,
+                  default={v: int(SpeedIntent.KEEP) for v in vids}, speeds={v: 5.0 for v in vids})
+    stated = lambda: [T.stated_speed(t) for t in teacher.speak([(g, k, None) for k in range(3)])]  # noqa: E731
+    said = [stated()]
+    for pair_safety, line in (({"1-2": 0.01, "1-3": 1.0, "2-3": 1.0}, "Safety issue: vehicle 1 and vehicle 2"),
+                              ({"1-2": 1.0, "1-3": 1.0, "2-3": 1.0}, "Efficiency issue: some cars can be faster")):
+        g.rounds.append({"pair_safety": pair_safety})
+        g.feedback = [line]
+        said.append(stated())
+    assert said == [["SLOWER", "FASTER", "KEEP"], ["STOP", "FASTER", "KEEP"], ["STOP", "FASTER", "FASTER"]]
+
+
 # -------------------------------------------------------- batched engine calls
 class CountingEngine:
     """A real engine that records every call (kind of prompts, batch size)."""

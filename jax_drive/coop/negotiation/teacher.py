@@ -19,8 +19,9 @@ a :class:`~jax_drive.coop.negotiation.negotiate.GroupTalk` carries:
 
 Later rounds follow the critic: for a pair named in a safety line, a yielder that slowed
 down stops; one that already stopped swaps roles with the other side (it may already be in
-the way); in the third round both stop. After efficiency feedback alone, yielders that
-are still moving slow down instead of stopping and those keeping their speed go faster.
+the way); in the third round both stop. Those changes hold for the rest of the
+negotiation. After efficiency feedback alone, the other yielders that are still moving
+slow down instead of stopping and those keeping their speed go faster.
 ``corrupt_prob`` > 0 makes the first round of that share of groups deliberately wrong
 (everyone insists on passing, or everyone yields), so that SFT data also holds bad
 conversations, their summed actions and low consensus scores, and the recovery after the
@@ -168,15 +169,20 @@ class RuleTeacher:
         flagged = [(int(k.split("-")[0]), int(k.split("-")[1])) for k, s in
                    (g.rounds[-1].get("pair_safety", {}).items() if g.rounds else []) if s < 0.7]
         plan = self.resolve(g, flagged if g.feedback else ())
+        # Members a safety line made change keep that change for the rest of the negotiation:
+        # re-resolving from the rules alone would state the criticised plan again.
+        held = g.scratch.setdefault("held", {})
         if r == 0 and g.scratch["corrupt"] == "stubborn":
             plan = {v: (int(SpeedIntent.FASTER), []) for v in g.vids}
         elif r == 0 and g.scratch["corrupt"] == "timid":
             plan = {v: (int(SpeedIntent.STOP), [o for o in g.vids if o != v]) for v in g.vids}
         elif flagged and g.feedback:
-            plan = self._after_safety_feedback(g, plan, flagged, r)
+            plan = self._after_safety_feedback(g, {**plan, **held}, flagged, r)
+            held.update({v: plan[v] for pair in flagged for v in pair if v in plan})
         elif any(f.startswith("Efficiency") for f in g.feedback):  # yielders far from the conflict slow only
-            plan = {v: (int(SpeedIntent.SLOWER) if (i == SpeedIntent.STOP and y and g.speeds[v] >= 1.0) else
-                        int(SpeedIntent.FASTER) if i == SpeedIntent.KEEP else i, y) for v, (i, y) in plan.items()}
+            plan = {v: held[v] if v in held else
+                    (int(SpeedIntent.SLOWER) if (i == SpeedIntent.STOP and y and g.speeds[v] >= 1.0) else
+                     int(SpeedIntent.FASTER) if i == SpeedIntent.KEEP else i, y) for v, (i, y) in plan.items()}
         g.scratch[key] = plan
         g.scratch["spoken"] = key
         return plan
