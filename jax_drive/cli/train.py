@@ -2,7 +2,8 @@
 
     jax-drive train --preset cpu-demo [--out DIR] [--json OUT] [--resume] [--seed S]
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
-        [--sft-steps N] [--sft-max-tokens N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
+        [--sft-steps N] [--sft-max-tokens N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
+        [--curation-scenes N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
 flags). ``--out`` is the run directory (default ``runs/mtdrive_<preset>_s<seed>``): the
@@ -10,7 +11,9 @@ journal of finished stages, SFT / RL metrics (``metrics.jsonl``, TensorBoard) an
 checkpoints, ``results.json`` and the plots. ``--json OUT`` also writes the results to OUT
 and the plots beside it (``<OUT without .json>_<plot>.png``). ``--resume`` continues a run
 killed in ``--out`` at the stage and step where it died; without it, ``--out`` must not
-hold a run. ``--engine-url`` has an OpenAI-compatible server (``jax-drive serve`` or vLLM,
+hold a run. The ``--sft-*``, ``--rl-*`` and ``--curation-scenes`` flags override the preset's
+budget (a budget study without a new preset; ``results.json`` records the budget it ran).
+``--engine-url`` has an OpenAI-compatible server (``jax-drive serve`` or vLLM,
 serving the preset's base model) generate the RL rollouts; the trainer pushes its policy to
 it after every step (LoRA adapter or full weights). Exit status: 0 done, 2 bad usage or
 input, 1 a failure while running.
@@ -43,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-steps", type=int, default=None, help="override the preset's SFT step budget")
     parser.add_argument("--sft-max-tokens", type=int, default=None,
                         help="override the preset's SFT sample length limit (longer samples are left out)")
+    parser.add_argument("--rl-steps", type=int, default=None, help="override the preset's number of mtGRPO steps")
+    parser.add_argument("--rl-prompts", type=int, default=None, help="override the preset's prompts (scenes) per mtGRPO step")
+    parser.add_argument("--rl-lr", type=float, default=None, help="override the preset's mtGRPO learning rate")
+    parser.add_argument("--curation-scenes", type=int, default=None,
+                        help="override how many training scenes RL curation draws its prompts from")
     parser.add_argument("--evaluate", nargs="+", default=None, metavar="STAGE", help=STAGE_HELP)
     parser.add_argument("--engine-url", default=None,
                         help="generate RL rollouts on this OpenAI-compatible server (jax-drive serve, vLLM), "
@@ -64,6 +72,22 @@ def _usage_error(message: str) -> int:
     return 2
 
 
+def _with_overrides(preset, args: argparse.Namespace):
+    """The preset with the budget flags that were given (ValueError names a bad value)."""
+    replace = dataclasses.replace
+    if args.sft_steps is not None:
+        preset = replace(preset, sft=replace(preset.sft, max_steps=args.sft_steps))
+    if args.sft_max_tokens is not None:
+        preset = replace(preset, sft_max_tokens=args.sft_max_tokens)
+    if args.curation_scenes is not None:
+        preset = replace(preset, curation_scenes=args.curation_scenes)
+    rl = {"steps": args.rl_steps, "prompts_per_step": args.rl_prompts}
+    rl = {k: v for k, v in rl.items() if v is not None}
+    if args.rl_lr is not None:
+        rl["optim"] = replace(preset.rl.optim, learning_rate=args.rl_lr)
+    return replace(preset, rl=replace(preset.rl, **rl)) if rl else preset
+
+
 def run(args: argparse.Namespace) -> int:
     from jax_drive.pipelines.journal import RunDirError
     from jax_drive.pipelines.mtdrive import STAGES, run_mtdrive, sft_checkpoint_dir
@@ -82,12 +106,8 @@ def run(args: argparse.Namespace) -> int:
         return _usage_error(f"unknown stages {sorted(set(evaluate) - set(STAGES))}; choose from {list(STAGES)}")
     if args.sft_from is not None and not committed_steps(sft_checkpoint_dir(args.sft_from)):
         return _usage_error(f"--sft-from {args.sft_from}: no SFT checkpoint in {sft_checkpoint_dir(args.sft_from)}")
-    preset = PRESETS[args.preset]
     try:
-        if args.sft_steps is not None:
-            preset = dataclasses.replace(preset, sft=dataclasses.replace(preset.sft, max_steps=args.sft_steps))
-        if args.sft_max_tokens is not None:
-            preset = dataclasses.replace(preset, sft_max_tokens=args.sft_max_tokens)
+        preset = _with_overrides(PRESETS[args.preset], args)
         if args.seed is not None:
             preset = with_seed(preset, args.seed)
     except ValueError as error:

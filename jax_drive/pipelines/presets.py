@@ -107,6 +107,8 @@ class Preset:
     def __post_init__(self):
         if self.sft_max_tokens is not None and self.sft_max_tokens < 2:
             raise ValueError(f"sft_max_tokens must be >= 2 (or None: keep all), got {self.sft_max_tokens}")
+        if self.curation_scenes is not None and self.curation_scenes < 1:
+            raise ValueError(f"curation_scenes must be >= 1 (or None: all), got {self.curation_scenes}")
 
 
 def with_seed(preset: Preset, seed: int) -> Preset:

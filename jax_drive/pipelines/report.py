@@ -24,7 +24,8 @@ def budget_card(preset, rl) -> dict:
             "rl_steps": rl.steps, "rl_prompts_per_step": rl.prompts_per_step,
             "rl_group": rl.rollout.group_size, "rl_turns": rl.rollout.max_turns,
             "rl_lr": rl.optim.learning_rate, "kl_coef": rl.loss.kl_coef,
-            "rl_minibatch": rl.minibatch_size, "max_context_tokens": preset.max_context_tokens,
+            "rl_minibatch": rl.minibatch_size, "curation_scenes": preset.curation_scenes,
+            "max_context_tokens": preset.max_context_tokens,
             "sft_max_tokens": preset.sft_max_tokens, "frozen_layers": preset.frozen_layers,
             "caption": dataclasses.asdict(preset.caption)}
 
