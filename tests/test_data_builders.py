@@ -16,7 +16,7 @@ from jax_drive.data.card import DataCard
 from jax_drive.pdm import scorer as pdm_scorer
 from jax_drive.scenes import GeneratorConfig, generate_scenes
 from jax_drive.text import chat
-from jax_drive.text.codec import format_points, format_trajectory, parse_trajectory
+from jax_drive.text.codec import format_points, format_trajectory, parse_trajectory, quantize
 from jax_drive.text.prompts import PromptConfig
 
 # The same generator call as tests/test_scenes.py (24 scenes, default config, typed key):
@@ -114,6 +114,40 @@ def test_rl_curation(scenes):
     assert all(r["meta"]["category"] < 3 for r in none_easy)
 
 
+@pytest.mark.parametrize("kind", B.MALFORMATIONS)
+def test_every_malformation_is_unusable(kind):
+    """Each malformed answer fails the rollout's own check at every cut, so a recovery sample
+    never teaches the policy to replace a good answer."""
+    from jax_drive.text.format_score import check_answer
+
+    poses = np.stack([np.arange(1, 9) * 5.0, np.zeros(8), np.zeros(8)], -1)
+    for cut in range(1, 8):
+        answer = B.malformed_answer(poses, kind, cut)
+        assert not check_answer(answer).usable and check_answer(answer).format == 0.0, (kind, cut, answer)
+    with pytest.raises(ValueError, match="unknown malformation"):
+        B.malformed_answer(poses, "typo", 1)
+
+
+def test_recovery_records(scenes):
+    from jax_drive.rollout import FORMAT_FEEDBACK
+
+    records, counts = B.build_recovery(scenes, jax.random.key(3), CONFIG)
+    assert len(records) == N and sum(counts.values()) == N and set(counts) == set(B.MALFORMATIONS)
+    assert sum(v > 0 for v in counts.values()) >= 3  # drawn per scene, not one kind for all
+    expert = np.asarray(scenes.expert)
+    for i, r in enumerate(records):
+        msgs = chat.validate(r["messages"])
+        assert r["kind"] == "recovery" and r["train_on"] == "last" and r["meta"]["malformation"] in B.MALFORMATIONS
+        assert [m["role"] for m in msgs[-4:]] == ["user", "assistant", "user", "assistant"]
+        assert msgs[-2]["content"] == FORMAT_FEEDBACK  # the rollout's own message, one home
+        assert not parse_trajectory(msgs[-3]["content"]).ok
+        target = parse_trajectory(msgs[-1]["content"])
+        np.testing.assert_allclose(target.poses, quantize(expert[i]), atol=1e-9)
+        assert msgs[:-3] == B.prompt_conversations(jax.tree.map(lambda a: a[i:i + 1], scenes), CONFIG)[0]
+    custom = B.BuildConfig(reference="expert", format_feedback="Use [PT, ...].")
+    assert B.build_recovery(scenes, jax.random.key(3), custom)[0][0]["messages"][-2]["content"] == "Use [PT, ...]."
+
+
 def test_qa_records(scenes):
     records, counts = B.build_qa(scenes, jax.random.key(3), CONFIG)
     assert len(records) == sum(counts.values()) > 0
@@ -184,6 +218,7 @@ def _check_no_leak(config, scene_seed, expert_seed):
         "single": lambda s: B.build_single(s, config),
         "multi": lambda s: B.build_multi(s, CV, key, config)[0],
         "rl": lambda s: B.build_rl(s, CV, key, config)[0],
+        "recovery": lambda s: B.build_recovery(s, key, config)[0],
     }
     built = {
         name: {kind: build(source) for kind, build in builds.items()}
@@ -211,18 +246,19 @@ def test_data_card_counts():
         {"kind": "multi", "meta": {"mock": False, "turns": 2}},
         {"kind": "multi", "meta": {"mock": True, "turns": 3}},
         {"kind": "multi", "meta": {"mock": False, "turns": 2}},
+        {"kind": "recovery", "meta": {"malformation": "truncated", "turns": 2}},
     ])
     card.add_stats({"first_turn": {"nc_fail": 2, "mean_pdms": 0.5, "reference": "expert"}})
     card.add_stats({"first_turn": {"nc_fail": 1, "mean_pdms": 0.7, "reference": "expert"}})
     d = card.to_dict()
-    assert d["records"] == 3
-    assert d["record_counts"] == {"multi/bootstrap/2-turn": 2, "multi/mock/3-turn": 1}
+    assert d["records"] == 4
+    assert d["record_counts"] == {"multi/bootstrap/2-turn": 2, "multi/mock/3-turn": 1, "recovery/truncated": 1}
     assert d["stats"]["first_turn"]["nc_fail"] == 3
     assert abs(d["stats"]["first_turn"]["mean_pdms"] - 0.6) < 1e-9
     assert "nc_fail: 3" in card.to_text()
 
 
-@pytest.mark.parametrize("kind", ["single", "multi", "qa", "rl"])
+@pytest.mark.parametrize("kind", ["single", "multi", "recovery", "qa", "rl"])
 def test_cli_build(kind, tmp_path, capsys):
     from jax_drive.cli import main
 

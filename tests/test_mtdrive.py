@@ -99,3 +99,34 @@ def test_filter_by_length_keeps_short_rows_and_counts_kinds():
     assert len(filter_by_length(rows, kinds, None)[0]) == 5
     with pytest.raises(ValueError):
         filter_by_length(rows, kinds, 2)
+
+
+def test_recovery_rows_join_the_sft_data_and_train_only_the_correction():
+    """``sft_recovery`` adds format-recovery rows without changing the other rows, and their
+    loss covers the corrected answer only, never the malformed one."""
+    from jax_drive.pipelines.mtdrive import build_sft_data
+    from jax_drive.rollout import FORMAT_FEEDBACK
+    from jax_drive.scenes import generate_scenes
+    from jax_drive.text.codec import parse_trajectory
+
+    preset = dataclasses.replace(SMOKE, sft_recovery=3)
+    train = generate_scenes(jax.random.key(0), preset.train_scenes)
+    _, tok = load_policy(preset)
+    rows, card = build_sft_data(preset, train, tok, jax.random.key(1))
+    plain, plain_card = build_sft_data(dataclasses.replace(preset, sft_recovery=0), train, tok, jax.random.key(1))
+    assert card["recovery"] == 3 and card["kept"]["recovery"] == 3 and "recovery" not in plain_card
+    text = [tok.decode(r.ids.tolist(), skip_special_tokens=False) for r in rows]
+    recovery = [i for i, t in enumerate(text) if FORMAT_FEEDBACK in t]
+    assert len(recovery) == 3
+    others = [r for i, r in enumerate(rows) if i not in recovery]
+    assert len(others) == len(plain)
+    for a, b in zip(others, plain):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.weight, b.weight)
+    for i in recovery:
+        trained = tok.decode(rows[i].ids[rows[i].weight > 0].tolist(), skip_special_tokens=True)
+        after = text[i].split(FORMAT_FEEDBACK)[1]
+        assert trained.strip() and trained.strip() in after  # only the answer after the feedback
+        assert parse_trajectory(trained).ok
+        before = text[i].split(FORMAT_FEEDBACK)[0]
+        assert "[PT" in before or "Here is the planning trajectory (" in before  # the malformed answer is there

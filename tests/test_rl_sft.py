@@ -11,6 +11,7 @@ from jax_drive.rl.batching import (
     TokenRow,
     as_conversations,
     bucket_length,
+    chat_samples,
     bucketed_batches,
     load_chat_jsonl,
     pad_rows,
@@ -82,6 +83,31 @@ def test_jsonl_loading(tmp_path):
     bad.write_text("{not json}\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         load_chat_jsonl(bad)
+
+
+def test_a_sample_may_set_its_own_train_on(tmp_path):
+    """A recovery-style sample ({"train_on": "last"}) trains only on its last answer while
+    the dataset default trains on every answer; bad values name the sample."""
+    tok = byte_tokenizer()
+    items = [{"messages": CONV, "train_on": "last"}, {"messages": CONV}, CONV]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    for dataset in (items, path):
+        samples = chat_samples(dataset, "all")
+        assert [t for _, t in samples] == ["last", "all", "all"]
+        assert all(m == CONV for m, _ in samples)
+    rows = [tokenize_chat(tok, m, t) for m, t in chat_samples(items)]
+    trained = [tok.decode(r.ids[r.weight > 0].tolist(), skip_special_tokens=False) for r in rows]
+    assert trained[0] == "[PT, (+2.0, 0.0, 0.0)]<|im_end|>\n"
+    assert trained[1] == trained[2] == "[PT, (+1.0, 0.0, 0.0)]<|im_end|>\n[PT, (+2.0, 0.0, 0.0)]<|im_end|>\n"
+    with pytest.raises(ValueError, match="sample 1: train_on"):
+        chat_samples([{"messages": CONV}, {"messages": CONV, "train_on": "first"}])
+    with pytest.raises(ValueError, match="train_on"):
+        chat_samples(items, "none")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": CONV, "train_on": 3}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        chat_samples(bad)
 
 
 def test_sft_loss_matches_full_logits():

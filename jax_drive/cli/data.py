@@ -24,7 +24,7 @@ import json
 import os
 import sys
 
-KINDS = ("single", "multi", "qa", "rl")
+KINDS = ("single", "multi", "recovery", "qa", "rl")  # jax_drive.data.builders.KINDS (no jax import here)
 
 
 def register(subparsers) -> None:
@@ -131,6 +131,9 @@ def run_build(args) -> int:
                 records, stats = B.build_single(scene, config), {}
             elif args.kind == "multi":
                 records, stats = B.build_multi(scene, predictor, key, config)
+            elif args.kind == "recovery":
+                records, recovery_counts = B.build_recovery(scene, key, config)
+                stats = {"recovery": recovery_counts}
             elif args.kind == "qa":
                 records, qa_counts = B.build_qa(scene, key, config)
                 stats = {"qa": qa_counts}

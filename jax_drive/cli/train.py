@@ -2,7 +2,7 @@
 
     jax-drive train --preset cpu-demo [--out DIR] [--json OUT] [--resume] [--seed S]
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
-        [--sft-steps N] [--sft-max-tokens N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
+        [--sft-steps N] [--sft-max-tokens N] [--sft-recovery N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
         [--curation-scenes N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-steps", type=int, default=None, help="override the preset's SFT step budget")
     parser.add_argument("--sft-max-tokens", type=int, default=None,
                         help="override the preset's SFT sample length limit (longer samples are left out)")
+    parser.add_argument("--sft-recovery", type=int, default=None,
+                        help="override the preset's number of format-recovery SFT samples (malformed answer, "
+                             "format feedback, expert answer; loss on the last answer only)")
     parser.add_argument("--rl-steps", type=int, default=None, help="override the preset's number of mtGRPO steps")
     parser.add_argument("--rl-prompts", type=int, default=None, help="override the preset's prompts (scenes) per mtGRPO step")
     parser.add_argument("--rl-lr", type=float, default=None, help="override the preset's mtGRPO learning rate")
@@ -79,6 +82,8 @@ def _with_overrides(preset, args: argparse.Namespace):
         preset = replace(preset, sft=replace(preset.sft, max_steps=args.sft_steps))
     if args.sft_max_tokens is not None:
         preset = replace(preset, sft_max_tokens=args.sft_max_tokens)
+    if args.sft_recovery is not None:
+        preset = replace(preset, sft_recovery=args.sft_recovery)
     if args.curation_scenes is not None:
         preset = replace(preset, curation_scenes=args.curation_scenes)
     rl = {"steps": args.rl_steps, "prompts_per_step": args.rl_prompts}

@@ -1,6 +1,7 @@
 """Dataset builders: JSONL records of chat messages for SFT, QA and RL prompt sets.
 
-Every record is a dict ``{"id", "kind", "scene_id", "messages", "meta"}`` where
+Every record is a dict ``{"id", "kind", "scene_id", "messages", "meta"}`` (recovery
+records add ``"train_on"``) where
 ``messages`` is a chat conversation (:mod:`jax_drive.text.chat`). Kinds:
 
 * ``single``: [system?] user prompt -> assistant expert trajectory (MTDrive single-turn).
@@ -10,6 +11,13 @@ Every record is a dict ``{"id", "kind", "scene_id", "messages", "meta"}`` where
   feedback ends the rollout). With ``BuildConfig.mock_turns`` >= 2, *mock multi-turn*
   samples are added: several independent noisy first-turn answers of the same scene
   (each with its own feedback) stacked as successive turns, ``meta.mock = True``.
+* ``recovery``: format recovery (``BuildConfig.format_feedback`` follows a malformed
+  answer): user prompt, assistant answer that holds no usable trajectory (the
+  constant-velocity answer with a point too many or too few, cut off, or without its
+  ``[PT, ...]`` brackets: the ways a small policy fails; a standing ego gives eight equal
+  points, where the policy loses count), user format feedback, assistant expert
+  trajectory. The record carries ``"train_on": "last"`` so that SFT learns the recovery,
+  never the malformed answer (:func:`jax_drive.rl.batching.chat_samples`).
 * ``qa``: PDM-understanding yes/no questions (:mod:`jax_drive.text.qa`), balanced per
   metric.
 * ``rl``: prompts only, for RL. Scenes are categorised by the first-turn answer:
@@ -40,13 +48,15 @@ import numpy as np
 from jax_drive.pdm import PDMConfig, interpolate_poses, score_proposals
 from jax_drive.text import chat
 from jax_drive.text.caption import CaptionConfig, caption_scenes
-from jax_drive.text.codec import format_trajectory, parse_trajectories
-from jax_drive.text.feedback import feedback_message, select, violations_to_numpy
+from jax_drive.text.codec import ANSWER_PREFIX, format_point, format_trajectory, parse_trajectories
+from jax_drive.text.feedback import FORMAT_FEEDBACK, feedback_message, select, violations_to_numpy
+from jax_drive.text.format_score import check_answer
 from jax_drive.text.prompts import IMAGE_PLACEHOLDER, SYSTEM_PROMPT, PromptConfig, planning_prompt, prompt_images
 from jax_drive.text.qa import QAConfig, qa_candidates, qa_items
 from jax_drive.types import NUM_OUTPUT_POSES, OUTPUT_DT, Scene
 
-KINDS = ("single", "multi", "qa", "rl")
+KINDS = ("single", "multi", "recovery", "qa", "rl")
+MALFORMATIONS = ("extra_point", "missing_point", "truncated", "no_brackets")
 METRIC_NAMES = ("nc", "dac", "ttc", "ep", "comfort")
 
 
@@ -66,6 +76,8 @@ class BuildConfig:
     mock_turns: noisy first-turn answers stacked per mock multi-turn sample (3; < 2 = off).
     noise_lateral: std of the mock answers' lateral offset at 4 s, metres (1.5).
     noise_speed: std of the mock answers' relative speed change (0.25).
+    format_feedback: the user message after an unusable answer in recovery records (the
+      rollout's :data:`jax_drive.text.feedback.FORMAT_FEEDBACK`; keep both the same).
     """
 
     prompt: PromptConfig = PromptConfig()
@@ -78,6 +90,7 @@ class BuildConfig:
     mock_turns: int = 3
     noise_lateral: float = 1.5
     noise_speed: float = 0.25
+    format_feedback: str = FORMAT_FEEDBACK
 
     def __post_init__(self):
         if self.reference not in ("auto", "pdm_closed", "expert"):
@@ -336,6 +349,49 @@ def build_multi(
         )
         stats["mock"] += 1
     return attach_images(records, scene, config), stats
+
+
+def malformed_answer(poses: np.ndarray, kind: str, cut: int) -> str:
+    """An answer written from (8, 3) poses that holds no usable trajectory.
+
+    kind: one of :data:`MALFORMATIONS`: ``extra_point`` repeats pose ``cut`` (9 points),
+    ``missing_point`` drops pose ``cut`` (7), ``truncated`` stops after ``cut`` poses,
+    mid-list, ``no_brackets`` writes all 8 poses without ``[PT, ...]``. cut in [1, 7].
+    """
+    poses = np.asarray(poses, np.float64)
+    if kind == "extra_point":
+        return format_trajectory(np.concatenate([poses[: cut + 1], poses[cut:]]))
+    if kind == "missing_point":
+        return format_trajectory(np.delete(poses, cut, axis=0))
+    if kind == "truncated":
+        return f"{ANSWER_PREFIX} [PT, " + ", ".join(format_point(p) for p in poses[:cut]) + ", ("
+    if kind == "no_brackets":
+        return f"{ANSWER_PREFIX} " + ", ".join(format_point(p) for p in poses) + "."
+    raise ValueError(f"unknown malformation {kind!r}; choose from {MALFORMATIONS}")
+
+
+def build_recovery(scene: Scene, key: jax.Array, config: BuildConfig = BuildConfig()) -> tuple[list[dict], dict]:
+    """Format-recovery records (one per scene, malformation drawn per scene) and their
+    counts per malformation. The malformed answers are written from the constant-velocity
+    poses, not the expert (which only ever is the target); each is checked to be unusable."""
+    k_kind, k_cut = jax.random.split(key)
+    n = len(_scene_ids(scene))
+    kinds = np.asarray(jax.random.randint(k_kind, (n,), 0, len(MALFORMATIONS)))
+    cuts = np.asarray(jax.random.randint(k_cut, (n,), 1, NUM_OUTPUT_POSES))
+    base = np.asarray(jax.device_get(constant_velocity_poses(scene)), np.float64)
+    prompts, targets = prompt_conversations(scene, config), _expert_texts(scene)
+    records, counts = [], {k: 0 for k in MALFORMATIONS}
+    for i, sid in enumerate(_scene_ids(scene)):
+        kind = MALFORMATIONS[int(kinds[i])]
+        bad = malformed_answer(base[i], kind, int(cuts[i]))
+        if check_answer(bad).usable:  # a bug here would teach the policy to refuse good answers
+            raise AssertionError(f"malformation {kind} left a usable answer: {bad!r}")
+        messages = chat.add_turn(chat.add_turn(prompts[i], bad, config.format_feedback), targets[i])
+        record = _record("recovery", sid, 0, messages, turns=2, malformation=kind)
+        record["train_on"] = "last"
+        records.append(record)
+        counts[kind] += 1
+    return attach_images(records, scene, config), counts
 
 
 def build_qa(scene: Scene, key: jax.Array, config: BuildConfig = BuildConfig()) -> tuple[list[dict], dict]:

@@ -47,6 +47,8 @@ class DataCard:
             key = r["kind"]
             if r["kind"] == "multi":
                 key += f"/{'mock' if meta.get('mock') else 'bootstrap'}/{meta.get('turns')}-turn"
+            elif r["kind"] == "recovery":
+                key += f"/{meta.get('malformation')}"
             elif r["kind"] == "qa":
                 key += f"/{meta.get('metric')}/{'yes' if meta.get('label') else 'no'}"
             elif r["kind"] == "rl":

@@ -36,7 +36,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.data.builders import BuildConfig, ConstantVelocityPredictor, build_multi, build_qa, build_rl, build_single
+from jax_drive.data.builders import (
+    BuildConfig,
+    ConstantVelocityPredictor,
+    build_multi,
+    build_qa,
+    build_recovery,
+    build_rl,
+    build_single,
+)
 from jax_drive.models.image_processing import ProcessedImage
 from jax_drive.pipelines.journal import (
     RunJournal,
@@ -47,7 +55,7 @@ from jax_drive.pipelines.journal import (
 )
 from jax_drive.pipelines.presets import Preset, eval_config, rl_config
 from jax_drive.pipelines.report import budget_card, eval_card, examples, stage_line
-from jax_drive.rl.batching import TokenRow, as_conversations, tokenize_chat, with_images
+from jax_drive.rl.batching import TokenRow, chat_samples, tokenize_chat, with_images
 from jax_drive.rl.checkpoint import restore_trainable
 from jax_drive.rl.grpo import grpo_train
 from jax_drive.rl.logging import read_jsonl
@@ -161,22 +169,29 @@ def make_scenes(preset: Preset) -> tuple[Scene, list[tuple[Scene, np.ndarray]]]:
 
 def build_sft_data(preset: Preset, train: Scene, tokenizer, key: jax.Array) -> tuple[list[TokenRow], dict]:
     """Tokenised SFT rows (single-turn, multi-turn, QA; filtered by length) and the data card."""
-    build = BuildConfig(prompt=preset.prompt, caption=preset.caption)
+    build = BuildConfig(prompt=preset.prompt, caption=preset.caption,
+                        format_feedback=eval_config(preset).format_feedback)
     k_multi, k_qa = jax.random.split(key)
-    n1, n2 = preset.sft_single, preset.sft_multi
+    n1, n2, n3 = preset.sft_single, preset.sft_multi, preset.sft_recovery
     single = build_single(index_scene(train, np.arange(0, n1) % preset.train_scenes), build)
     multi, multi_stats = build_multi(index_scene(train, np.arange(n1, n1 + n2) % preset.train_scenes),
                                      ConstantVelocityPredictor(), k_multi, build)
+    # recovery scenes follow the multi-turn ones; their key is new so that the other kinds
+    # (and runs without recovery rows) stay as they were
+    recovery, recovery_counts = (build_recovery(index_scene(train, np.arange(n1 + n2, n1 + n2 + n3) % preset.train_scenes),
+                                                jax.random.fold_in(key, 3), build) if n3 else ([], {}))
     qa, qa_counts = build_qa(index_scene(train, np.arange(preset.sft_qa_scenes)), k_qa, build)
     card = {"single": len(single), "multi": len(multi), "qa": len(qa), "multi_stats": multi_stats,
             "qa_counts": qa_counts}
-    records = single + multi + qa
+    if n3:
+        card.update(recovery=len(recovery), recovery_counts=recovery_counts)
+    records = single + multi + recovery + qa
     processed: dict[int, Any] = {}  # one preprocessing per camera frame: the rows of a scene share it
-    rows = [with_images(tokenize_chat(tokenizer, m, preset.sft.train_on),
+    rows = [with_images(tokenize_chat(tokenizer, m, train_on),
                         [processed.setdefault(id(im), tokenizer.preprocess([im])[0]) for im in r.get("images", ())],
                         tokenizer)
-            for m, r in zip(as_conversations(records), records)]
-    kinds = ["single"] * len(single) + ["multi"] * len(multi) + ["qa"] * len(qa)
+            for (m, train_on), r in zip(chat_samples(records, preset.sft.train_on), records)]
+    kinds = ["single"] * len(single) + ["multi"] * len(multi) + ["recovery"] * len(recovery) + ["qa"] * len(qa)
     kept, card["kept"] = filter_by_length(rows, kinds, preset.sft_max_tokens)
     return kept, card
 
@@ -363,8 +378,9 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
 
         sft_rows, record = stage("sft_data", run_sft_data, lambda record, arrays: rows_from_arrays(arrays))
         data_card = record["data_card"]
+        recovery = f"{data_card['recovery']} recovery, " if data_card.get("recovery") else ""
         log(f"[{preset.name}] SFT data: {data_card['single']} single, {data_card['multi']} multi-turn, "
-            f"{data_card['qa']} QA; kept {data_card['kept']}")
+            f"{recovery}{data_card['qa']} QA; kept {data_card['kept']}")
 
         def run_sft():
             nonlocal holding

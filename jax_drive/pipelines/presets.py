@@ -47,7 +47,8 @@ class Preset:
     lora_rank, lora_alpha: LoRA adapters (rank 0 = full fine-tuning).
     train_scenes: generated training scenes (SFT data and RL prompts are drawn from them).
     eval_scenes, eval_seeds: held-out scenes per evaluation seed.
-    sft_single / sft_multi / sft_qa_scenes: scenes used per SFT data kind.
+    sft_single / sft_multi / sft_qa_scenes / sft_recovery: scenes used per SFT data kind
+      (recovery: format-recovery samples, :func:`jax_drive.data.builders.build_recovery`; 0 = none).
     sft: SFT trainer settings. rl: mtGRPO trainer settings.
     max_new_tokens: generation budget per turn (an 8-point answer is about 90 tokens).
     eval_turns: turn budget at evaluation.
@@ -86,6 +87,7 @@ class Preset:
     sft_single: int = 128
     sft_multi: int = 128
     sft_qa_scenes: int = 16
+    sft_recovery: int = 0
     sft: SFTConfig = SFTConfig()
     rl: GRPOConfig = GRPOConfig()
     max_new_tokens: int = 112
@@ -105,6 +107,8 @@ class Preset:
     prompt_lookup: PromptLookup | None = PromptLookup()
 
     def __post_init__(self):
+        if self.sft_recovery < 0:
+            raise ValueError(f"sft_recovery must be >= 0, got {self.sft_recovery}")
         if self.sft_max_tokens is not None and self.sft_max_tokens < 2:
             raise ValueError(f"sft_max_tokens must be >= 2 (or None: keep all), got {self.sft_max_tokens}")
         if self.curation_scenes is not None and self.curation_scenes < 1:

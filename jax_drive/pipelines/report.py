@@ -26,7 +26,8 @@ def budget_card(preset, rl) -> dict:
             "rl_lr": rl.optim.learning_rate, "kl_coef": rl.loss.kl_coef,
             "rl_minibatch": rl.minibatch_size, "curation_scenes": preset.curation_scenes,
             "max_context_tokens": preset.max_context_tokens,
-            "sft_max_tokens": preset.sft_max_tokens, "frozen_layers": preset.frozen_layers,
+            "sft_max_tokens": preset.sft_max_tokens, "sft_recovery": preset.sft_recovery,
+            "frozen_layers": preset.frozen_layers,
             "caption": dataclasses.asdict(preset.caption)}
 
 

@@ -127,6 +127,8 @@ def batch_token_logprobs(model, batch: dict, chunk_size: int = 256, temperature:
 
 
 # ----------------------------------------------------------------------------- chat samples
+TRAIN_ON = ("all", "last")  # which assistant messages of a chat sample carry loss
+
 def _check_messages(messages: Any) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("a chat sample is a non-empty list of {'role', 'content'} messages")
@@ -153,8 +155,8 @@ def tokenize_chat(tokenizer, messages: list[dict], train_on: str = "all") -> Tok
       ValueError if the template renders a prefix inconsistently (not append-only).
     """
     messages = _check_messages(messages)
-    if train_on not in ("all", "last"):
-        raise ValueError(f"train_on must be 'all' or 'last', got {train_on!r}")
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     ids: list[int] = []
     weight: list[float] = []
@@ -179,41 +181,60 @@ def tokenize_chat(tokenizer, messages: list[dict], train_on: str = "all") -> Tok
     return TokenRow(np.asarray(ids, np.int32), np.asarray(weight, np.float32))
 
 
-def load_chat_jsonl(path: str | os.PathLike) -> list[list[dict]]:
-    """Reads a JSONL chat dataset: each line ``{"messages": [...]}`` (other keys ignored) or a bare list."""
-    samples = []
+def _jsonl_items(path: str | os.PathLike) -> list[tuple[str, Any]]:
+    """(location, parsed line) of every non-empty line of a JSONL file."""
+    items = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                item = json.loads(line)
+                items.append((f"{path}:{lineno}", json.loads(line)))
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({error})") from None
-            messages = item.get("messages") if isinstance(item, dict) else item
-            try:
-                samples.append(_check_messages(messages))
-            except ValueError as error:
-                raise ValueError(f"{path}:{lineno}: {error}") from None
-    if not samples:
+    if not items:
         raise ValueError(f"{path}: no samples")
-    return samples
+    return items
+
+
+def chat_samples(dataset: Any, train_on: str = "all") -> list[tuple[list[dict], str]]:
+    """(messages, train_on) of every sample of a chat dataset.
+
+    ``dataset``: a JSONL path (lines ``{"messages": [...]}`` or bare lists), a list of
+    message lists, or a list of ``{"messages": ...}`` dicts. A dict sample may carry its own
+    ``"train_on"`` ('all' or 'last'; e.g. a recovery sample whose first answer is a
+    deliberately malformed one that must not be learned); otherwise ``train_on`` applies.
+    Other keys are ignored. Raises ValueError naming the bad sample.
+    """
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
+    if isinstance(dataset, (str, os.PathLike)):
+        items = _jsonl_items(dataset)
+    else:
+        items = [(f"sample {i}", item) for i, item in enumerate(dataset)]
+    out = []
+    for where, item in items:
+        messages = item.get("messages") if isinstance(item, dict) else item
+        own = item.get("train_on", train_on) if isinstance(item, dict) else train_on
+        try:
+            if own not in TRAIN_ON:
+                raise ValueError(f"train_on must be one of {TRAIN_ON}, got {own!r}")
+            out.append((_check_messages(messages), own))
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+    if not out:
+        raise ValueError("empty dataset")
+    return out
+
+
+def load_chat_jsonl(path: str | os.PathLike) -> list[list[dict]]:
+    """Reads a JSONL chat dataset: each line ``{"messages": [...]}`` (other keys ignored) or a bare list."""
+    return [m for m, _ in chat_samples(path)]
 
 
 def as_conversations(dataset: Any) -> list[list[dict]]:
     """A path to JSONL, a list of message lists or a list of {'messages': ...} dicts -> list of message lists."""
-    if isinstance(dataset, (str, os.PathLike)):
-        return load_chat_jsonl(dataset)
-    out = []
-    for i, item in enumerate(dataset):
-        messages = item.get("messages") if isinstance(item, dict) else item
-        try:
-            out.append(_check_messages(messages))
-        except ValueError as error:
-            raise ValueError(f"sample {i}: {error}") from None
-    if not out:
-        raise ValueError("empty dataset")
-    return out
+    return [m for m, _ in chat_samples(dataset)]
 
 
 def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator,

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from jax_drive.rl.batching import (
     TokenRow,
     add_images,
-    as_conversations,
+    chat_samples,
     batch_token_logprobs,
     bucket_length,
     iterate_epochs,
@@ -54,7 +54,7 @@ class SFTConfig:
       max_steps: stop after this many steps (None = epochs * batches per epoch).
       max_length: longer samples are truncated to this many tokens.
       bucket_size: padded lengths are multiples of this.
-      train_on: 'all' assistant messages or only the 'last' one.
+      train_on: 'all' assistant messages or only the 'last' one (a sample's own "train_on" wins).
       seed: data order seed.
       chunk_size: token chunk of ``token_logprobs``.
       checkpoint_every: steps between checkpoints (None = only at the end; needs out_dir).
@@ -120,7 +120,7 @@ def tokenize_dataset(dataset: Any, tokenizer, max_length: int, train_on: str = "
     else:
         if tokenizer is None:
             raise ValueError("a tokenizer is needed to tokenise a chat dataset")
-        rows = [tokenize_chat(tokenizer, m, train_on) for m in as_conversations(dataset)]
+        rows = [tokenize_chat(tokenizer, m, t) for m, t in chat_samples(dataset, train_on)]
     rows = [dataclasses.replace(r, ids=r.ids[:max_length], weight=r.weight[:max_length]) for r in rows]
     rows = [r for r in rows if len(r) >= 2 and r.weight[1:].sum() > 0]
     if not rows:

@@ -50,16 +50,10 @@ from jax_drive.rollout.reward import turn_rewards
 from jax_drive.sampling import SamplingParams, supports_sessions
 from jax_drive.text import FormatConfig, PromptConfig, planning_prompt
 from jax_drive.text.caption import CaptionConfig
-from jax_drive.text.feedback import feedback_message, select, violations_to_numpy
+from jax_drive.text.feedback import FORMAT_FEEDBACK, feedback_message, select, violations_to_numpy
 from jax_drive.text.format_score import check_answer
 from jax_drive.types import NUM_OUTPUT_POSES, Scene
 
-FORMAT_FEEDBACK = (
-    "Your previous answer could not be used: it did not contain a valid trajectory. "
-    "Output exactly 8 trajectory points, each formatted as (x:float, y:float, heading:float), "
-    "inside [PT, ...], with 2 decimal places, for example: Here is the planning trajectory "
-    "[PT, (+2.50, 0.0, 0.0), ...]."
-)
 _ANSWER_SENTINEL = "\u2063ANSWER\u2063"
 _FEEDBACK_SENTINEL = "\u2063FEEDBACK\u2063"
 

@@ -42,6 +42,14 @@ HEADER = (
     "propose a revised prediction. Consider the following identified issues:\n"
 )
 FOOTER = "Based on these issues, provide an improved trajectory prediction."
+# The user message after an answer that holds no usable trajectory (the rollout's
+# format feedback, and the feedback turn of SFT recovery samples).
+FORMAT_FEEDBACK = (
+    "Your previous answer could not be used: it did not contain a valid trajectory. "
+    "Output exactly 8 trajectory points, each formatted as (x:float, y:float, heading:float), "
+    "inside [PT, ...], with 2 decimal places, for example: Here is the planning trajectory "
+    "[PT, (+2.50, 0.0, 0.0), ...]."
+)
 BOX_LEGEND = (
     "The format for describing these objects is: (x, y, z, l, w, h, heading, name). Where "
     "x, y, z are the center coordinates of the object in ego-coordinate system, l, w, h are "
