@@ -178,8 +178,8 @@ def build_sft_data(preset: Preset, train: Scene, tokenizer, key: jax.Array) -> t
                                      ConstantVelocityPredictor(), k_multi, build)
     # recovery scenes follow the multi-turn ones; their key is new so that the other kinds
     # (and runs without recovery rows) stay as they were
-    recovery, recovery_counts = (build_recovery(index_scene(train, np.arange(n1 + n2, n1 + n2 + n3) % preset.train_scenes),
-                                                jax.random.fold_in(key, 3), build) if n3 else ([], {}))
+    recovery_scenes = index_scene(train, np.arange(n1 + n2, n1 + n2 + n3) % preset.train_scenes)
+    recovery, recovery_counts = build_recovery(recovery_scenes, jax.random.fold_in(key, 3), build) if n3 else ([], {})
     qa, qa_counts = build_qa(index_scene(train, np.arange(preset.sft_qa_scenes)), k_qa, build)
     card = {"single": len(single), "multi": len(multi), "qa": len(qa), "multi_stats": multi_stats,
             "qa_counts": qa_counts}
