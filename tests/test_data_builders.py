@@ -148,6 +148,42 @@ def test_recovery_records(scenes):
     assert B.build_recovery(scenes, jax.random.key(3), custom)[0][0]["messages"][-2]["content"] == "Use [PT, ...]."
 
 
+def test_self_recovery_records_come_from_the_predictors_own_unusable_answers(scenes):
+    """On-policy recovery: only scenes answered unusably give records (an expert row and a
+    recovery row whose malformed turn is the predictor's own text, verbatim); the loose
+    format rule of the rollout decides what is unusable."""
+    expert = np.asarray(scenes.expert)
+    own = {0: "I will drive straight.", 3: format_trajectory(np.concatenate([expert[3], expert[3][-1:]]))}
+
+    class Flaky:
+        name = "flaky"
+
+        def __call__(self, scene, key, prompts):
+            return [own.get(i, format_trajectory(expert[i])) for i in range(len(prompts))]
+
+    records, stats = B.build_self_recovery(scenes, Flaky(), jax.random.key(0), CONFIG)
+    assert (stats["scenes"], stats["unusable"]) == (N, 2)
+    ids = [int(i) for i in np.asarray(scenes.scene_id)]
+    assert stats["scene_ids"] == [ids[0], ids[3]] and stats["answer_chars"] == [len(own[0]), len(own[3])]
+    assert [r["kind"] for r in records] == ["single", "recovery", "single", "recovery"]
+    prompts = B.prompt_conversations(scenes, CONFIG)
+    for (single, recovery), i in zip([records[:2], records[2:]], (0, 3)):
+        assert single["messages"][:-1] == prompts[i] and "train_on" not in single
+        msgs = recovery["messages"]
+        assert recovery["train_on"] == "last" and msgs[:-3] == prompts[i]
+        assert msgs[-3]["content"] == own[i] and msgs[-2]["content"] == CONFIG.format_feedback
+        for m in (single["messages"][-1], msgs[-1]):
+            np.testing.assert_allclose(parse_trajectory(m["content"]).poses, quantize(expert[i]), atol=1e-9)
+    assert len({r["id"] for r in records}) == 4
+    # a usable-but-unpolished answer (no "Here is" prefix) is not a format failure here
+    fine, _ = B.build_self_recovery(scenes, type("P", (), {"name": "p", "__call__": lambda self, s, k, p: [
+        format_points(e) for e in expert]})(), jax.random.key(0), CONFIG)
+    assert fine == []
+    with pytest.raises(ValueError, match="returned 1 answers"):
+        B.build_self_recovery(scenes, type("Short", (), {"name": "short", "__call__": lambda self, s, k, p: ["x"]})(),
+                              jax.random.key(0), CONFIG)
+
+
 def test_qa_records(scenes):
     records, counts = B.build_qa(scenes, jax.random.key(3), CONFIG)
     assert len(records) == sum(counts.values()) > 0

@@ -13,7 +13,6 @@ from jax_drive.rl.batching import (
     bucket_length,
     chat_samples,
     bucketed_batches,
-    load_chat_jsonl,
     pad_rows,
     tokenize_chat,
 )
@@ -77,12 +76,12 @@ def test_bucketed_batches_cover_every_index_once():
 def test_jsonl_loading(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"messages": CONV, "meta": 1}) + "\n\n" + json.dumps(CONV[:2]) + "\n")
-    assert len(load_chat_jsonl(path)) == 2
+    assert len(as_conversations(path)) == 2
     assert as_conversations([{"messages": CONV}]) == [CONV]
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):
-        load_chat_jsonl(bad)
+        as_conversations(bad)
 
 
 def test_a_sample_may_set_its_own_train_on(tmp_path):

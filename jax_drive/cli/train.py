@@ -2,7 +2,8 @@
 
     jax-drive train --preset cpu-demo [--out DIR] [--json OUT] [--resume] [--seed S]
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
-        [--sft-steps N] [--sft-max-tokens N] [--sft-recovery N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
+        [--sft-steps N] [--sft-max-tokens N] [--sft-recovery N]
+        [--sft-onpolicy-scenes N] [--sft-onpolicy-steps N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
         [--curation-scenes N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
@@ -49,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-recovery", type=int, default=None,
                         help="override the preset's number of format-recovery SFT samples (malformed answer, "
                              "format feedback, expert answer; loss on the last answer only)")
+    parser.add_argument("--sft-onpolicy-scenes", type=int, default=None,
+                        help="on-policy format recovery after SFT: the SFT policy answers this many fresh scenes and "
+                             "SFT continues on its unusable answers (expert + recovery rows, SFT rows replayed); 0 = off")
+    parser.add_argument("--sft-onpolicy-steps", type=int, default=None,
+                        help="SFT steps of the on-policy recovery continuation (default: the preset's, 16)")
     parser.add_argument("--rl-steps", type=int, default=None, help="override the preset's number of mtGRPO steps")
     parser.add_argument("--rl-prompts", type=int, default=None, help="override the preset's prompts (scenes) per mtGRPO step")
     parser.add_argument("--rl-lr", type=float, default=None, help="override the preset's mtGRPO learning rate")
@@ -84,6 +90,10 @@ def _with_overrides(preset, args: argparse.Namespace):
         preset = replace(preset, sft_max_tokens=args.sft_max_tokens)
     if args.sft_recovery is not None:
         preset = replace(preset, sft_recovery=args.sft_recovery)
+    if args.sft_onpolicy_scenes is not None:
+        preset = replace(preset, sft_onpolicy_scenes=args.sft_onpolicy_scenes)
+    if args.sft_onpolicy_steps is not None:
+        preset = replace(preset, sft_onpolicy_steps=args.sft_onpolicy_steps)
     if args.curation_scenes is not None:
         preset = replace(preset, curation_scenes=args.curation_scenes)
     rl = {"steps": args.rl_steps, "prompts_per_step": args.rl_prompts}

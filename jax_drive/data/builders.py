@@ -18,6 +18,7 @@ records add ``"train_on"``) where
   points, where the policy loses count), user format feedback, assistant expert
   trajectory. The record carries ``"train_on": "last"`` so that SFT learns the recovery,
   never the malformed answer (:func:`jax_drive.rl.batching.chat_samples`).
+  :func:`build_self_recovery` writes them from a policy's own unusable answers instead.
 * ``qa``: PDM-understanding yes/no questions (:mod:`jax_drive.text.qa`), balanced per
   metric.
 * ``rl``: prompts only, for RL. Scenes are categorised by the first-turn answer:
@@ -50,7 +51,7 @@ from jax_drive.text import chat
 from jax_drive.text.caption import CaptionConfig, caption_scenes
 from jax_drive.text.codec import ANSWER_PREFIX, format_point, format_trajectory, parse_trajectories
 from jax_drive.text.feedback import FORMAT_FEEDBACK, feedback_message, select, violations_to_numpy
-from jax_drive.text.format_score import check_answer
+from jax_drive.text.format_score import FormatConfig, check_answer
 from jax_drive.text.prompts import IMAGE_PLACEHOLDER, SYSTEM_PROMPT, PromptConfig, planning_prompt, prompt_images
 from jax_drive.text.qa import QAConfig, qa_candidates, qa_items
 from jax_drive.types import NUM_OUTPUT_POSES, OUTPUT_DT, Scene
@@ -386,12 +387,52 @@ def build_recovery(scene: Scene, key: jax.Array, config: BuildConfig = BuildConf
         bad = malformed_answer(base[i], kind, int(cuts[i]))
         if check_answer(bad).usable:  # a bug here would teach the policy to refuse good answers
             raise AssertionError(f"malformation {kind} left a usable answer: {bad!r}")
-        messages = chat.add_turn(chat.add_turn(prompts[i], bad, config.format_feedback), targets[i])
-        record = _record("recovery", sid, 0, messages, turns=2, malformation=kind)
-        record["train_on"] = "last"
-        records.append(record)
+        records.append(_recovery_record(sid, prompts[i], bad, targets[i], config, malformation=kind))
         counts[kind] += 1
     return attach_images(records, scene, config), counts
+
+
+def _recovery_record(scene_id: int, prompt: list[dict], bad: str, target: str, config: BuildConfig,
+                     **meta) -> dict:
+    """prompt, unusable answer, format feedback, expert answer; the loss on the last only."""
+    messages = chat.add_turn(chat.add_turn(prompt, bad, config.format_feedback), target)
+    record = _record("recovery", scene_id, 0, messages, turns=2, **meta)
+    record["train_on"] = "last"
+    return record
+
+
+def build_self_recovery(
+    scene: Scene,
+    predictor: FirstTurnPredictor,
+    key: jax.Array,
+    config: BuildConfig = BuildConfig(),
+    format_config: FormatConfig = FormatConfig(),
+) -> tuple[list[dict], dict]:
+    """On-policy format recovery (DAgger-style): the predictor answers each scene's first
+    turn; for every answer that is not usable (``check_answer`` with ``format_config``, the
+    rollout's rule for sending the format feedback) two records are written: a ``single``
+    one (prompt -> expert: the state it failed in, labelled by the expert) and a
+    ``recovery`` one with the predictor's OWN answer as the malformed turn (loss on the
+    correction only). Scenes answered usably give nothing.
+
+    Returns (records, stats): stats has ``scenes``, ``unusable``, ``scene_ids`` (of the
+    unusable answers) and ``answer_chars`` (their lengths, a hint of what went wrong).
+    """
+    prompts = prompt_conversations(scene, config)
+    answers = predictor(scene, key, prompts)
+    if len(answers) != len(prompts):
+        raise ValueError(f"predictor {predictor.name} returned {len(answers)} answers for {len(prompts)} scenes")
+    targets = _expert_texts(scene)
+    records, failed, chars = [], [], []
+    for i, sid in enumerate(_scene_ids(scene)):
+        if check_answer(answers[i], format_config).usable:
+            continue
+        failed.append(sid)
+        chars.append(len(answers[i]))
+        records.append(_record("single", sid, 1, chat.add_turn(prompts[i], targets[i]), turns=1, on_policy=True))
+        records.append(_recovery_record(sid, prompts[i], answers[i], targets[i], config, on_policy=True))
+    stats = {"scenes": len(prompts), "unusable": len(failed), "scene_ids": failed, "answer_chars": chars}
+    return attach_images(records, scene, config), stats
 
 
 def build_qa(scene: Scene, key: jax.Array, config: BuildConfig = BuildConfig()) -> tuple[list[dict], dict]:

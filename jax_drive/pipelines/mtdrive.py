@@ -14,6 +14,11 @@ Stages (MTDrive sections 3.2-3.3), each recorded in the run directory's journal
                   multi-turn + PDM-understanding QA data, target always the expert
                   trajectory, tokenised;
   sft             SFT (orbax checkpoints every ``sft.checkpoint_every`` steps);
+  onpolicy_data   (``sft_onpolicy_scenes`` > 0) the SFT policy answers fresh scenes; its
+                  unusable answers become expert and format-recovery rows, with SFT rows
+                  replayed beside them;
+  sft_onpolicy    SFT continues on those rows (checkpoints in ``sft_onpolicy/``; from here
+                  on "the SFT policy" is the continued one);
   eval_sft        evaluation after SFT;
   rl_curation     RL prompt curation with the SFT policy's first turn (categories 1-3);
   rl              mtGRPO (or another advantage variant) on the curated scenes (checkpoints
@@ -43,6 +48,7 @@ from jax_drive.data.builders import (
     build_qa,
     build_recovery,
     build_rl,
+    build_self_recovery,
     build_single,
 )
 from jax_drive.models.image_processing import ProcessedImage
@@ -56,7 +62,7 @@ from jax_drive.pipelines.journal import (
 from jax_drive.pipelines.presets import Preset, eval_config, rl_config
 from jax_drive.pipelines.report import budget_card, eval_card, examples, stage_line
 from jax_drive.rl.batching import TokenRow, chat_samples, tokenize_chat, with_images
-from jax_drive.rl.checkpoint import restore_trainable
+from jax_drive.rl.checkpoint import committed_steps, restore_trainable
 from jax_drive.rl.grpo import grpo_train
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.sft import sft_train
@@ -70,6 +76,7 @@ from jax_drive.text.prompts import PromptConfig
 from jax_drive.types import Scene
 
 EVAL_SEED_OFFSET = 10_000  # held-out scenes use keys disjoint from the training keys
+ONPOLICY_SEED_OFFSET = 20_000  # so do the scenes of on-policy recovery
 STAGES = ("untrained", "sft", "rl")  # the policies that can be evaluated
 TRANSCRIPT_SCENES = 64  # turn logs kept per evaluation (first held-out set) for examples and plots
 SUMMARY_KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
@@ -131,13 +138,26 @@ def rl_checkpoint_dir(run_dir: str | os.PathLike) -> str:
     return os.path.join(os.fspath(run_dir), "rl", "checkpoints")
 
 
+def onpolicy_checkpoint_dir(run_dir: str | os.PathLike) -> str:
+    """Where the on-policy recovery continuation of SFT saves its state (orbax)."""
+    return os.path.join(os.fspath(run_dir), "sft_onpolicy", "checkpoints")
+
+
+def final_sft_dir(run_dir: str | os.PathLike) -> str:
+    """The checkpoint directory of a run's final SFT policy: the on-policy continuation's
+    when the run has one, else the SFT stage's."""
+    onpolicy = onpolicy_checkpoint_dir(run_dir)
+    return onpolicy if committed_steps(onpolicy) else sft_checkpoint_dir(run_dir)
+
+
 def load_sft(model, preset: Preset, run_dir: str | os.PathLike) -> dict:
-    """Loads the trained (LoRA) params of an earlier run's SFT stage into ``model`` in place.
+    """Loads the trained (LoRA) params of an earlier run's final SFT policy (see
+    :func:`final_sft_dir`) into ``model`` in place.
 
     The checkpoint must come from the same model, LoRA rank and trainable set. Returns the
     checkpoint's meta (step, data position).
     """
-    return restore_trainable(model, preset.sft.optim, sft_checkpoint_dir(run_dir))
+    return restore_trainable(model, preset.sft.optim, final_sft_dir(run_dir))
 
 
 def filter_by_length(rows: Sequence, kinds: Sequence[str], max_tokens: int | None) -> tuple[list, dict]:
@@ -186,14 +206,42 @@ def build_sft_data(preset: Preset, train: Scene, tokenizer, key: jax.Array) -> t
     if n3:
         card.update(recovery=len(recovery), recovery_counts=recovery_counts)
     records = single + multi + recovery + qa
+    kinds = ["single"] * len(single) + ["multi"] * len(multi) + ["recovery"] * len(recovery) + ["qa"] * len(qa)
+    kept, card["kept"] = filter_by_length(tokenize_records(records, tokenizer, preset.sft.train_on), kinds,
+                                          preset.sft_max_tokens)
+    return kept, card
+
+
+def tokenize_records(records: Sequence[dict], tokenizer, train_on: str) -> list[TokenRow]:
+    """Builder records -> SFT rows (a record's own ``train_on`` wins over ``train_on``)."""
     processed: dict[int, Any] = {}  # one preprocessing per camera frame: the rows of a scene share it
-    rows = [with_images(tokenize_chat(tokenizer, m, train_on),
+    return [with_images(tokenize_chat(tokenizer, m, own),
                         [processed.setdefault(id(im), tokenizer.preprocess([im])[0]) for im in r.get("images", ())],
                         tokenizer)
-            for (m, train_on), r in zip(chat_samples(records, preset.sft.train_on), records)]
-    kinds = ["single"] * len(single) + ["multi"] * len(multi) + ["recovery"] * len(recovery) + ["qa"] * len(qa)
-    kept, card["kept"] = filter_by_length(rows, kinds, preset.sft_max_tokens)
-    return kept, card
+            for (m, own), r in zip(chat_samples(records, train_on), records)] if records else []
+
+
+def build_onpolicy_data(preset: Preset, engine, tokenizer, replay: Sequence[TokenRow],
+                        key: jax.Array) -> tuple[list[TokenRow], dict]:
+    """On-policy recovery rows (see ``Preset.sft_onpolicy_scenes``) and their card.
+
+    The policy in ``engine`` answers the first turn of ``preset.sft_onpolicy_scenes`` fresh
+    scenes greedily; each unusable answer gives an expert row and a recovery row
+    (:func:`jax_drive.data.builders.build_self_recovery`); as many rows drawn from
+    ``replay`` (the SFT data; with ``key``) follow, so the continuation keeps the rest.
+    Empty rows when every answer is usable.
+    """
+    rollout = eval_config(preset)
+    scenes = generate_scenes(jax.random.key(ONPOLICY_SEED_OFFSET + preset.seed), preset.sft_onpolicy_scenes,
+                             GeneratorConfig(hard_fraction=preset.hard_fraction))
+    build = BuildConfig(prompt=preset.prompt, caption=preset.caption, format_feedback=rollout.format_feedback)
+    k_answer, k_replay = jax.random.split(key)
+    records, stats = build_self_recovery(scenes, PolicyPredictor(engine, preset.max_new_tokens, preset.prompt),
+                                         k_answer, build, rollout.format)
+    rows, kept = filter_by_length(tokenize_records(records, tokenizer, preset.sft.train_on),
+                                  [r["kind"] for r in records], preset.sft_max_tokens) if records else ([], {})
+    pick = np.sort(np.asarray(jax.random.permutation(k_replay, len(replay)))[:len(rows)]) if rows else []
+    return rows + [replay[int(i)] for i in pick], {**stats, "kept": kept, "replay": len(pick)}
 
 
 def rows_to_arrays(rows: Sequence[TokenRow]) -> dict[str, np.ndarray]:
@@ -345,12 +393,14 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
                        prompt_lookup=preset.prompt_lookup)
     journal.lap("load")
     holding = "untrained"  # the weights the model holds; others are loaded only for stages that run
+    # where "the SFT policy" is; an on-policy continuation in this run moves it
+    sft_source = sft_checkpoint_dir(out_dir) if sft_from is None else final_sft_dir(sft_from)
 
     def hold(weights: str) -> None:
         nonlocal holding
         if holding != weights:
             if weights == "sft":
-                load_sft(model, preset, out_dir if sft_from is None else sft_from)
+                restore_trainable(model, preset.sft.optim, sft_source)
             else:
                 restore_trainable(model, rl_cfg.optim, rl_checkpoint_dir(out_dir))
             holding = weights
@@ -399,6 +449,32 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         data_card = {"sft_from": os.fspath(sft_from), "sft_steps": int(meta["step"])}
         log(f"[{preset.name}] loaded the SFT checkpoint of {sft_from} (step {meta['step']})")
         journal.lap("sft_load")
+
+    onpolicy: dict = {}
+    if preset.sft_onpolicy_scenes:
+        def run_onpolicy_data():
+            hold("sft")
+            replay = sft_rows if sft_from is None else build_sft_data(preset, train, tokenizer, k_data)[0]
+            rows, card = build_onpolicy_data(preset, engine, tokenizer, replay, jax.random.fold_in(k_data, 7))
+            return rows, {"card": card}, rows_to_arrays(rows) if rows else None
+
+        onpolicy_rows, record = stage("onpolicy_data", run_onpolicy_data,
+                                      lambda record, arrays: rows_from_arrays(arrays) if arrays else [])
+        card = record["card"]
+        onpolicy = {"card": card}
+        log(f"[{preset.name}] on-policy recovery: {card['unusable']} of {card['scenes']} fresh scenes answered "
+            f"unusably -> {len(onpolicy_rows)} rows ({card['replay']} replayed)")
+        if onpolicy_rows:
+            def run_onpolicy_sft():
+                hold("sft")
+                config = dataclasses.replace(preset.sft, max_steps=preset.sft_onpolicy_steps)
+                result = sft_train(model, onpolicy_rows, config, tokenizer=tokenizer,
+                                   out_dir=os.path.join(out_dir, "sft_onpolicy"), resume=resume, progress=progress)
+                return None, {"steps": int(result.state.step)}, None
+
+            stage("sft_onpolicy", run_onpolicy_sft)
+            sft_source, holding = onpolicy_checkpoint_dir(out_dir), "stale"  # reloaded when next needed
+            onpolicy["history"] = read_jsonl(os.path.join(out_dir, "sft_onpolicy", "metrics.jsonl"))
     if "sft" in evaluate:
         stages["sft"] = evaluation("sft", "after SFT")
 
@@ -454,6 +530,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         "rl_history": rl_history,
         "data_card": data_card,
         "rl_curation": curation,
+        "sft_onpolicy": onpolicy,
         "timings_s": journal.timings,
         "cpu_timings_s": journal.cpu_timings,
         "resumed_stages": journal.resumed,

@@ -49,6 +49,12 @@ class Preset:
     eval_scenes, eval_seeds: held-out scenes per evaluation seed.
     sft_single / sft_multi / sft_qa_scenes / sft_recovery: scenes used per SFT data kind
       (recovery: format-recovery samples, :func:`jax_drive.data.builders.build_recovery`; 0 = none).
+    sft_onpolicy_scenes, sft_onpolicy_steps: on-policy format recovery after SFT (DAgger-style,
+      :func:`jax_drive.data.builders.build_self_recovery`): the SFT policy answers this many
+      fresh scenes (greedy first turn); every unusable answer gives an expert row and a
+      recovery row with the policy's own answer, as many SFT rows are replayed beside them,
+      and SFT continues for ``sft_onpolicy_steps`` steps on that mix. 0 scenes = off
+      (default); no unusable answer = no extra step.
     sft: SFT trainer settings. rl: mtGRPO trainer settings.
     max_new_tokens: generation budget per turn (an 8-point answer is about 90 tokens).
     eval_turns: turn budget at evaluation.
@@ -88,6 +94,8 @@ class Preset:
     sft_multi: int = 128
     sft_qa_scenes: int = 16
     sft_recovery: int = 0
+    sft_onpolicy_scenes: int = 0
+    sft_onpolicy_steps: int = 16
     sft: SFTConfig = SFTConfig()
     rl: GRPOConfig = GRPOConfig()
     max_new_tokens: int = 112
@@ -109,6 +117,9 @@ class Preset:
     def __post_init__(self):
         if self.sft_recovery < 0:
             raise ValueError(f"sft_recovery must be >= 0, got {self.sft_recovery}")
+        if self.sft_onpolicy_scenes < 0 or self.sft_onpolicy_steps < 1:
+            raise ValueError(f"sft_onpolicy_scenes must be >= 0 and sft_onpolicy_steps >= 1, got "
+                             f"{self.sft_onpolicy_scenes} and {self.sft_onpolicy_steps}")
         if self.sft_max_tokens is not None and self.sft_max_tokens < 2:
             raise ValueError(f"sft_max_tokens must be >= 2 (or None: keep all), got {self.sft_max_tokens}")
         if self.curation_scenes is not None and self.curation_scenes < 1:

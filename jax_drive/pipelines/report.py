@@ -27,6 +27,7 @@ def budget_card(preset, rl) -> dict:
             "rl_minibatch": rl.minibatch_size, "curation_scenes": preset.curation_scenes,
             "max_context_tokens": preset.max_context_tokens,
             "sft_max_tokens": preset.sft_max_tokens, "sft_recovery": preset.sft_recovery,
+            "sft_onpolicy_scenes": preset.sft_onpolicy_scenes, "sft_onpolicy_steps": preset.sft_onpolicy_steps,
             "frozen_layers": preset.frozen_layers,
             "caption": dataclasses.asdict(preset.caption)}
 

@@ -227,11 +227,6 @@ def chat_samples(dataset: Any, train_on: str = "all") -> list[tuple[list[dict], 
     return out
 
 
-def load_chat_jsonl(path: str | os.PathLike) -> list[list[dict]]:
-    """Reads a JSONL chat dataset: each line ``{"messages": [...]}`` (other keys ignored) or a bare list."""
-    return [m for m, _ in chat_samples(path)]
-
-
 def as_conversations(dataset: Any) -> list[list[dict]]:
     """A path to JSONL, a list of message lists or a list of {'messages': ...} dicts -> list of message lists."""
     return [m for m, _ in chat_samples(dataset)]
