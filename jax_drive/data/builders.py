@@ -292,11 +292,18 @@ def first_turn(
     scene: Scene, predictor: FirstTurnPredictor, key: jax.Array, config: BuildConfig = BuildConfig()
 ) -> tuple[list[list[dict]], Scored]:
     """Prompts and the scored first-turn answers (R = 1) of N scenes."""
+    prompts, answers = _first_answers(scene, predictor, key, config)
+    return prompts, score_answers(scene, [[a] for a in answers], config)
+
+
+def _first_answers(scene: Scene, predictor: FirstTurnPredictor, key: jax.Array,
+                   config: BuildConfig) -> tuple[list[list[dict]], list[str]]:
+    """The N prompt conversations and the predictor's N answer texts (unscored)."""
     prompts = prompt_conversations(scene, config)
     answers = predictor(scene, key, prompts)
     if len(answers) != len(prompts):
         raise ValueError(f"predictor {predictor.name} returned {len(answers)} answers for {len(prompts)} scenes")
-    return prompts, score_answers(scene, [[a] for a in answers], config)
+    return prompts, list(answers)
 
 
 def build_multi(
@@ -418,10 +425,7 @@ def build_self_recovery(
     Returns (records, stats): stats has ``scenes``, ``unusable``, ``scene_ids`` (of the
     unusable answers) and ``answer_chars`` (their lengths, a hint of what went wrong).
     """
-    prompts = prompt_conversations(scene, config)
-    answers = predictor(scene, key, prompts)
-    if len(answers) != len(prompts):
-        raise ValueError(f"predictor {predictor.name} returned {len(answers)} answers for {len(prompts)} scenes")
+    prompts, answers = _first_answers(scene, predictor, key, config)
     targets = _expert_texts(scene)
     records, failed, chars = [], [], []
     for i, sid in enumerate(_scene_ids(scene)):
