@@ -236,3 +236,14 @@ def test_sigkill_inside_a_checkpoint_write_and_a_training_step_then_resume(tmp_p
             np.testing.assert_array_equal(a, b)
     # the comparison is not vacuous: RL moved the adapters away from the SFT ones
     assert any(not np.array_equal(a, b) for a, b in zip(_final_weights(killed, "rl"), _final_weights(killed, "sft")))
+
+
+def test_sft_from_accepts_a_run_whose_sft_policy_is_an_onpolicy_continuation(tmp_path, capsys):
+    """A run started with --sft-from holds only sft_onpolicy/checkpoints; the front end must
+    accept it as an SFT source (the check passes, so the next, bad flag is what fails)."""
+    step = tmp_path / "run" / "sft_onpolicy" / "checkpoints" / "3"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "run"), "--sft-steps", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "no SFT checkpoint" not in err and "steps must be >= 0" in err

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advantage", default=None,
                         help="advantage estimator: grpo, mtgrpo_intra or mtgrpo_cross (default: the preset's)")
     parser.add_argument("--skip-rl", action="store_true", help="stop after SFT and its evaluation")
-    parser.add_argument("--sft-from", default=None, help="reuse the SFT checkpoint of an earlier run directory")
+    parser.add_argument("--sft-from", default=None, help="reuse the final SFT policy of an earlier run directory "
+                                                           "(its on-policy continuation when it has one)")
     parser.add_argument("--sft-steps", type=int, default=None, help="override the preset's SFT step budget")
     parser.add_argument("--sft-max-tokens", type=int, default=None,
                         help="override the preset's SFT sample length limit (longer samples are left out)")
@@ -105,7 +106,7 @@ def _with_overrides(preset, args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from jax_drive.pipelines.journal import RunDirError
-    from jax_drive.pipelines.mtdrive import STAGES, run_mtdrive, sft_checkpoint_dir
+    from jax_drive.pipelines.mtdrive import STAGES, final_sft_dir, run_mtdrive
     from jax_drive.pipelines.plots import write_plots
     from jax_drive.pipelines.presets import PRESETS, with_seed
     from jax_drive.pipelines.report import goals_lines, public, quality_goals, results_table, write_results
@@ -119,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     evaluate = list(STAGES) if args.evaluate is None else args.evaluate
     if set(evaluate) - set(STAGES):
         return _usage_error(f"unknown stages {sorted(set(evaluate) - set(STAGES))}; choose from {list(STAGES)}")
-    if args.sft_from is not None and not committed_steps(sft_checkpoint_dir(args.sft_from)):
-        return _usage_error(f"--sft-from {args.sft_from}: no SFT checkpoint in {sft_checkpoint_dir(args.sft_from)}")
+    if args.sft_from is not None and not committed_steps(final_sft_dir(args.sft_from)):
+        return _usage_error(f"--sft-from {args.sft_from}: no SFT checkpoint in {final_sft_dir(args.sft_from)}")
     try:
         preset = _with_overrides(PRESETS[args.preset], args)
         if args.seed is not None:
