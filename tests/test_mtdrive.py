@@ -167,6 +167,7 @@ def test_onpolicy_recovery_continues_sft_on_the_policys_own_failures(tmp_path):
     reuse = run_mtdrive(preset, tmp_path / "reuse", sft_from=out, skip_rl=True, evaluate=(), progress=False,
                         log=lambda msg: None)
     assert reuse["data_card"]["sft_steps"] == 3 and reuse["sft_onpolicy"]["card"]["replay"] == 6
+    assert reuse["data_card"]["sft_checkpoint"] == onpolicy_checkpoint_dir(out)
     assert final_sft_dir(tmp_path / "reuse") == onpolicy_checkpoint_dir(tmp_path / "reuse")
 
 

@@ -446,8 +446,9 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         holding = "sft"
         history = os.path.join(os.fspath(sft_from), "sft", "metrics.jsonl")
         sft_history = read_jsonl(history) if os.path.exists(history) else []
-        data_card = {"sft_from": os.fspath(sft_from), "sft_steps": int(meta["step"])}
-        log(f"[{preset.name}] loaded the SFT checkpoint of {sft_from} (step {meta['step']})")
+        data_card = {"sft_from": os.fspath(sft_from), "sft_checkpoint": os.fspath(sft_source),
+                     "sft_steps": int(meta["step"])}  # the step of that checkpoint
+        log(f"[{preset.name}] loaded the SFT policy of {sft_from} ({os.path.relpath(sft_source)}, step {meta['step']})")
         journal.lap("sft_load")
 
     onpolicy: dict = {}
