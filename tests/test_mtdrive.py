@@ -171,6 +171,36 @@ def test_onpolicy_recovery_continues_sft_on_the_policys_own_failures(tmp_path):
     assert final_sft_dir(tmp_path / "reuse") == onpolicy_checkpoint_dir(tmp_path / "reuse")
 
 
+class _AnswerEngine:
+    """Chat engine double for PolicyPredictor: answers prompt i with ``answers[i % len(answers)]``."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def generate_chat(self, conversations, params, key):
+        return [type("C", (), {"text": self.answers[i % len(self.answers)]})() for i in range(len(conversations))]
+
+
+def test_onpolicy_data_collects_only_unusable_answers_and_replays_as_many():
+    """``build_onpolicy_data``: usable first answers give nothing (no rows, nothing replayed);
+    each unusable one gives an expert and a recovery row, followed by as many replayed rows."""
+    from jax_drive.pipelines.mtdrive import build_onpolicy_data
+
+    preset = dataclasses.replace(SMOKE, sft_onpolicy_scenes=3, sft_max_tokens=None)
+    _, tok = load_policy(preset)
+    good = "Here is the planning trajectory [PT, " + ", ".join(f"(+{i + 1}.00, 0.00, 0.00)" for i in range(8)) + "]."
+    replay = [f"replay {i}" for i in range(10)]  # stands for SFT rows: only picked, never read
+
+    rows, card = build_onpolicy_data(preset, _AnswerEngine([good]), tok, replay, jax.random.key(0))
+    assert rows == [] and (card["scenes"], card["unusable"], card["replay"]) == (3, 0, 0)
+
+    rows, card = build_onpolicy_data(preset, _AnswerEngine([good, "I would drive on."]), tok, replay,
+                                     jax.random.key(0))
+    assert card["unusable"] == 1 and card["replay"] == 2 and len(rows) == 4
+    assert all(isinstance(r, str) and r.startswith("replay") for r in rows[2:])
+    assert not any(isinstance(r, str) for r in rows[:2])  # the two new rows are tokenised rows
+
+
 def test_onpolicy_recovery_is_off_by_default_and_validated():
     assert PRESETS["cpu-demo"].sft_onpolicy_scenes == 0 and SMOKE.sft_onpolicy_scenes == 0
     with pytest.raises(ValueError, match="sft_onpolicy_scenes must be >= 0"):

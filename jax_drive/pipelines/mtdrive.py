@@ -218,7 +218,7 @@ def tokenize_records(records: Sequence[dict], tokenizer, train_on: str) -> list[
     return [with_images(tokenize_chat(tokenizer, m, own),
                         [processed.setdefault(id(im), tokenizer.preprocess([im])[0]) for im in r.get("images", ())],
                         tokenizer)
-            for (m, own), r in zip(chat_samples(records, train_on), records)] if records else []
+            for (m, own), r in zip(chat_samples(records, train_on), records)]
 
 
 def build_onpolicy_data(preset: Preset, engine, tokenizer, replay: Sequence[TokenRow],
@@ -238,9 +238,11 @@ def build_onpolicy_data(preset: Preset, engine, tokenizer, replay: Sequence[Toke
     k_answer, k_replay = jax.random.split(key)
     records, stats = build_self_recovery(scenes, PolicyPredictor(engine, preset.max_new_tokens, preset.prompt),
                                          k_answer, build, rollout.format)
+    if not records:  # every answer was usable: nothing to continue on
+        return [], {**stats, "kept": {}, "replay": 0}
     rows, kept = filter_by_length(tokenize_records(records, tokenizer, preset.sft.train_on),
-                                  [r["kind"] for r in records], preset.sft_max_tokens) if records else ([], {})
-    pick = np.sort(np.asarray(jax.random.permutation(k_replay, len(replay)))[:len(rows)]) if rows else []
+                                  [r["kind"] for r in records], preset.sft_max_tokens)
+    pick = np.sort(np.asarray(jax.random.permutation(k_replay, len(replay)))[:len(rows)])
     return rows + [replay[int(i)] for i in pick], {**stats, "kept": kept, "replay": len(pick)}
 
 
