@@ -247,3 +247,28 @@ def test_sft_from_accepts_a_run_whose_sft_policy_is_an_onpolicy_continuation(tmp
     assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "run"), "--sft-steps", "-1"]) == 2
     err = capsys.readouterr().err
     assert "no SFT checkpoint" not in err and "steps must be >= 0" in err
+
+
+def test_sft_from_follows_a_run_that_trained_no_sft_of_its_own(tmp_path, capsys):
+    """A run that loaded its SFT policy from another (run.json's sft_from) and collected
+    nothing on-policy holds no checkpoint: its SFT policy is its source's, so --sft-from
+    of it resolves there (a cycle of such runs ends at the first run, not in a loop)."""
+    from jax_drive.pipelines.mtdrive import final_sft_dir, sft_checkpoint_dir
+
+    step = tmp_path / "first" / "sft" / "checkpoints" / "96"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    for name, source in (("second", "first"), ("third", "second")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"sft_from": str(tmp_path / source)}))
+    assert final_sft_dir(tmp_path / "third") == sft_checkpoint_dir(tmp_path / "first")
+    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "third"), "--sft-steps", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "no SFT checkpoint" not in err and "steps must be >= 0" in err
+
+    for name, source in (("a", "b"), ("b", "a")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"sft_from": str(tmp_path / source)}))
+    assert final_sft_dir(tmp_path / "a") == sft_checkpoint_dir(tmp_path / "a")
+    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "a")]) == 2
+    assert "no SFT checkpoint" in capsys.readouterr().err

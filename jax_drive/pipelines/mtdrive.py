@@ -33,6 +33,7 @@ decoding and the same PDM-Closed references, so the results table's rows are com
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -145,9 +146,32 @@ def onpolicy_checkpoint_dir(run_dir: str | os.PathLike) -> str:
 
 def final_sft_dir(run_dir: str | os.PathLike) -> str:
     """The checkpoint directory of a run's final SFT policy: the on-policy continuation's
-    when the run has one, else the SFT stage's."""
-    onpolicy = onpolicy_checkpoint_dir(run_dir)
-    return onpolicy if committed_steps(onpolicy) else sft_checkpoint_dir(run_dir)
+    when the run has one, else the SFT stage's; a run that loaded its SFT policy from
+    another (``sft_from`` in its ``run.json``) and trained none of its own passes the
+    question on to that run (e.g. an on-policy stage that found nothing to correct)."""
+    first, seen = sft_checkpoint_dir(run_dir), {os.path.abspath(run_dir)}
+    while True:
+        onpolicy, own = onpolicy_checkpoint_dir(run_dir), sft_checkpoint_dir(run_dir)
+        if committed_steps(onpolicy):
+            return onpolicy
+        source = _recorded_sft_from(run_dir)
+        if committed_steps(own) or source is None:
+            return own
+        if source in seen:  # runs that name each other: no policy anywhere, report the first
+            return first
+        seen.add(source)
+        run_dir = source
+
+
+def _recorded_sft_from(run_dir: str | os.PathLike) -> str | None:
+    """The run an earlier run took its SFT policy from (its ``run.json``), or None."""
+    path = os.path.join(os.fspath(run_dir), "run.json")
+    try:
+        with open(path) as f:
+            source = json.load(f).get("sft_from")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return os.path.abspath(source) if isinstance(source, str) else None
 
 
 def load_sft(model, preset: Preset, run_dir: str | os.PathLike) -> dict:
