@@ -169,6 +169,11 @@ def test_onpolicy_recovery_continues_sft_on_the_policys_own_failures(tmp_path):
     assert reuse["data_card"]["sft_steps"] == 3 and reuse["sft_onpolicy"]["card"]["replay"] == 6
     assert reuse["data_card"]["sft_checkpoint"] == onpolicy_checkpoint_dir(out)
     assert final_sft_dir(tmp_path / "reuse") == onpolicy_checkpoint_dir(tmp_path / "reuse")
+    # one more link: "reuse" trained no SFT stage itself, so the SFT loss curve comes from "run"
+    third = run_mtdrive(dataclasses.replace(preset, sft_onpolicy_scenes=0), tmp_path / "third",
+                        sft_from=tmp_path / "reuse", skip_rl=True, evaluate=(), progress=False, log=lambda msg: None)
+    assert third["data_card"]["sft_checkpoint"] == onpolicy_checkpoint_dir(tmp_path / "reuse")
+    assert third["sft_history"] == result["sft_history"] and len(result["sft_history"]) == 2
 
 
 class _AnswerEngine:

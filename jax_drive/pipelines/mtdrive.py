@@ -148,30 +148,31 @@ def final_sft_dir(run_dir: str | os.PathLike) -> str:
     """The checkpoint directory of a run's final SFT policy: the on-policy continuation's
     when the run has one, else the SFT stage's; a run that loaded its SFT policy from
     another (``sft_from`` in its ``run.json``) and trained none of its own passes the
-    question on to that run (e.g. an on-policy stage that found nothing to correct)."""
-    first, seen = sft_checkpoint_dir(run_dir), {os.path.abspath(run_dir)}
+    question on to that run (e.g. an on-policy stage that found nothing to correct). When
+    no run of the lineage has one: the SFT stage's directory of ``run_dir``."""
+    for run in sft_lineage(run_dir):
+        for checkpoints in (onpolicy_checkpoint_dir(run), sft_checkpoint_dir(run)):
+            if committed_steps(checkpoints):
+                return checkpoints
+    return sft_checkpoint_dir(run_dir)
+
+
+def sft_lineage(run_dir: str | os.PathLike) -> list[str]:
+    """``run_dir``, then the run it took its SFT policy from (``sft_from`` in its
+    ``run.json``), then that run's source, ... (each once: runs that name each other end
+    the list)."""
+    lineage = [os.fspath(run_dir)]
+    seen = {os.path.abspath(run_dir)}
     while True:
-        onpolicy, own = onpolicy_checkpoint_dir(run_dir), sft_checkpoint_dir(run_dir)
-        if committed_steps(onpolicy):
-            return onpolicy
-        source = _recorded_sft_from(run_dir)
-        if committed_steps(own) or source is None:
-            return own
-        if source in seen:  # runs that name each other: no policy anywhere, report the first
-            return first
-        seen.add(source)
-        run_dir = source
-
-
-def _recorded_sft_from(run_dir: str | os.PathLike) -> str | None:
-    """The run an earlier run took its SFT policy from (its ``run.json``), or None."""
-    path = os.path.join(os.fspath(run_dir), "run.json")
-    try:
-        with open(path) as f:
-            source = json.load(f).get("sft_from")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return os.path.abspath(source) if isinstance(source, str) else None
+        try:
+            with open(os.path.join(lineage[-1], "run.json")) as f:
+                source = json.load(f).get("sft_from")
+        except (OSError, ValueError, AttributeError):
+            return lineage
+        if not isinstance(source, str) or os.path.abspath(source) in seen:
+            return lineage
+        seen.add(os.path.abspath(source))
+        lineage.append(source)
 
 
 def load_sft(model, preset: Preset, run_dir: str | os.PathLike) -> dict:
@@ -470,8 +471,9 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
     else:
         meta = load_sft(model, preset, sft_from)
         holding = "sft"
-        history = os.path.join(os.fspath(sft_from), "sft", "metrics.jsonl")
-        sft_history = read_jsonl(history) if os.path.exists(history) else []
+        # the loss curve of the SFT stage, from whichever run of the lineage trained it
+        histories = [os.path.join(run, "sft", "metrics.jsonl") for run in sft_lineage(sft_from)]
+        sft_history = next((read_jsonl(h) for h in histories if os.path.exists(h)), [])
         data_card = {"sft_from": os.fspath(sft_from), "sft_checkpoint": os.fspath(sft_source),
                      "sft_steps": int(meta["step"])}  # the step of that checkpoint
         log(f"[{preset.name}] loaded the SFT policy of {sft_from} ({os.path.relpath(sft_source)}, step {meta['step']})")
