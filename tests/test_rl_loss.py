@@ -119,6 +119,9 @@ def test_errors():
         LossConfig(aggregation="sum")
     with pytest.raises(ValueError):
         LossConfig(dual_clip_c=0.5)
+    for beta in (-0.01, float("nan")):
+        with pytest.raises(ValueError, match="kl_coef must be >= 0"):
+            LossConfig(kl_coef=beta)
     x = jnp.zeros((2, 3))
     with pytest.raises(ValueError):
         policy_loss(x, x, x, x, ref_logp=None, config=LossConfig(kl_coef=0.01))

@@ -4,7 +4,7 @@
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
         [--sft-steps N] [--sft-max-tokens N] [--sft-recovery N]
         [--sft-onpolicy-scenes N] [--sft-onpolicy-steps N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
-        [--curation-scenes N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
+        [--rl-kl BETA] [--curation-scenes N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
 flags). ``--out`` is the run directory (default ``runs/mtdrive_<preset>_s<seed>``): the
@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rl-steps", type=int, default=None, help="override the preset's number of mtGRPO steps")
     parser.add_argument("--rl-prompts", type=int, default=None, help="override the preset's prompts (scenes) per mtGRPO step")
     parser.add_argument("--rl-lr", type=float, default=None, help="override the preset's mtGRPO learning rate")
+    parser.add_argument("--rl-kl", type=float, default=None, metavar="BETA",
+                        help="override the preset's mtGRPO KL coefficient (k3 KL to the SFT policy; 0 = no KL term "
+                             "and no reference pass)")
     parser.add_argument("--curation-scenes", type=int, default=None,
                         help="override how many training scenes RL curation draws its prompts from")
     parser.add_argument("--evaluate", nargs="+", default=None, metavar="STAGE", help=STAGE_HELP)
@@ -101,6 +104,8 @@ def _with_overrides(preset, args: argparse.Namespace):
     rl = {k: v for k, v in rl.items() if v is not None}
     if args.rl_lr is not None:
         rl["optim"] = replace(preset.rl.optim, learning_rate=args.rl_lr)
+    if args.rl_kl is not None:
+        rl["loss"] = replace(preset.rl.loss, kl_coef=args.rl_kl)
     return replace(preset, rl=replace(preset.rl, **rl)) if rl else preset
 
 

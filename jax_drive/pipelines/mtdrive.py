@@ -469,7 +469,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         stage("sft", run_sft)
         sft_history = read_jsonl(os.path.join(sft_dir, "metrics.jsonl"))
     else:
-        meta = load_sft(model, preset, sft_from)
+        meta = restore_trainable(model, preset.sft.optim, sft_source)
         holding = "sft"
         # the loss curve of the SFT stage, from whichever run of the lineage trained it
         histories = [os.path.join(run, "sft", "metrics.jsonl") for run in sft_lineage(sft_from)]

@@ -70,6 +70,8 @@ class LossConfig:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; expected one of {KL_ESTIMATORS}")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
             raise ValueError("dual_clip_c must be > 1")
+        if not self.kl_coef >= 0.0:  # also refuses NaN
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.clip_eps < 0 or (self.clip_eps_high is not None and self.clip_eps_high < 0):
             raise ValueError("clip epsilons must be >= 0")
 
