@@ -111,6 +111,7 @@ def test_front_end_exit_codes(tmp_path, capsys):
     assert train_main(["--preset", "smoke", "--rl-lr", "0"]) == 2
     assert train_main(["--preset", "smoke", "--rl-kl", "-0.01"]) == 2
     assert train_main(["--preset", "smoke", "--curation-scenes", "0"]) == 2
+    assert train_main(["--preset", "smoke", "--curation-easy-ratio", "nan"]) == 2
     RunJournal(tmp_path / "run", {"other": True}, resume=False)
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 2
@@ -118,7 +119,7 @@ def test_front_end_exit_codes(tmp_path, capsys):
     assert "sft_recovery must be >= 0" in err and "sft_onpolicy_steps >= 1" in err
     assert "unknown preset 'nope'" in err and "sft_max_tokens must be >= 2" in err and "error: steps must be >= 0" in err
     assert "prompts_per_step" in err and "learning_rate must be > 0" in err and "curation_scenes must be >= 1" in err
-    assert "kl_coef must be >= 0" in err
+    assert "kl_coef must be >= 0" in err and "curation_easy_ratio must be >= 0, got nan" in err
     assert "already holds a run" in err and "holds a different run" in err
 
 
@@ -133,17 +134,46 @@ def test_budget_flags_reach_the_preset_and_its_card():
     add_arguments(parser)
     args = parser.parse_args(["--sft-steps", "7", "--rl-steps", "5", "--rl-prompts", "3", "--rl-lr", "2e-4",
                               "--curation-scenes", "9", "--sft-recovery", "12", "--sft-onpolicy-scenes", "64",
-                              "--sft-onpolicy-steps", "8", "--rl-kl", "0.02"])
+                              "--sft-onpolicy-steps", "8", "--rl-kl", "0.02",
+                              "--curation-easy-ratio", "0"])
     preset = _with_overrides(PRESETS["cpu-demo"], args)
     card = budget_card(preset, rl_config(preset))
     assert (card["sft_steps"], card["rl_steps"], card["rl_prompts_per_step"]) == (7, 5, 3)
     assert (card["rl_lr"], card["curation_scenes"], card["sft_recovery"]) == (2e-4, 9, 12)
     assert (card["sft_onpolicy_scenes"], card["sft_onpolicy_steps"]) == (64, 8)
     assert card["kl_coef"] == 0.02 and preset.rl.loss.uses_reference
+    assert card["curation_easy_ratio"] == 0.0 and PRESETS["cpu-demo"].curation_easy_ratio == 1.0
     assert preset.rl.loss.clip_eps == PRESETS["cpu-demo"].rl.loss.clip_eps  # only the KL weight changed
     assert preset.rl.optim.trainable == PRESETS["cpu-demo"].rl.optim.trainable  # only the rate changed
     untouched = _with_overrides(PRESETS["cpu-demo"], parser.parse_args([]))
     assert untouched == PRESETS["cpu-demo"]
+
+
+def test_curation_uses_the_presets_easy_ratio(monkeypatch):
+    """curate() hands the preset's ``curation_easy_ratio`` to the RL builder and maps the
+    records it keeps back to indices into the candidate pool."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from jax_drive.pipelines import mtdrive
+    from jax_drive.pipelines.presets import PRESETS
+    from jax_drive.scenes.generator import generate_scenes
+
+    seen = {}
+
+    def fake_build_rl(candidates, predictor, key, config):
+        seen["config"], seen["pool"] = config, len(np.asarray(candidates.scene_id))
+        ids = np.asarray(candidates.scene_id)
+        return [{"scene_id": int(ids[1])}, {"scene_id": int(ids[3])}], {"category_counts": {}}
+
+    monkeypatch.setattr(mtdrive, "build_rl", fake_build_rl)
+    preset = dataclasses.replace(PRESETS["cpu-demo"], curation_scenes=6, curation_easy_ratio=0.25)
+    train = generate_scenes(jax.random.key(0), 8)
+    index, _ = mtdrive.curate(preset, train, engine=None, key=jax.random.key(1))
+    assert seen["config"].easy_ratio == 0.25 and seen["pool"] == 6
+    assert index.tolist() == [1, 3]
 
 
 # ----------------------------------------------------------------------------- killed for real

@@ -4,7 +4,8 @@
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
         [--sft-steps N] [--sft-max-tokens N] [--sft-recovery N]
         [--sft-onpolicy-scenes N] [--sft-onpolicy-steps N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
-        [--rl-kl BETA] [--curation-scenes N] [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
+        [--rl-kl BETA] [--curation-scenes N] [--curation-easy-ratio R]
+        [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
 flags). ``--out`` is the run directory (default ``runs/mtdrive_<preset>_s<seed>``): the
@@ -12,7 +13,7 @@ journal of finished stages, SFT / RL metrics (``metrics.jsonl``, TensorBoard) an
 checkpoints, ``results.json`` and the plots. ``--json OUT`` also writes the results to OUT
 and the plots beside it (``<OUT without .json>_<plot>.png``). ``--resume`` continues a run
 killed in ``--out`` at the stage and step where it died; without it, ``--out`` must not
-hold a run. The ``--sft-*``, ``--rl-*`` and ``--curation-scenes`` flags override the preset's
+hold a run. The ``--sft-*``, ``--rl-*`` and ``--curation-*`` flags override the preset's
 budget (a budget study without a new preset; ``results.json`` records the budget it ran).
 ``--engine-url`` has an OpenAI-compatible server (``jax-drive serve`` or vLLM,
 serving the preset's base model) generate the RL rollouts; the trainer pushes its policy to
@@ -64,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and no reference pass)")
     parser.add_argument("--curation-scenes", type=int, default=None,
                         help="override how many training scenes RL curation draws its prompts from")
+    parser.add_argument("--curation-easy-ratio", type=float, default=None, metavar="R",
+                        help="easy scenes RL curation keeps per scene whose first answer draws feedback or scores "
+                             "low (default: the preset's, 1.0; 0 = only those)")
     parser.add_argument("--evaluate", nargs="+", default=None, metavar="STAGE", help=STAGE_HELP)
     parser.add_argument("--engine-url", default=None,
                         help="generate RL rollouts on this OpenAI-compatible server (jax-drive serve, vLLM), "
@@ -100,6 +104,8 @@ def _with_overrides(preset, args: argparse.Namespace):
         preset = replace(preset, sft_onpolicy_steps=args.sft_onpolicy_steps)
     if args.curation_scenes is not None:
         preset = replace(preset, curation_scenes=args.curation_scenes)
+    if args.curation_easy_ratio is not None:
+        preset = replace(preset, curation_easy_ratio=args.curation_easy_ratio)
     rl = {"steps": args.rl_steps, "prompts_per_step": args.rl_prompts}
     rl = {k: v for k, v in rl.items() if v is not None}
     if args.rl_lr is not None:

@@ -306,7 +306,8 @@ def curate(preset: Preset, train: Scene, engine, key: jax.Array) -> tuple[np.nda
                                                                           preset.train_scenes)
     candidates = index_scene(train, np.arange(pool))
     records, curation = build_rl(candidates, PolicyPredictor(engine, preset.max_new_tokens, preset.prompt), key,
-                                 BuildConfig(prompt=preset.prompt, caption=preset.caption))
+                                 BuildConfig(prompt=preset.prompt, caption=preset.caption,
+                                             easy_ratio=preset.curation_easy_ratio))
     chosen = np.array([r["scene_id"] for r in records], dtype=np.int64)
     scene_ids = np.asarray(candidates.scene_id)
     index = np.flatnonzero(np.isin(scene_ids, chosen)) if len(chosen) else np.arange(pool)

@@ -68,6 +68,10 @@ class Preset:
       held-out set (None = all); it answers out of format, so every answer runs to
       ``max_new_tokens`` and this stage is the most expensive one per scene.
     curation_scenes: RL curation runs the SFT policy on the first k training scenes (None = all).
+    curation_easy_ratio: RL curation keeps all scenes whose first answer draws feedback or
+      scores low (categories 1-2) and this many easy scenes (category 3) per such scene
+      (``BuildConfig.easy_ratio``; 1.0 = balanced, as MTDrive; 0 = only scenes that can
+      reach a refinement turn).
     sft_max_tokens: SFT samples longer than this are left out (None = keep all, truncated at
       ``sft.max_length``); bounds the memory of the (B, H, L, L) attention saved for backward.
     max_context_tokens: RL and evaluation rollouts stop before a turn whose context would
@@ -108,6 +112,7 @@ class Preset:
     eval_batch: int = 16
     untrained_eval_scenes: int | None = None
     curation_scenes: int | None = None
+    curation_easy_ratio: float = 1.0
     sft_max_tokens: int | None = None
     max_context_tokens: int = 11_500
     remat_layers: bool = True
@@ -124,6 +129,8 @@ class Preset:
             raise ValueError(f"sft_max_tokens must be >= 2 (or None: keep all), got {self.sft_max_tokens}")
         if self.curation_scenes is not None and self.curation_scenes < 1:
             raise ValueError(f"curation_scenes must be >= 1 (or None: all), got {self.curation_scenes}")
+        if not self.curation_easy_ratio >= 0:  # also refuses NaN
+            raise ValueError(f"curation_easy_ratio must be >= 0, got {self.curation_easy_ratio}")
 
 
 def with_seed(preset: Preset, seed: int) -> Preset:

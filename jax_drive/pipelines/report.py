@@ -25,6 +25,7 @@ def budget_card(preset, rl) -> dict:
             "rl_group": rl.rollout.group_size, "rl_turns": rl.rollout.max_turns,
             "rl_lr": rl.optim.learning_rate, "kl_coef": rl.loss.kl_coef,
             "rl_minibatch": rl.minibatch_size, "curation_scenes": preset.curation_scenes,
+            "curation_easy_ratio": preset.curation_easy_ratio,
             "max_context_tokens": preset.max_context_tokens,
             "sft_max_tokens": preset.sft_max_tokens, "sft_recovery": preset.sft_recovery,
             "sft_onpolicy_scenes": preset.sft_onpolicy_scenes, "sft_onpolicy_steps": preset.sft_onpolicy_steps,
