@@ -70,8 +70,8 @@ class Preset:
     curation_scenes: RL curation runs the SFT policy on the first k training scenes (None = all).
     curation_easy_ratio: RL curation keeps all scenes whose first answer draws feedback or
       scores low (categories 1-2) and this many easy scenes (category 3) per such scene
-      (``BuildConfig.easy_ratio``; 1.0 = balanced, as MTDrive; 0 = only scenes that can
-      reach a refinement turn).
+      (``BuildConfig.easy_ratio``; 1.0 = balanced, as MTDrive; 0 = only the hard ones, the
+      scenes most likely to reach a refinement turn).
     sft_max_tokens: SFT samples longer than this are left out (None = keep all, truncated at
       ``sft.max_length``); bounds the memory of the (B, H, L, L) attention saved for backward.
     max_context_tokens: RL and evaluation rollouts stop before a turn whose context would
