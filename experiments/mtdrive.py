@@ -6,7 +6,7 @@ The same command as ``jax-drive train`` (same flags, same code: :mod:`jax_drive.
         [--seed S] [--advantage MODE] [--skip-rl] [--sft-from RUN_DIR] [--sft-steps N]
         [--sft-max-tokens N] [--sft-recovery N]
         [--sft-onpolicy-scenes N] [--sft-onpolicy-steps N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
-        [--rl-kl BETA] [--curation-scenes N]
+        [--rl-kl BETA] [--rl-improvement-bonus ALPHA] [--curation-scenes N] [--curation-easy-ratio R]
         [--evaluate {untrained,sft,rl} ...] [--no-progress]
 
 ``--out`` holds the run (journal, metrics, checkpoints, results.json, plots; default

@@ -112,6 +112,7 @@ def test_front_end_exit_codes(tmp_path, capsys):
     assert train_main(["--preset", "smoke", "--rl-kl", "-0.01"]) == 2
     assert train_main(["--preset", "smoke", "--curation-scenes", "0"]) == 2
     assert train_main(["--preset", "smoke", "--curation-easy-ratio", "nan"]) == 2
+    assert train_main(["--preset", "smoke", "--rl-improvement-bonus", "-1"]) == 2
     RunJournal(tmp_path / "run", {"other": True}, resume=False)
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 2
@@ -120,6 +121,7 @@ def test_front_end_exit_codes(tmp_path, capsys):
     assert "unknown preset 'nope'" in err and "sft_max_tokens must be >= 2" in err and "error: steps must be >= 0" in err
     assert "prompts_per_step" in err and "learning_rate must be > 0" in err and "curation_scenes must be >= 1" in err
     assert "kl_coef must be >= 0" in err and "curation_easy_ratio must be >= 0, got nan" in err
+    assert "improvement_weight must be >= 0, got -1.0" in err
     assert "already holds a run" in err and "holds a different run" in err
 
 
@@ -135,7 +137,7 @@ def test_budget_flags_reach_the_preset_and_its_card():
     args = parser.parse_args(["--sft-steps", "7", "--rl-steps", "5", "--rl-prompts", "3", "--rl-lr", "2e-4",
                               "--curation-scenes", "9", "--sft-recovery", "12", "--sft-onpolicy-scenes", "64",
                               "--sft-onpolicy-steps", "8", "--rl-kl", "0.02",
-                              "--curation-easy-ratio", "0"])
+                              "--curation-easy-ratio", "0", "--rl-improvement-bonus", "1.5"])
     preset = _with_overrides(PRESETS["cpu-demo"], args)
     card = budget_card(preset, rl_config(preset))
     assert (card["sft_steps"], card["rl_steps"], card["rl_prompts_per_step"]) == (7, 5, 3)
@@ -143,6 +145,9 @@ def test_budget_flags_reach_the_preset_and_its_card():
     assert (card["sft_onpolicy_scenes"], card["sft_onpolicy_steps"]) == (64, 8)
     assert card["kl_coef"] == 0.02 and preset.rl.loss.uses_reference
     assert card["curation_easy_ratio"] == 0.0 and PRESETS["cpu-demo"].curation_easy_ratio == 1.0
+    assert card["rl_improvement_weight"] == 1.5 and PRESETS["cpu-demo"].rl.rollout.improvement_weight == 0.0
+    assert rl_config(preset).rollout.improvement_weight == 1.5  # survives the prompt / caption merge
+    assert preset.rl.rollout.group_size == PRESETS["cpu-demo"].rl.rollout.group_size  # only the bonus changed
     assert preset.rl.loss.clip_eps == PRESETS["cpu-demo"].rl.loss.clip_eps  # only the KL weight changed
     assert preset.rl.optim.trainable == PRESETS["cpu-demo"].rl.optim.trainable  # only the rate changed
     untouched = _with_overrides(PRESETS["cpu-demo"], parser.parse_args([]))

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
+from jax_drive.rollout import RolloutConfig
 from jax_drive.rollout.reward import turn_rewards
 
 
@@ -142,6 +143,27 @@ def test_turn_rewards_and_token_broadcast():
     ids = np.array([[-1, 0, 0, -1, 1, 1, 2], [-1, -1, 0, -1, -1, -1, -1]], np.int32)
     tok = np.asarray(token_advantages(adv, ids))
     np.testing.assert_array_equal(tok, [[0, 1, 1, 0, -2, -2, 3], [0, 0, 0.5, 0, 0, 0, 0]])
+
+
+def test_improvement_bonus_pays_for_the_gain_over_the_previous_turn():
+    """SCoRe's shaping: turn j > 1 gets alpha * (r_j - r_{j-1}) on top of Eq. 2; turn 1,
+    missing turns and alpha = 0 are unchanged."""
+    pdms = np.array([[0.5, 0.5, 0.9], [0.2, 0.7, 0.1], [0.4, 0.1, 0.0]], np.float32)
+    fmt = np.array([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]], np.float32)
+    mask = np.array([[True, True, True], [True, True, True], [True, True, False]])
+    base = np.where(mask, 0.8 * pdms + 0.2 * fmt, 0.0)
+    np.testing.assert_allclose(np.asarray(turn_rewards(pdms, fmt, mask, improvement_weight=0.0)), base, atol=1e-6)
+    shaped = np.asarray(turn_rewards(pdms, fmt, mask, improvement_weight=2.0))
+    expected = base.copy()
+    for i in range(3):
+        for j in range(1, 3):
+            if mask[i, j]:
+                expected[i, j] += 2.0 * (base[i, j] - base[i, j - 1])
+    np.testing.assert_allclose(shaped, expected, atol=1e-6)
+    assert shaped[0, 1] == base[0, 1]  # a repeated answer earns nothing extra
+    assert shaped[2, 2] == 0.0  # a missing turn stays 0
+    with pytest.raises(ValueError, match="improvement_weight"):
+        RolloutConfig(improvement_weight=float("nan"))
 
 
 def test_bad_config_raises():

@@ -97,6 +97,21 @@ def test_scores_format_and_rewards(rollout):
     assert 0 < s["format_rate"] < 1
 
 
+def test_rollout_reward_carries_the_improvement_bonus(rollout):
+    """``RolloutConfig.improvement_weight`` reaches the rollout's rewards (same answers, same
+    scores; later turns shifted by alpha times their gain)."""
+    tok, _, plain = rollout
+    scenes = stack_scenes([straight_road_scene(scene_id=i, ego_speed=SPEED) for i in range(2)])
+    cfg = RolloutConfig(group_size=3, max_turns=3, sampling=SamplingParams(max_new_tokens=200), improvement_weight=1.0)
+    shaped = run_rollouts(ScriptedEngine(tok, SCRIPT), tok, scenes, jax.random.key(0), cfg, reference=_reference(2),
+                          prompts=["plan scene 0", "plan scene 1"])
+    np.testing.assert_array_equal(shaped.pdms, plain.pdms)
+    base = plain.reward
+    gain = np.concatenate([np.zeros_like(base[..., :1]), base[..., 1:] - base[..., :-1]], axis=-1)
+    np.testing.assert_allclose(shaped.reward, (base + gain) * plain.turn_mask, atol=1e-6)
+    assert not np.allclose(shaped.reward, plain.reward)  # the script has turns that change their reward
+
+
 def test_feedback_messages(rollout):
     _, _, r = rollout
     assert r.turns[0][0].feedback == ""  # good answer: nothing violated, rollout stops

@@ -4,7 +4,7 @@
         [--advantage {grpo,mtgrpo_intra,mtgrpo_cross}] [--skip-rl] [--sft-from DIR]
         [--sft-steps N] [--sft-max-tokens N] [--sft-recovery N]
         [--sft-onpolicy-scenes N] [--sft-onpolicy-steps N] [--rl-steps N] [--rl-prompts N] [--rl-lr LR]
-        [--rl-kl BETA] [--curation-scenes N] [--curation-easy-ratio R]
+        [--rl-kl BETA] [--rl-improvement-bonus ALPHA] [--curation-scenes N] [--curation-easy-ratio R]
         [--evaluate STAGE ...] [--engine-url URL [--engine-model NAME]] [--no-progress]
 
 The one MTDrive front end (``experiments/mtdrive.py`` runs :func:`main` with the same
@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rl-kl", type=float, default=None, metavar="BETA",
                         help="override the preset's mtGRPO KL coefficient (k3 KL to the SFT policy; 0 = no KL term "
                              "and no reference pass)")
+    parser.add_argument("--rl-improvement-bonus", type=float, default=None, metavar="ALPHA",
+                        help="refinement bonus: a later turn also earns ALPHA times its reward gain over the turn "
+                             "before (SCoRe's shaping against copying the first answer; default: the preset's, 0)")
     parser.add_argument("--curation-scenes", type=int, default=None,
                         help="override how many training scenes RL curation draws its prompts from")
     parser.add_argument("--curation-easy-ratio", type=float, default=None, metavar="R",
@@ -112,6 +115,8 @@ def _with_overrides(preset, args: argparse.Namespace):
         rl["optim"] = replace(preset.rl.optim, learning_rate=args.rl_lr)
     if args.rl_kl is not None:
         rl["loss"] = replace(preset.rl.loss, kl_coef=args.rl_kl)
+    if args.rl_improvement_bonus is not None:
+        rl["rollout"] = replace(preset.rl.rollout, improvement_weight=args.rl_improvement_bonus)
     return replace(preset, rl=replace(preset.rl, **rl)) if rl else preset
 
 

@@ -24,6 +24,7 @@ def budget_card(preset, rl) -> dict:
             "rl_steps": rl.steps, "rl_prompts_per_step": rl.prompts_per_step,
             "rl_group": rl.rollout.group_size, "rl_turns": rl.rollout.max_turns,
             "rl_lr": rl.optim.learning_rate, "kl_coef": rl.loss.kl_coef,
+            "rl_improvement_weight": rl.rollout.improvement_weight,
             "rl_minibatch": rl.minibatch_size, "curation_scenes": preset.curation_scenes,
             "curation_easy_ratio": preset.curation_easy_ratio,
             "max_context_tokens": preset.max_context_tokens,

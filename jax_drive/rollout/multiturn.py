@@ -66,6 +66,8 @@ class RolloutConfig:
       group_size: G rollouts per scene.
       max_turns: N, the turn budget.
       pdms_weight, format_weight: reward weights w_p, w_f.
+      improvement_weight: refinement bonus alpha: turn j > 1 also earns alpha times its
+        reward gain over turn j - 1 (SCoRe's shaping; 0 = MTDrive's Eq. 2, the default).
       sampling: decoding settings (``n`` is ignored: one completion per row; logprobs_mode
         'raw' gives log pi(token | prefix) of the policy).
       prompt: planning prompt options (default text-only: the scene is captioned).
@@ -84,6 +86,7 @@ class RolloutConfig:
     max_turns: int = 6
     pdms_weight: float = 0.8
     format_weight: float = 0.2
+    improvement_weight: float = 0.0
     sampling: SamplingParams = SamplingParams(max_new_tokens=256, temperature=1.0)
     prompt: PromptConfig = PromptConfig(perception="text", image_placeholder=False)
     format: FormatConfig = FormatConfig()
@@ -100,6 +103,8 @@ class RolloutConfig:
             raise ValueError("group_size and max_turns must be >= 1")
         if self.max_context_tokens < 2:
             raise ValueError("max_context_tokens must be >= 2")
+        if not self.improvement_weight >= 0:  # also refuses NaN
+            raise ValueError(f"improvement_weight must be >= 0, got {self.improvement_weight}")
 
 
 # ------------------------------------------------------------------------------ prompts
@@ -356,6 +361,7 @@ def run_rollouts(
     transcripts = np.empty((num_scenes, g_), dtype=object)
     for r, log in enumerate(logs):
         transcripts[divmod(r, g_)] = log.transcript()
-    reward = np.asarray(turn_rewards(pdms, fmt, turn_mask, config.pdms_weight, config.format_weight), np.float32)
+    reward = np.asarray(turn_rewards(pdms, fmt, turn_mask, config.pdms_weight, config.format_weight,
+                                     config.improvement_weight), np.float32)
     return RolloutResult(pdms=pdms, format=fmt, reward=reward, turn_mask=turn_mask, usable=usable, scores=scores,
                          stop_reason=stop, transcripts=transcripts)
