@@ -12,6 +12,13 @@ squares of the two stages' sems; for a single run its sems across held-out sets)
     python experiments/mtdrive_seeds.py experiments/results/mtdrive_cpu_demo \
         experiments/results/mtdrive_cpu_demo_s1 experiments/results/mtdrive_cpu_demo_s2 \
         --json experiments/results/mtdrive_cpu_demo_seeds.json
+
+RL studies that start from the same SFT checkpoints may evaluate only the RL policy
+(``--evaluate rl``) and take the SFT row from an earlier study with ``--sft-baseline RUN ...``:
+a run without an SFT stage borrows it from the baseline run of its training seed, which
+must have loaded the same SFT policy (``data_card``) and evaluated it the same way (eval
+card, caption, context limit). Greedy evaluation is deterministic, so the borrowed row is
+the row the run would have computed; the summary names where each borrowed row came from.
 """
 
 from __future__ import annotations
@@ -27,6 +34,45 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from jax_drive.pipelines.report import mean_sem, quality_goals  # noqa: E402
 
 KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
+
+
+# What must match for an SFT evaluation to stand for another run's: the SFT policy, how it was
+# evaluated, and what its prompts looked like.
+_SAME_SFT_EVAL = (("data_card",), ("eval",), ("budget", "caption"), ("budget", "max_context_tokens"),
+                  ("model",))
+
+
+def _field(run: dict, path: tuple[str, ...]):
+    for key in path:
+        run = run.get(key) if isinstance(run, dict) else None
+    return run
+
+
+def borrow_sft(runs: list[dict], baselines: list[dict], names: list[str]) -> list[dict]:
+    """Runs without an SFT stage get the one of the baseline (same training seed, same SFT
+    policy and evaluation; ValueError otherwise); copies, the inputs are not changed.
+    ``names[i]`` labels ``baselines[i]`` in the borrowed run's ``sft_stage_from``."""
+    by_seed: dict[int, tuple[dict, str]] = {}
+    for base, name in zip(baselines, names):
+        if "sft" not in base.get("stages", {}):
+            raise ValueError(f"baseline {name} has no SFT evaluation")
+        if base["seed"] in by_seed:
+            raise ValueError(f"two baselines of training seed {base['seed']}")
+        by_seed[base["seed"]] = (base, name)
+    out = []
+    for run in runs:
+        if "sft" in run.get("stages", {}) or not baselines:
+            out.append(run)
+            continue
+        if run["seed"] not in by_seed:
+            raise ValueError(f"no baseline of training seed {run['seed']} to take the SFT evaluation from")
+        base, name = by_seed[run["seed"]]
+        for path in _SAME_SFT_EVAL:
+            if _field(run, path) != _field(base, path):
+                raise ValueError(f"seed {run['seed']}: baseline {name} differs in {'.'.join(path)} "
+                                 f"({_field(base, path)!r} vs {_field(run, path)!r}); its SFT row does not apply")
+        out.append({**run, "stages": {**run["stages"], "sft": base["stages"]["sft"]}, "sft_stage_from": name})
+    return out
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -61,18 +107,29 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", help="results JSON files or run directories (one per training seed)")
     parser.add_argument("--json", default=None, help="write the summary here")
+    parser.add_argument("--sft-baseline", nargs="+", default=[], metavar="RUN",
+                        help="runs (one per training seed) whose SFT evaluation stands in for runs evaluated "
+                             "after RL only (same SFT policy and evaluation, checked)")
     args = parser.parse_args(argv)
-    runs = []
-    for d in args.dirs:
-        path = Path(d) / "results.json" if Path(d).is_dir() else Path(d)
-        if not path.is_file():
-            parser.error(f"{path} not found: run experiments/mtdrive.py --json {path} first")
-        runs.append(json.loads(path.read_text()))
+
+    def load(dirs: list[str]) -> list[dict]:
+        runs = []
+        for d in dirs:
+            path = Path(d) / "results.json" if Path(d).is_dir() else Path(d)
+            if not path.is_file():
+                parser.error(f"{path} not found: run experiments/mtdrive.py --json {path} first")
+            runs.append(json.loads(path.read_text()))
+        return runs
+
     try:
+        runs = borrow_sft(load(args.dirs), load(args.sft_baseline), args.sft_baseline)
         summary = summarise(runs)
     except ValueError as error:
         parser.error(str(error))
     summary["dirs"] = args.dirs
+    borrowed = {str(r["seed"]): r["sft_stage_from"] for r in runs if "sft_stage_from" in r}
+    if borrowed:
+        summary["sft_stage_from"] = borrowed
     print(f"training seeds {summary['seeds']} (mean ± sem across seeds)")
     print(table(summary))
     print(json.dumps(summary["goals"], indent=2))

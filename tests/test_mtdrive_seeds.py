@@ -59,3 +59,75 @@ def test_a_single_run_uses_its_held_out_sets():
     learned = mtdrive_seeds.summarise([run])["goals"]["sft_above_untrained"]
     assert learned["gain"] == pytest.approx(0.3) and learned["met"]
     assert "sft_above_untrained: gain +0.300 vs standard error 0.050 (met)" in goals_lines({"sft_above_untrained": learned})
+
+
+def _rl_only(seed, rl, checkpoint="runs/sft_s{seed}"):
+    return {"preset": "cpu-demo", "seed": seed, "model": "m", "eval": {"seeds": [0, 1]},
+            "budget": {"caption": {"radius": 40.0}, "max_context_tokens": 1408},
+            "data_card": {"sft_checkpoint": checkpoint.format(seed=seed)}, "stages": {"rl": _stage(*rl)}}
+
+
+def _baseline(seed, sft, **changes):
+    run = {**_rl_only(seed, (0.0, 0.0)), **changes}
+    run["stages"] = {"sft": _stage(*sft), "rl": _stage(0.9, 0.9)}
+    return run
+
+
+def test_rl_only_runs_borrow_the_sft_row_of_their_seed():
+    runs = [_rl_only(s, (0.4, 0.5)) for s in (0, 1)]
+    bases = [_baseline(1, (0.2, 0.2)), _baseline(0, (0.3, 0.3))]  # order does not matter: matched by seed
+    merged = mtdrive_seeds.borrow_sft(runs, bases, ["b1", "b0"])
+    assert [m["sft_stage_from"] for m in merged] == ["b0", "b1"]
+    assert merged[0]["stages"]["sft"]["mean"]["pdms_final"] == 0.3
+    assert merged[0]["stages"]["rl"]["mean"]["pdms_final"] == 0.5  # the run's own RL row, not the baseline's
+    assert "sft" not in runs[0]["stages"]  # inputs untouched
+    assert mtdrive_seeds.summarise(merged)["goals"]["rl_above_sft"]["gain"] == pytest.approx(0.25)
+    assert mtdrive_seeds.borrow_sft(runs, [], []) == runs
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"data_card": {"sft_checkpoint": "runs/other"}}, "differs in data_card"),
+    ({"eval": {"seeds": [0]}}, "differs in eval"),
+    ({"budget": {"caption": {"radius": 30.0}, "max_context_tokens": 1408}}, "differs in budget.caption"),
+])
+def test_a_baseline_of_another_sft_policy_or_evaluation_is_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        mtdrive_seeds.borrow_sft([_rl_only(0, (0.4, 0.5))], [_baseline(0, (0.3, 0.3), **change)], ["b0"])
+
+
+def test_missing_or_doubled_baselines_are_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="no baseline of training seed 2"):
+        mtdrive_seeds.borrow_sft([_rl_only(2, (0.4, 0.5))], [_baseline(0, (0.3, 0.3))], ["b0"])
+    with pytest.raises(ValueError, match="two baselines of training seed 0"):
+        mtdrive_seeds.borrow_sft([_rl_only(0, (0.4, 0.5))], [_baseline(0, (0.3, 0.3))] * 2, ["a", "b"])
+    no_sft = _baseline(0, (0.3, 0.3))
+    del no_sft["stages"]["sft"]
+    with pytest.raises(ValueError, match="has no SFT evaluation"):
+        mtdrive_seeds.borrow_sft([_rl_only(0, (0.4, 0.5))], [no_sft], ["b0"])
+
+
+def test_cli_writes_where_the_sft_rows_came_from(tmp_path):
+    import json
+
+    run, base = tmp_path / "run", tmp_path / "base"
+    for d, payload in ((run, _rl_only(0, (0.4, 0.5))), (base, _baseline(0, (0.3, 0.3)))):
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(payload))
+    out = tmp_path / "summary.json"
+    assert mtdrive_seeds.main([str(run), "--sft-baseline", str(base), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["sft_stage_from"] == {"0": str(base)}
+    assert summary["stages"]["sft"]["pdms_final"][0] == 0.3
+    with pytest.raises(SystemExit):
+        mtdrive_seeds.main([str(run), "--sft-baseline", str(tmp_path / "missing")])
+
+
+def test_a_gain_tied_with_its_standard_error_is_not_met():
+    """One held-out set gains 0.1167, the other two 0: mean and sem are both 0.0389, and
+    float rounding must not turn the tie into a met goal."""
+    run = {"preset": "cpu-demo", "seed": 0, "stages": {
+        "rl": _stage(0.423, 0.461, per_set=[(0.5, 0.5), (0.3, 0.3), (0.4690001, 0.5856668)])}}
+    last = mtdrive_seeds.summarise([run])["goals"]["last_turn_above_first"]
+    assert last["gain"] == pytest.approx(last["sem"]) and not last["met"]
+    run["stages"]["rl"]["per_seed"][1] = {"pdms_first": 0.3, "pdms_final": 0.31}
+    assert mtdrive_seeds.summarise([run])["goals"]["last_turn_above_first"]["met"]

@@ -90,6 +90,12 @@ def mean_sem(values) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
+# A gain must beat its standard error by more than float32 rounding: with one seed (or
+# held-out set) gaining x and the others exactly 0, mean and sem are both x / n, and which
+# side of the tie the rounding falls on must not decide a goal.
+TIE_TOLERANCE = 1e-6
+
+
 def quality_goals(runs: list[dict]) -> dict:
     """The cpu-demo quality goals of issue 18 for results dicts of one preset (one training
     seed each; a single run is judged across its held-out sets instead of across seeds):
@@ -101,7 +107,8 @@ def quality_goals(runs: list[dict]) -> dict:
       (root sum of squares of the two stages' sems);
     * ``sft_above_untrained`` (a single run's learning check; also across seeds): the same
       rule for SFT against the untrained policy.
-    Goals whose stages are missing are left out."""
+    Goals whose stages are missing are left out; a gain equal to its standard error (within
+    ``TIE_TOLERANCE``) is not met."""
     if not runs:
         raise ValueError("no runs given")
     have = [s for s in ("untrained", "sft", "rl") if all(s in r.get("stages", {}) for r in runs)]
@@ -122,12 +129,12 @@ def quality_goals(runs: list[dict]) -> dict:
         else:
             gains = [s["pdms_final"] - s["pdms_first"] for s in runs[0]["stages"][final]["per_seed"]]
         gain, sem = mean_sem(gains)
-        goals["last_turn_above_first"] = {"stage": final, "gain": gain, "sem": sem, "met": gain > sem}
+        goals["last_turn_above_first"] = {"stage": final, "gain": gain, "sem": sem, "met": gain > sem + TIE_TOLERANCE}
     for name, low, high in (("rl_above_sft", "sft", "rl"), ("sft_above_untrained", "untrained", "sft")):
         if low in have and high in have:
             (a, sem_a), (b, sem_b) = across(low, "pdms_final"), across(high, "pdms_final")
             combined = math.hypot(sem_a, sem_b)
-            goals[name] = {"gain": b - a, "combined_sem": combined, "met": b - a > combined}
+            goals[name] = {"gain": b - a, "combined_sem": combined, "met": b - a > combined + TIE_TOLERANCE}
     return goals
 
 
