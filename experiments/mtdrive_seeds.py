@@ -45,6 +45,11 @@ _SAME_SFT_EVAL = (("data_card",), ("eval",), ("budget", "caption"), ("budget", "
 def _field(run: dict, path: tuple[str, ...]):
     for key in path:
         run = run.get(key) if isinstance(run, dict) else None
+    if path == ("data_card",) and isinstance(run, dict):
+        # checkpoint paths are recorded as given (relative to where the run started, or
+        # absolute): compare them resolved against the working directory
+        run = {k: os.path.abspath(v) if k in ("sft_from", "sft_checkpoint") and isinstance(v, str) else v
+               for k, v in run.items()}
     return run
 
 

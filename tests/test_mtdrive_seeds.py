@@ -2,6 +2,7 @@
 goals need gains larger than their standard errors, as the issue states them."""
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -83,6 +84,8 @@ def test_rl_only_runs_borrow_the_sft_row_of_their_seed():
     assert "sft" not in runs[0]["stages"]  # inputs untouched
     assert mtdrive_seeds.summarise(merged)["goals"]["rl_above_sft"]["gain"] == pytest.approx(0.25)
     assert mtdrive_seeds.borrow_sft(runs, [], []) == runs
+    absolute = _baseline(0, (0.3, 0.3), data_card={"sft_checkpoint": os.path.abspath("runs/sft_s0")})
+    assert mtdrive_seeds.borrow_sft(runs[:1], [absolute], ["b0"])[0]["sft_stage_from"] == "b0"  # same path
 
 
 @pytest.mark.parametrize("change, message", [
