@@ -137,12 +137,12 @@ def test_budget_flags_reach_the_preset_and_its_card():
     args = parser.parse_args(["--sft-steps", "7", "--rl-steps", "5", "--rl-prompts", "3", "--rl-lr", "2e-4",
                               "--curation-scenes", "9", "--sft-recovery", "12", "--sft-onpolicy-scenes", "64",
                               "--sft-onpolicy-steps", "8", "--rl-kl", "0.02",
-                              "--curation-easy-ratio", "0", "--rl-improvement-bonus", "1.5"])
+                              "--curation-easy-ratio", "0", "--rl-improvement-bonus", "1.5", "--sft-max-tokens", "999"])
     preset = _with_overrides(PRESETS["cpu-demo"], args)
     card = budget_card(preset, rl_config(preset))
     assert (card["sft_steps"], card["rl_steps"], card["rl_prompts_per_step"]) == (7, 5, 3)
     assert (card["rl_lr"], card["curation_scenes"], card["sft_recovery"]) == (2e-4, 9, 12)
-    assert (card["sft_onpolicy_scenes"], card["sft_onpolicy_steps"]) == (64, 8)
+    assert (card["sft_onpolicy_scenes"], card["sft_onpolicy_steps"], card["sft_max_tokens"]) == (64, 8, 999)
     assert card["kl_coef"] == 0.02 and preset.rl.loss.uses_reference
     assert card["curation_easy_ratio"] == 0.0 and PRESETS["cpu-demo"].curation_easy_ratio == 1.0
     assert card["rl_improvement_weight"] == 1.5 and PRESETS["cpu-demo"].rl.rollout.improvement_weight == 0.0
@@ -152,6 +152,14 @@ def test_budget_flags_reach_the_preset_and_its_card():
     assert preset.rl.optim.trainable == PRESETS["cpu-demo"].rl.optim.trainable  # only the rate changed
     untouched = _with_overrides(PRESETS["cpu-demo"], parser.parse_args([]))
     assert untouched == PRESETS["cpu-demo"]
+    # every field the flags change is a budget field (re-evaluation rebuilds the rest from the name)
+    import dataclasses
+
+    from jax_drive.pipelines.presets import BUDGET_FIELDS
+
+    changed = {f.name for f in dataclasses.fields(preset)
+               if getattr(preset, f.name) != getattr(PRESETS["cpu-demo"], f.name)}
+    assert changed == set(BUDGET_FIELDS)
 
 
 def test_curation_uses_the_presets_easy_ratio(monkeypatch):

@@ -60,12 +60,13 @@ from jax_drive.pipelines.journal import (
     tree_from_arrays,
     tree_to_arrays,
 )
-from jax_drive.pipelines.presets import Preset, eval_config, rl_config
+from jax_drive.pipelines.presets import BUDGET_FIELDS, PRESETS, Preset, eval_config, rl_config, with_seed
 from jax_drive.pipelines.report import budget_card, eval_card, examples, stage_line
 from jax_drive.rl.batching import TokenRow, chat_samples, tokenize_chat, with_images
 from jax_drive.rl.checkpoint import committed_steps, restore_trainable
 from jax_drive.rl.grpo import grpo_train
 from jax_drive.rl.logging import read_jsonl
+from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import sft_train
 from jax_drive.rl.weight_sync import connect_trainer
 from jax_drive.rollout import compute_reference, evaluate_multiturn, select_scenes, summarize
@@ -106,6 +107,16 @@ def load_policy(preset: Preset):
     model.config = dataclasses.replace(model.config, remat_layers=preset.remat_layers,
                                        frozen_layers=preset.frozen_layers)
     return model, tokenizer
+
+
+def load_engine(preset: Preset):
+    """(model, tokenizer, the in-process :class:`JaxEngine` over that model) for rollouts and
+    evaluation; the engine decodes with the model's current weights."""
+    model, tokenizer = load_policy(preset)
+    buckets = tuple(range(preset.prompt_bucket, 32_768 + 1, preset.prompt_bucket))
+    engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=buckets), max_batch_size=preset.eval_batch,
+                       prompt_lookup=preset.prompt_lookup)
+    return model, tokenizer, engine
 
 
 class PolicyPredictor:
@@ -203,13 +214,20 @@ def filter_by_length(rows: Sequence, kinds: Sequence[str], max_tokens: int | Non
 # ----------------------------------------------------------------------------- stages
 def make_scenes(preset: Preset) -> tuple[Scene, list[tuple[Scene, np.ndarray]]]:
     """(training scenes, [(held-out scenes, their (S, 40, 3) references) per evaluation seed])."""
+    train = generate_scenes(jax.random.key(preset.seed), preset.train_scenes,
+                            GeneratorConfig(hard_fraction=preset.hard_fraction))
+    return train, make_held_out(preset)
+
+
+def make_held_out(preset: Preset) -> list[tuple[Scene, np.ndarray]]:
+    """[(``preset.eval_scenes`` held-out scenes, their (S, 40, 3) PDM-Closed references) per
+    evaluation seed]; independent of the training seed."""
     gen = GeneratorConfig(hard_fraction=preset.hard_fraction)
-    train = generate_scenes(jax.random.key(preset.seed), preset.train_scenes, gen)
     held_out = []
     for seed in preset.eval_seeds:
         scenes = generate_scenes(jax.random.key(EVAL_SEED_OFFSET + seed), preset.eval_scenes, gen)
         held_out.append((scenes, np.asarray(compute_reference(scenes))))
-    return train, held_out
+    return held_out
 
 
 def build_sft_data(preset: Preset, train: Scene, tokenizer, key: jax.Array) -> tuple[list[TokenRow], dict]:
@@ -361,6 +379,12 @@ def _scenes_from_arrays(arrays: dict[str, np.ndarray], num_sets: int):
     return load("train"), [(load(f"held_out{i}"), arrays[f"held_out{i}/reference"]) for i in range(num_sets)]
 
 
+def public_stages(stages: dict[str, dict]) -> dict[str, dict]:
+    """Evaluation outcomes without their turn logs and timings (those go elsewhere)."""
+    return {name: {k: v for k, v in s.items() if k not in ("transcripts", "seconds", "cpu_seconds")}
+            for name, s in stages.items()}
+
+
 def run_identity(preset: Preset, advantage: str | None, sft_from: str | os.PathLike | None) -> dict:
     """What a resumed run must share with the run it continues (everything that changes results)."""
     return {"pipeline": "mtdrive", "preset": dataclasses.asdict(preset), "advantage": advantage,
@@ -415,10 +439,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
     (train, held_out), _ = stage("scenes", run_scenes,
                                  lambda record, arrays: _scenes_from_arrays(arrays, len(preset.eval_seeds)))
 
-    model, tokenizer = load_policy(preset)
-    buckets = tuple(range(preset.prompt_bucket, 32_768 + 1, preset.prompt_bucket))
-    engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=buckets), max_batch_size=preset.eval_batch,
-                       prompt_lookup=preset.prompt_lookup)
+    model, tokenizer, engine = load_engine(preset)
     journal.lap("load")
     holding = "untrained"  # the weights the model holds; others are loaded only for stages that run
     # where "the SFT policy" is; an on-policy continuation in this run moves it
@@ -546,8 +567,6 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         if "rl" in evaluate:
             stages["rl"] = evaluation("rl", f"after RL ({rl_cfg.advantage.mode})")
 
-    public_stages = {name: {k: v for k, v in s.items() if k not in ("transcripts", "seconds", "cpu_seconds")}
-                     for name, s in stages.items()}
     return {
         "preset": preset.name,
         "model": preset.model,
@@ -555,7 +574,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         "advantage": rl_cfg.advantage.mode if not skip_rl else None,
         "eval": eval_card(preset),
         "budget": budget_card(preset, rl_cfg),
-        "stages": public_stages,
+        "stages": public_stages(stages),
         "sft_history": sft_history,
         "rl_history": rl_history,
         "data_card": data_card,
@@ -565,6 +584,112 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
         "cpu_timings_s": journal.cpu_timings,
         "resumed_stages": journal.resumed,
         "examples": {name: examples(s["transcripts"]) for name, s in stages.items()},
+        "_transcripts": {name: s["transcripts"] for name, s in stages.items()},
+        "_held_out": held_out,
+    }
+
+
+# ----------------------------------------------------------------------------- re-evaluation
+def run_preset(run_dir: str | os.PathLike) -> tuple[Preset, dict]:
+    """The preset a finished run evaluated with, and its ``run.json`` identity.
+
+    The preset is rebuilt from the recorded name and seed; the fields the budget flags
+    change (:data:`~jax_drive.pipelines.presets.BUDGET_FIELDS`) only shaped training, so
+    they keep the base preset's values, and every other field must equal the record.
+    Raises:
+      ValueError when ``run_dir`` holds no run, names an unknown preset, or its record
+      differs from the preset in a field that is not a budget field (the preset changed since).
+    """
+    path = os.path.join(os.fspath(run_dir), "run.json")
+    try:
+        with open(path) as f:
+            identity = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{os.fspath(run_dir)} holds no MTDrive run ({path}: {error})") from None
+    recorded = identity.get("preset") if isinstance(identity, dict) else None
+    if identity.get("pipeline") != "mtdrive" or not isinstance(recorded, dict):
+        raise ValueError(f"{path} is not the journal of an MTDrive run")
+    if recorded.get("name") not in PRESETS:
+        raise ValueError(f"{path}: unknown preset {recorded.get('name')!r}; choose from {sorted(PRESETS)}")
+    preset = with_seed(PRESETS[recorded["name"]], int(recorded["seed"]))
+    mine = json.loads(json.dumps(dataclasses.asdict(preset), default=str))
+    differ = sorted(k for k in set(mine) | set(recorded)
+                    if k not in BUDGET_FIELDS and mine.get(k) != recorded.get(k))
+    if differ:
+        raise ValueError(f"{path}: the run's preset differs from today's {preset.name!r} in {differ}; "
+                         "its policies cannot be rebuilt for evaluation")
+    return preset, identity
+
+
+def reevaluate(run_dir: str | os.PathLike, out_dir: str | os.PathLike, eval_scenes: int, *,
+               evaluate: Sequence[str] = ("sft", "rl"), resume: bool = False, progress: bool = True,
+               log=None) -> dict[str, Any]:
+    """Evaluates a finished run's policies again on ``eval_scenes`` held-out scenes per
+    evaluation seed (a larger test set than the run's own, e.g. to shrink its standard
+    errors); returns a results dict of the run's schema (training records copied from its
+    ``results.json``, ``stages`` / ``eval`` / ``examples`` new, ``reevaluation`` saying
+    what was loaded). Same greedy evaluation as :func:`run_mtdrive`: with the run's own
+    number of scenes it reproduces the run's evaluation.
+
+    Args:
+      run_dir: a run of :func:`run_mtdrive` that wrote ``results.json``.
+      out_dir: the journal of this re-evaluation (one stage per policy; ``resume`` loads
+        finished ones).
+      evaluate: policies to evaluate: 'untrained', 'sft' (the run's final SFT policy,
+        :func:`final_sft_dir`), 'rl' (its last mtGRPO checkpoint).
+    Raises:
+      ValueError for a bad ``eval_scenes`` / stage or a run that cannot be rebuilt
+      (:func:`run_preset`); FileNotFoundError when a policy's checkpoint is missing;
+      :class:`jax_drive.pipelines.journal.RunDirError` when ``out_dir`` cannot be used.
+    """
+    log = log or (lambda msg: print(msg, flush=True))
+    if isinstance(eval_scenes, bool) or not isinstance(eval_scenes, (int, np.integer)) or eval_scenes < 1:
+        raise ValueError(f"eval_scenes must be an integer >= 1, got {eval_scenes!r}")
+    unknown = set(evaluate) - set(STAGES)
+    if unknown or not evaluate:
+        raise ValueError(f"stages to evaluate must be a non-empty subset of {STAGES}, got {list(evaluate)}")
+    run_dir = os.fspath(run_dir)
+    preset, identity = run_preset(run_dir)
+    try:
+        with open(os.path.join(run_dir, "results.json")) as f:
+            before = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{run_dir} has no readable results.json (an unfinished run?): {error}") from None
+    recorded = identity["preset"]
+    optims = {"sft": OptimConfig(**recorded["sft"]["optim"]), "rl": OptimConfig(**recorded["rl"]["optim"])}
+    sources = {"sft": final_sft_dir(run_dir), "rl": rl_checkpoint_dir(run_dir)}
+    for policy in set(evaluate) - {"untrained"}:
+        if not committed_steps(sources[policy]):
+            raise FileNotFoundError(f"{run_dir}: no {policy.upper()} checkpoint in {sources[policy]}")
+    preset = dataclasses.replace(preset, eval_scenes=int(eval_scenes))
+    journal = RunJournal(out_dir, {"pipeline": "mtdrive_reevaluate", "run": os.path.abspath(run_dir),
+                                   "eval_scenes": int(eval_scenes), "evaluate": list(evaluate)}, resume)
+    held_out = make_held_out(preset)
+    model, tokenizer, engine = load_engine(preset)
+    journal.lap("load")
+    stages, checkpoints = {}, {}
+    for policy in [s for s in STAGES if s in evaluate]:
+        def run(policy=policy):
+            meta = {"step": 0}
+            if policy != "untrained":
+                meta = restore_trainable(model, optims[policy], sources[policy])
+            outcome = evaluate_policy(engine, tokenizer, held_out, preset, progress)
+            return None, {**outcome, "checkpoint": {"dir": sources.get(policy), "step": int(meta["step"])}}, None
+
+        outcome, _ = journal.stage(f"eval_{policy}", run)
+        checkpoints[policy] = outcome.pop("checkpoint")
+        stages[policy] = outcome
+        log(f"[{preset.name}] " + stage_line(f"{policy} ({len(held_out)} x {eval_scenes} scenes)", outcome))
+    return {
+        **before,
+        "eval": eval_card(preset),
+        "stages": public_stages(stages),
+        "examples": {name: examples(s["transcripts"]) for name, s in stages.items()},
+        "timings_s": journal.timings,
+        "cpu_timings_s": journal.cpu_timings,
+        "resumed_stages": journal.resumed,
+        "reevaluation": {"run": run_dir, "eval_before": before.get("eval"),
+                         "checkpoints": checkpoints},
         "_transcripts": {name: s["transcripts"] for name, s in stages.items()},
         "_held_out": held_out,
     }

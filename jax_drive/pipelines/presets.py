@@ -133,6 +133,12 @@ class Preset:
             raise ValueError(f"curation_easy_ratio must be >= 0, got {self.curation_easy_ratio}")
 
 
+# The fields that the budget flags of ``jax-drive train`` override (``--sft-*``, ``--rl-*``,
+# ``--curation-*``); every other field of a run's preset follows from its name and seed.
+BUDGET_FIELDS = ("sft", "sft_max_tokens", "sft_recovery", "sft_onpolicy_scenes", "sft_onpolicy_steps", "rl",
+                 "curation_scenes", "curation_easy_ratio")
+
+
 def with_seed(preset: Preset, seed: int) -> Preset:
     """The preset with every training seed (scenes, LoRA init, SFT order, RL) set to ``seed``;
     the held-out evaluation scenes do not depend on it."""
