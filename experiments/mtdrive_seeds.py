@@ -87,6 +87,9 @@ def summarise(runs: list[dict]) -> dict:
     presets = {r["preset"]["name"] if isinstance(r["preset"], dict) else r["preset"] for r in runs}
     if len(presets) > 1:
         raise ValueError(f"runs of different presets: {sorted(presets)}")
+    cards = {json.dumps(r.get("eval"), sort_keys=True) for r in runs}
+    if len(cards) > 1:  # e.g. a run re-evaluated on more scenes (mtdrive_reeval.py) beside one that was not
+        raise ValueError(f"runs evaluated on different held-out sets or settings: {sorted(cards)}")
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"a training seed appears twice: {seeds}")

@@ -134,3 +134,12 @@ def test_a_gain_tied_with_its_standard_error_is_not_met():
     assert last["gain"] == pytest.approx(last["sem"]) and not last["met"]
     run["stages"]["rl"]["per_seed"][1] = {"pdms_first": 0.3, "pdms_final": 0.31}
     assert mtdrive_seeds.summarise([run])["goals"]["last_turn_above_first"]["met"]
+
+
+def test_runs_evaluated_on_different_held_out_sets_are_not_pooled():
+    small, large = _run(0, (0.3, 0.3), (0.4, 0.5)), _run(1, (0.3, 0.3), (0.4, 0.5))
+    small["eval"], large["eval"] = {"scenes_per_seed": 5}, {"scenes_per_seed": 24}
+    with pytest.raises(ValueError, match="different held-out sets"):
+        mtdrive_seeds.summarise([small, large])
+    large["eval"] = {"scenes_per_seed": 5}
+    assert mtdrive_seeds.summarise([small, large])["seeds"] == [0, 1]
