@@ -36,21 +36,25 @@ from jax_drive.pipelines.report import mean_sem, quality_goals  # noqa: E402
 KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
 
 
+def _resolved_paths(card):
+    """A data card with its checkpoint paths resolved against the working directory (runs
+    record them as given: relative to where they started, or absolute)."""
+    if not isinstance(card, dict):
+        return card
+    return {k: os.path.abspath(v) if k in ("sft_from", "sft_checkpoint") and isinstance(v, str) else v
+            for k, v in card.items()}
+
+
 # What must match for an SFT evaluation to stand for another run's: the SFT policy, how it was
-# evaluated, and what its prompts looked like.
-_SAME_SFT_EVAL = (("data_card",), ("eval",), ("budget", "caption"), ("budget", "max_context_tokens"),
-                  ("model",))
+# evaluated, and what its prompts looked like (field path, how to compare it).
+_SAME_SFT_EVAL = ((("data_card",), _resolved_paths), (("eval",), None), (("budget", "caption"), None),
+                  (("budget", "max_context_tokens"), None), (("model",), None))
 
 
-def _field(run: dict, path: tuple[str, ...]):
+def _field(run: dict, path: tuple[str, ...], normalise=None):
     for key in path:
         run = run.get(key) if isinstance(run, dict) else None
-    if path == ("data_card",) and isinstance(run, dict):
-        # checkpoint paths are recorded as given (relative to where the run started, or
-        # absolute): compare them resolved against the working directory
-        run = {k: os.path.abspath(v) if k in ("sft_from", "sft_checkpoint") and isinstance(v, str) else v
-               for k, v in run.items()}
-    return run
+    return run if normalise is None else normalise(run)
 
 
 def borrow_sft(runs: list[dict], baselines: list[dict], names: list[str]) -> list[dict]:
@@ -72,10 +76,11 @@ def borrow_sft(runs: list[dict], baselines: list[dict], names: list[str]) -> lis
         if run["seed"] not in by_seed:
             raise ValueError(f"no baseline of training seed {run['seed']} to take the SFT evaluation from")
         base, name = by_seed[run["seed"]]
-        for path in _SAME_SFT_EVAL:
-            if _field(run, path) != _field(base, path):
+        for path, normalise in _SAME_SFT_EVAL:
+            mine, theirs = _field(run, path, normalise), _field(base, path, normalise)
+            if mine != theirs:
                 raise ValueError(f"seed {run['seed']}: baseline {name} differs in {'.'.join(path)} "
-                                 f"({_field(base, path)!r} vs {_field(run, path)!r}); its SFT row does not apply")
+                                 f"({theirs!r} vs {mine!r}); its SFT row does not apply")
         out.append({**run, "stages": {**run["stages"], "sft": base["stages"]["sft"]}, "sft_stage_from": name})
     return out
 
