@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from jax_drive.pipelines.journal import RunDirError  # noqa: E402
 from jax_drive.pipelines.mtdrive import run_mtdrive, sft_checkpoint_dir  # noqa: E402
-from jax_drive.pipelines.presets import PRESETS, rl_config, with_seed  # noqa: E402
-from jax_drive.pipelines.report import public  # noqa: E402
+from jax_drive.pipelines.mtdrive.presets import PRESETS, rl_config, with_seed  # noqa: E402
+from jax_drive.pipelines.mtdrive.report import public  # noqa: E402
 from jax_drive.rl.atomic import atomic_write_json  # noqa: E402
 from jax_drive.rl.logging import jsonable  # noqa: E402
 

@@ -95,7 +95,7 @@ def load(model_name: str, lora_rank: int):
 
 def grpo_config(args, stream: bool, share: bool) -> GRPOConfig:
     """MTDrive's trainer defaults (recomputed pi_old, K3 KL 0.01) at a CPU size."""
-    from jax_drive.pipelines.presets import COMPACT_CAPTION, TEXT_PROMPT
+    from jax_drive.pipelines.mtdrive.presets import COMPACT_CAPTION, TEXT_PROMPT
     from jax_drive.rl.advantages import AdvantageConfig
     from jax_drive.rl.grpo import GRPOConfig
     from jax_drive.rl.loss import LossConfig

@@ -129,7 +129,8 @@ def train_batch(rows: int, length: int, vocab: int) -> dict:
     """B rows of ``length + 1`` random tokens, the second half carrying loss."""
     import numpy as np
 
-    from jax_drive.rl.batching import TokenRow, pad_rows
+    from jax_drive.data.tokens import TokenRow
+    from jax_drive.rl.batching import pad_rows
 
     rng = np.random.default_rng(0)
     weight = np.zeros(length + 1, np.float32)

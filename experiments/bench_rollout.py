@@ -79,7 +79,7 @@ def rollout_stats(pdms, fmt, turn_mask, generated_tokens: int) -> dict:
 
 # ------------------------------------------------------------------------------ ours
 def run_ours(model, tokenizer, scenes, refs, prompts, args, name: str, key, clock: CompileClock) -> dict:
-    from jax_drive.pipelines.presets import TEXT_PROMPT
+    from jax_drive.pipelines.mtdrive.presets import TEXT_PROMPT
     from jax_drive.rollout import RolloutConfig, run_rollouts
     from jax_drive.sampling import JaxEngine, PromptLookup, SamplingParams
     from jax_drive.sampling.sampler import SamplerConfig
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     from jax_drive.models import load_pretrained
     from jax_drive.models.export import save_safetensors
     from jax_drive.pipelines.mtdrive import EVAL_SEED_OFFSET, load_policy, load_sft
-    from jax_drive.pipelines.presets import PRESETS, TEXT_PROMPT
+    from jax_drive.pipelines.mtdrive.presets import PRESETS, TEXT_PROMPT
     from jax_drive.rollout import compute_reference, scene_prompts
     from jax_drive.scenes import GeneratorConfig, generate_scenes
 

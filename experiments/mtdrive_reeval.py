@@ -1,16 +1,14 @@
 """Evaluates finished MTDrive runs again on a larger held-out set.
 
-The cpu-demo evaluates on 3 held-out sets x 5 scenes, so one scene moves a set's mean PDMS
-by up to 0.2 and the standard errors of the seed summaries (0.02-0.08) are as large as the
-effects they judge. This loads each run's final SFT policy and last mtGRPO checkpoint,
+A small held-out set (the cpu-demo's 3 sets x 5 scenes) makes standard errors as large as
+the effects they judge. This loads each run's final SFT policy and last mtGRPO checkpoint,
 evaluates them greedily on ``--eval-scenes`` scenes per held-out set (same generator and
 keys, so each set starts with the run's own scenes and the run's own evaluation is
 reproduced when ``--eval-scenes`` is its number), and writes a ``results.json`` of the
 run's schema that ``experiments/mtdrive_seeds.py`` summarises like any run:
 
-    python experiments/mtdrive_reeval.py runs/rl20x2_op_hard_s{0,1,2} --eval-scenes 16 \\
-        --out-root runs/reeval16
-    python experiments/mtdrive_seeds.py runs/reeval16/rl20x2_op_hard_s{0,1,2} --json OUT
+    python experiments/mtdrive_reeval.py runs/study_s{0,1,2} --eval-scenes 16 --out-root runs/reeval16
+    python experiments/mtdrive_seeds.py runs/reeval16/study_s{0,1,2} --json OUT
 
 Each re-evaluation has its own journal (``<out-root>/<run name>/``; default ``<run>/reeval_<N>``),
 one stage per policy, so ``--resume`` continues a killed one. Exit status: 0 done, 2 bad
@@ -23,7 +21,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from jax_drive.runinfo import run_main
 
 
 def main(argv=None) -> int:
@@ -40,8 +38,8 @@ def main(argv=None) -> int:
 
     from jax_drive.pipelines.journal import RunDirError
     from jax_drive.pipelines.mtdrive import reevaluate
-    from jax_drive.pipelines.plots import write_plots
-    from jax_drive.pipelines.report import results_table, write_results
+    from jax_drive.pipelines.mtdrive.plots import write_plots
+    from jax_drive.pipelines.mtdrive.report import results_table, write_results
 
     names = [os.path.basename(os.path.normpath(run)) for run in args.runs]
     if args.out_root is not None and len(set(names)) < len(names):
@@ -65,4 +63,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

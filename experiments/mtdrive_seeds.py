@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jax_drive.pipelines.report import mean_sem, quality_goals  # noqa: E402
+from jax_drive.pipelines.mtdrive.report import mean_sem, quality_goals  # noqa: E402
 
 KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
 

@@ -79,7 +79,8 @@ def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
 
 
 def parse_args(argv):
-    from jax_drive.pipelines.talking_vehicles_names import METHODS, PRESET_NAMES
+    from jax_drive.names import TALKING_VEHICLES_METHODS as METHODS
+    from jax_drive.names import TALKING_VEHICLES_PRESETS as PRESET_NAMES
 
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--preset", default="cpu-demo", choices=PRESET_NAMES)

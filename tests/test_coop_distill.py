@@ -13,7 +13,7 @@ from jax_drive.coop import distill as D
 from jax_drive.coop.agent import AgentConfig, LanguagePolicy
 from jax_drive.coop.baselines import RuleBasedPolicy, SilentPolicy
 from jax_drive.coop.learning import EpisodeSpec, episode_specs, run_specs
-from jax_drive.rl.batching import tokenize_chat
+from jax_drive.data.tokens import tokenize_chat
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim import scenarios as S

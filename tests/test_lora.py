@@ -21,15 +21,8 @@ from flax import nnx
 
 from jax_drive.models import CausalLM, LoRAParam, ModelConfig, positions_from_mask
 from jax_drive.models.export import hf_state_dict
-from jax_drive.models.lora import (
-    apply_lora,
-    export_peft,
-    load_peft,
-    merge_lora,
-    remove_lora,
-    save_safetensors,
-    unmerge_lora,
-)
+from jax_drive.models.export import export_peft, load_peft, save_safetensors
+from jax_drive.models.lora import apply_lora, merge_lora, remove_lora, unmerge_lora
 from jax_drive.models.transformer import PROJECTIONS
 
 ATOL = 1e-4

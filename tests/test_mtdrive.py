@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from jax_drive.data.builders import BuildConfig, prompt_conversations
-from jax_drive.pipelines.mtdrive import filter_by_length, load_policy, load_sft, run_mtdrive
-from jax_drive.pipelines.presets import COMPACT_CAPTION, PRESETS, eval_config, rl_config, with_seed
+from jax_drive.data.sft import filter_by_length
+from jax_drive.pipelines.mtdrive import load_policy, load_sft, run_mtdrive
+from jax_drive.pipelines.mtdrive.presets import COMPACT_CAPTION, PRESETS, eval_config, rl_config, with_seed
 from jax_drive.rl.optim import split_model
 from jax_drive.rl.sft import sft_train
 from jax_drive.rollout import scene_prompts
@@ -189,7 +190,7 @@ class _AnswerEngine:
 def test_onpolicy_data_collects_only_unusable_answers_and_replays_as_many():
     """``build_onpolicy_data``: usable first answers give nothing (no rows, nothing replayed);
     each unusable one gives an expert and a recovery row, followed by as many replayed rows."""
-    from jax_drive.pipelines.mtdrive import build_onpolicy_data
+    from jax_drive.pipelines.mtdrive.pipeline import build_onpolicy_data
 
     preset = dataclasses.replace(SMOKE, sft_onpolicy_scenes=3, sft_max_tokens=None)
     _, tok = load_policy(preset)

@@ -13,7 +13,7 @@ import pytest
 
 from jax_drive.pipelines.journal import RunDirError
 from jax_drive.pipelines.mtdrive import make_held_out, reevaluate, run_mtdrive, run_preset
-from jax_drive.pipelines.presets import PRESETS, with_seed
+from jax_drive.pipelines.mtdrive.presets import PRESETS, with_seed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
@@ -26,7 +26,7 @@ QUIET = {"progress": False, "log": lambda msg: None}
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """A smoke run (seed 3) evaluated after SFT and after RL, with its results.json."""
-    from jax_drive.pipelines.report import write_results
+    from jax_drive.pipelines.mtdrive.report import write_results
 
     out = tmp_path_factory.mktemp("mtdrive") / "run"
     results = run_mtdrive(with_seed(SMOKE, 3), out, evaluate=("sft", "rl"), **QUIET)
@@ -71,7 +71,7 @@ def test_same_scenes_reproduce_the_runs_evaluation(finished_run, tmp_path, monke
     """The tiny random model answers alike before and after training, so the weights each
     evaluation held are checked separately: the run's final SFT and RL adapters, which differ."""
     from jax_drive.pipelines import mtdrive
-    from jax_drive.pipelines.presets import rl_config
+    from jax_drive.pipelines.mtdrive.presets import rl_config
     from jax_drive.rl.checkpoint import restore_trainable
     from jax_drive.rl.optim import split_model
 
@@ -85,7 +85,7 @@ def test_same_scenes_reproduce_the_runs_evaluation(finished_run, tmp_path, monke
         held.append((directory, adapters(model, optim.trainable)))
         return meta
 
-    monkeypatch.setattr(mtdrive, "restore_trainable", recording_restore)
+    monkeypatch.setattr(mtdrive.runs, "restore_trainable", recording_restore)
     run, before = finished_run
     results = reevaluate(run, tmp_path / "same", SMOKE.eval_scenes, **QUIET)
     assert json.loads(json.dumps(results["stages"])) == before["stages"]

@@ -14,16 +14,10 @@ import numpy as np
 import pytest
 
 from jax_drive.cli.train import main as train_main
-from jax_drive.pipelines.journal import (
-    RunDirError,
-    RunJournal,
-    ragged_from_arrays,
-    ragged_to_arrays,
-    tree_from_arrays,
-    tree_to_arrays,
-)
+from jax_drive.data.arrays import ragged_from_arrays, ragged_to_arrays, tree_from_arrays, tree_to_arrays
+from jax_drive.pipelines.journal import RunDirError, RunJournal
 from jax_drive.pipelines.mtdrive import load_policy, rl_checkpoint_dir, sft_checkpoint_dir
-from jax_drive.pipelines.presets import PRESETS, rl_config
+from jax_drive.pipelines.mtdrive.presets import PRESETS, rl_config
 from jax_drive.rl.checkpoint import Checkpointer, RunState, committed_steps, restore_trainable
 from jax_drive.rl.logging import MetricsLogger, read_jsonl
 from jax_drive.rl.optim import OptimConfig, make_optimizer, split_model
@@ -102,17 +96,17 @@ def test_front_end_exit_codes(tmp_path, capsys):
     assert train_main(["--preset", "smoke", "--advantage", "ppo"]) == 2
     assert train_main(["--preset", "smoke", "--evaluate", "after_rl"]) == 2
     assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "none")]) == 2
-    assert train_main(["--preset", "smoke", "--sft-steps", "-1"]) == 2
-    assert train_main(["--preset", "smoke", "--sft-max-tokens", "1"]) == 2
-    assert train_main(["--preset", "smoke", "--sft-recovery", "-1"]) == 2
-    assert train_main(["--preset", "smoke", "--sft-onpolicy-steps", "0"]) == 2
-    assert train_main(["--preset", "smoke", "--rl-steps", "-1"]) == 2
-    assert train_main(["--preset", "smoke", "--rl-prompts", "0"]) == 2
-    assert train_main(["--preset", "smoke", "--rl-lr", "0"]) == 2
-    assert train_main(["--preset", "smoke", "--rl-kl", "-0.01"]) == 2
-    assert train_main(["--preset", "smoke", "--curation-scenes", "0"]) == 2
-    assert train_main(["--preset", "smoke", "--curation-easy-ratio", "nan"]) == 2
-    assert train_main(["--preset", "smoke", "--rl-improvement-bonus", "-1"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "sft.max_steps=-1"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "sft_max_tokens=1"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "sft_recovery=-1"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "sft_onpolicy_steps=0"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "rl.steps=-1"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "rl.prompts_per_step=0"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "rl.optim.learning_rate=0"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "rl.loss.kl_coef=-0.01"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "curation_scenes=0"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "curation_easy_ratio=nan"]) == 2
+    assert train_main(["--preset", "smoke", "--set", "rl.rollout.improvement_weight=-1"]) == 2
     RunJournal(tmp_path / "run", {"other": True}, resume=False)
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 2
@@ -128,17 +122,18 @@ def test_front_end_exit_codes(tmp_path, capsys):
 def test_budget_flags_reach_the_preset_and_its_card():
     import argparse
 
-    from jax_drive.cli.train import _with_overrides, add_arguments
-    from jax_drive.pipelines.presets import PRESETS, rl_config
-    from jax_drive.pipelines.report import budget_card
+    from jax_drive.cli.overrides import preset_with_overrides
+    from jax_drive.cli.train import add_arguments
+    from jax_drive.pipelines.mtdrive.presets import PRESETS, rl_config
+    from jax_drive.pipelines.mtdrive.report import budget_card
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--sft-steps", "7", "--rl-steps", "5", "--rl-prompts", "3", "--rl-lr", "2e-4",
-                              "--curation-scenes", "9", "--sft-recovery", "12", "--sft-onpolicy-scenes", "64",
-                              "--sft-onpolicy-steps", "8", "--rl-kl", "0.02",
-                              "--curation-easy-ratio", "0", "--rl-improvement-bonus", "1.5", "--sft-max-tokens", "999"])
-    preset = _with_overrides(PRESETS["cpu-demo"], args)
+    sets = ["sft.max_steps=7", "rl.steps=5", "rl.prompts_per_step=3", "rl.optim.learning_rate=2e-4",
+            "curation_scenes=9", "sft_recovery=12", "sft_onpolicy_scenes=64", "sft_onpolicy_steps=8",
+            "rl.loss.kl_coef=0.02", "curation_easy_ratio=0", "rl.rollout.improvement_weight=1.5", "sft_max_tokens=999"]
+    args = parser.parse_args([a for s in sets for a in ("--set", s)])
+    preset = preset_with_overrides(PRESETS["cpu-demo"], args)
     card = budget_card(preset, rl_config(preset))
     assert (card["sft_steps"], card["rl_steps"], card["rl_prompts_per_step"]) == (7, 5, 3)
     assert (card["rl_lr"], card["curation_scenes"], card["sft_recovery"]) == (2e-4, 9, 12)
@@ -150,12 +145,12 @@ def test_budget_flags_reach_the_preset_and_its_card():
     assert preset.rl.rollout.group_size == PRESETS["cpu-demo"].rl.rollout.group_size  # only the bonus changed
     assert preset.rl.loss.clip_eps == PRESETS["cpu-demo"].rl.loss.clip_eps  # only the KL weight changed
     assert preset.rl.optim.trainable == PRESETS["cpu-demo"].rl.optim.trainable  # only the rate changed
-    untouched = _with_overrides(PRESETS["cpu-demo"], parser.parse_args([]))
+    untouched = preset_with_overrides(PRESETS["cpu-demo"], parser.parse_args([]))
     assert untouched == PRESETS["cpu-demo"]
     # every field the flags change is a budget field (re-evaluation rebuilds the rest from the name)
     import dataclasses
 
-    from jax_drive.pipelines.presets import BUDGET_FIELDS
+    from jax_drive.pipelines.mtdrive.presets import BUDGET_FIELDS
 
     changed = {f.name for f in dataclasses.fields(preset)
                if getattr(preset, f.name) != getattr(PRESETS["cpu-demo"], f.name)}
@@ -170,8 +165,9 @@ def test_curation_uses_the_presets_easy_ratio(monkeypatch):
     import jax
     import numpy as np
 
-    from jax_drive.pipelines import mtdrive
-    from jax_drive.pipelines.presets import PRESETS
+    from jax_drive.data import sft as sft_data
+    from jax_drive.pipelines.mtdrive.pipeline import curate_scenes
+    from jax_drive.pipelines.mtdrive.presets import PRESETS
     from jax_drive.scenes.generator import generate_scenes
 
     seen = {}
@@ -181,10 +177,10 @@ def test_curation_uses_the_presets_easy_ratio(monkeypatch):
         ids = np.asarray(candidates.scene_id)
         return [{"scene_id": int(ids[1])}, {"scene_id": int(ids[3])}], {"category_counts": {}}
 
-    monkeypatch.setattr(mtdrive, "build_rl", fake_build_rl)
+    monkeypatch.setattr(sft_data, "build_rl", fake_build_rl)
     preset = dataclasses.replace(PRESETS["cpu-demo"], curation_scenes=6, curation_easy_ratio=0.25)
     train = generate_scenes(jax.random.key(0), 8)
-    index, _ = mtdrive.curate(preset, train, engine=None, key=jax.random.key(1))
+    index, _ = curate_scenes(preset, train, engine=None, key=jax.random.key(1))
     assert seen["config"].easy_ratio == 0.25 and seen["pool"] == 6
     assert index.tolist() == [1, 3]
 
@@ -291,7 +287,7 @@ def test_sft_from_accepts_a_run_whose_sft_policy_is_an_onpolicy_continuation(tmp
     step = tmp_path / "run" / "sft_onpolicy" / "checkpoints" / "3"
     step.mkdir(parents=True)
     (step / "meta.json").write_text("{}")
-    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "run"), "--sft-steps", "-1"]) == 2
+    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "run"), "--set", "sft.max_steps=-1"]) == 2
     err = capsys.readouterr().err
     assert "no SFT checkpoint" not in err and "steps must be >= 0" in err
 
@@ -309,7 +305,7 @@ def test_sft_from_follows_a_run_that_trained_no_sft_of_its_own(tmp_path, capsys)
         (tmp_path / name).mkdir()
         (tmp_path / name / "run.json").write_text(json.dumps({"sft_from": str(tmp_path / source)}))
     assert final_sft_dir(tmp_path / "third") == sft_checkpoint_dir(tmp_path / "first")
-    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "third"), "--sft-steps", "-1"]) == 2
+    assert train_main(["--preset", "smoke", "--sft-from", str(tmp_path / "third"), "--set", "sft.max_steps=-1"]) == 2
     err = capsys.readouterr().err
     assert "no SFT checkpoint" not in err and "steps must be >= 0" in err
 

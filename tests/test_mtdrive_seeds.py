@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import mtdrive_seeds  # noqa: E402
 
-from jax_drive.pipelines.report import goals_lines  # noqa: E402
+from jax_drive.pipelines.mtdrive.report import goals_lines  # noqa: E402
 
 
 def _stage(first, final, fmt=1.0, sem_final=0.0, per_set=None):

@@ -181,15 +181,10 @@ def test_render_dialogue_of_a_negotiated_episode(tmp_path):
 
 
 def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp_path):
-    import argparse
-    import importlib.util
-    from pathlib import Path
+    from jax_drive.pipelines.interdrive.pipeline import InterDriveWorkspace
+    from jax_drive.pipelines.stages import RunContext
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "interdrive.py"
-    spec = importlib.util.spec_from_file_location("interdrive_experiment", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    run = script.Run(argparse.Namespace(preset="smoke", engine="teacher", work_dir=str(tmp_path), adapter=None))
+    run = InterDriveWorkspace(RunContext(SMOKE, str(tmp_path), {"engine": "teacher", "adapter": None}))
     today = {"negotiator": "teacher", "loop_revision": I.LOOP_REVISION}
     assert run.made_here(today)
     older_loop = {"negotiator": "teacher", "loop_revision": I.LOOP_REVISION - 1}

@@ -86,7 +86,7 @@ def test_storyboard_steps_span_the_episode():
 def test_plot_refinement_draws_each_usable_turn_with_its_violations(tmp_path, monkeypatch):
     """Fig. 4 on one scene: a first answer through a parked car (NC violations circled), a
     second that stops short of it; an out-of-format turn is left out."""
-    from jax_drive.pipelines.plots import plot_refinement
+    from jax_drive.pipelines.mtdrive.plots import plot_refinement
     from jax_drive.scenes import stack_scenes
     from jax_drive.text import format_trajectory
 

@@ -14,7 +14,8 @@ from flax import nnx
 
 from jax_drive.models import LoRAParam
 from jax_drive.rl.advantages import AdvantageConfig
-from jax_drive.rl.batching import TokenRow, pad_rows
+from jax_drive.data.tokens import TokenRow
+from jax_drive.rl.batching import pad_rows
 from jax_drive.rl.grpo import GRPOConfig, grpo_train
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.loss import LossConfig

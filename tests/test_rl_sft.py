@@ -7,15 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_drive.rl.batching import (
-    TokenRow,
-    as_conversations,
-    bucket_length,
-    chat_samples,
-    bucketed_batches,
-    pad_rows,
-    tokenize_chat,
-)
+from jax_drive.data.tokens import TokenRow, as_conversations, chat_samples, tokenize_chat
+from jax_drive.rl.batching import bucket_length, bucketed_batches, pad_rows
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig, sft_loss_fn, sft_train
 from jax_drive.models.tiny import byte_tokenizer, tiny_policy

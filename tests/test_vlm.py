@@ -28,12 +28,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jax_drive.models import LoRAParam, init_cache, positions_from_mask  # noqa: E402
-from jax_drive.models.loading import load_model  # noqa: E402
+from jax_drive.models.loading import load_model, load_vlm  # noqa: E402
 from jax_drive.models.lora import apply_lora  # noqa: E402
 from jax_drive.models.qwen2_5_vl import (  # noqa: E402
     Qwen2_5_VL, VisionBatch, VisionSizes, VLMConfig, mrope_positions, mrope_tables)
-from jax_drive.models.qwen2_5_vl.loading import (  # noqa: E402
-    export_vlm_peft, load_vlm, load_vlm_peft, save_vlm)
+from jax_drive.models.qwen2_5_vl.loading import export_vlm_peft, load_vlm_peft, save_vlm  # noqa: E402
 from jax_drive.models.qwen2_5_vl.model import embed_inputs  # noqa: E402
 from jax_drive.models.transformer import rope_tables  # noqa: E402
 from jax_drive.sampling.sampler import SamplerConfig, generate_tokens  # noqa: E402

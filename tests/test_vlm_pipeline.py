@@ -14,14 +14,17 @@ from flax import nnx
 from jax_drive.data.builders import BuildConfig, build_qa, build_single
 from jax_drive.models import LoRAParam
 from jax_drive.models.qwen2_5_vl import VisionBatch, apply_vision_lora
-from jax_drive.models.qwen2_5_vl.loading import load_vlm, save_vlm
+from jax_drive.models.loading import load_vlm
+from jax_drive.models.qwen2_5_vl.loading import save_vlm
 from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS, vision_forward
 from jax_drive.models.tiny import VISION_TOKENS, tiny_vlm_policy
 from jax_drive.models.transformer import fold_lora
-from jax_drive.pipelines.mtdrive import rows_from_arrays, rows_to_arrays, run_mtdrive
-from jax_drive.pipelines.presets import PRESETS
+from jax_drive.data.arrays import rows_from_arrays, rows_to_arrays
+from jax_drive.pipelines.mtdrive import run_mtdrive
+from jax_drive.pipelines.mtdrive.presets import PRESETS
 from jax_drive.render import render_camera
-from jax_drive.rl.batching import TokenRow, add_images, batch_token_logprobs, pad_rows, with_images
+from jax_drive.data.tokens import TokenRow, with_images
+from jax_drive.rl.batching import add_images, batch_token_logprobs, pad_rows
 from jax_drive.rl.grpo import _rows
 from jax_drive.rollout import scene_prompts
 from jax_drive.sampling import JaxEngine, SamplingParams

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 
 def register(subparsers) -> None:
-    from jax_drive.pipelines.talking_vehicles_names import METHODS, PRESET_NAMES
+    from jax_drive.names import TALKING_VEHICLES_METHODS as METHODS
+    from jax_drive.names import TALKING_VEHICLES_PRESETS as PRESET_NAMES
     from jax_drive.runinfo import add_output_args
 
     parser = subparsers.add_parser("coop", help="talking language agents on one cooperative scenario")

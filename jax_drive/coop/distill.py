@@ -434,7 +434,8 @@ def train_student(model, tokenizer, samples: Sequence[DistillSample], config: St
     """
     from flax import nnx
 
-    from jax_drive.models.lora import apply_lora, remove_lora, save_safetensors
+    from jax_drive.models.export import save_safetensors
+    from jax_drive.models.lora import apply_lora, remove_lora
     from jax_drive.rl.sft import sft_train
 
     if not samples:

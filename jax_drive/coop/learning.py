@@ -53,6 +53,7 @@ from jax_drive.coop.memory import Embedder, MemoryBank, VectorMemory, memory_key
 from jax_drive.coop.policy import DecisionBatch
 from jax_drive.coop.replay import Transition, sample_batch
 from jax_drive.coop.runner import EpisodeResult, run_episodes
+from jax_drive.names import LEARNING_METHODS, LLM_METHODS
 from jax_drive.sampling import SamplingParams
 from jax_drive.sim import metrics as M
 from jax_drive.sim.state import SimConfig
@@ -60,8 +61,7 @@ from jax_drive.text.json_answer import extract_json_object
 
 # Episode key domains: evaluation, learning and distillation episodes never share a key.
 SPLITS = {"eval": 0, "learn": 1, "distill": 2}
-METHODS = ("zero_shot", "zero_shot_silent", "reflection", "correction_rag", "debrief")
-LEARNING_METHODS = ("reflection", "correction_rag", "debrief")
+METHODS = LLM_METHODS  # what a Learner runs (the zero-shot ones learn nothing)
 
 
 @dataclasses.dataclass(frozen=True)

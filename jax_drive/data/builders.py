@@ -17,7 +17,7 @@ records add ``"train_on"``) where
   ``[PT, ...]`` brackets: the ways a small policy fails; a standing ego gives eight equal
   points, where the policy loses count), user format feedback, assistant expert
   trajectory. The record carries ``"train_on": "last"`` so that SFT learns the recovery,
-  never the malformed answer (:func:`jax_drive.rl.batching.chat_samples`).
+  never the malformed answer (:func:`jax_drive.data.tokens.chat_samples`).
   :func:`build_self_recovery` writes them from a policy's own unusable answers instead.
 * ``qa``: PDM-understanding yes/no questions (:mod:`jax_drive.text.qa`), balanced per
   metric.

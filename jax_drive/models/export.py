@@ -14,8 +14,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.models.loading import HF_LAYER_KEYS
-from jax_drive.models.transformer import PROJECTIONS, CausalLM, fold_lora
+from jax_drive.models.transformer import HF_LAYER_KEYS, PROJECTIONS, CausalLM, fold_lora
 
 
 def hf_state_dict(model: CausalLM) -> dict[str, jnp.ndarray]:
@@ -45,7 +44,7 @@ def hf_state_dict(model: CausalLM) -> dict[str, jnp.ndarray]:
     return out
 
 
-def _save_tensors(tensors: dict[str, jnp.ndarray], out: Path, stem: str,
+def save_tensors(tensors: dict[str, jnp.ndarray], out: Path, stem: str,
                   max_shard_bytes: int) -> list[str]:
     from safetensors.flax import save_file
 
@@ -86,7 +85,7 @@ def save_safetensors(model: CausalLM, out_dir: str | Path, tokenizer=None,
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _save_tensors(hf_state_dict(model), out, "model", max_shard_bytes)
+    save_tensors(hf_state_dict(model), out, "model", max_shard_bytes)
     (out / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
     if tokenizer is not None:
         tokenizer.save(out)
@@ -129,7 +128,7 @@ def export_peft(model: CausalLM, out_dir: str | Path, base_model_name: str = "",
             base = f"base_model.model.{layers_prefix}.{i}.{HF_LAYER_KEYS[name]}"
             tensors[base + ".lora_A.weight"] = a[i].T.astype(jnp.float32)
             tensors[base + ".lora_B.weight"] = b[i].T.astype(jnp.float32)
-    _save_tensors(tensors, out, "adapter_model", max_shard_bytes=2**62)
+    save_tensors(tensors, out, "adapter_model", max_shard_bytes=2**62)
     adapter_config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

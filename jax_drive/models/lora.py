@@ -132,19 +132,15 @@ def remove_lora(model: CausalLM, merge: bool = False) -> CausalLM:
     return model
 
 
-from jax_drive.models.export import export_peft, load_peft, save_safetensors  # noqa: E402
 
 __all__ = [
     "DEFAULT_TARGETS",
     "LoRAParam",
     "add_adapters",
     "apply_lora",
-    "export_peft",
-    "load_peft",
     "lora_delta",
     "lora_projections",
     "merge_lora",
     "remove_lora",
-    "save_safetensors",
     "unmerge_lora",
 ]

@@ -23,6 +23,16 @@ from jax_drive.models.config import ModelConfig
 from kernels import LogprobConfig, token_logprobs
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Hugging Face names of each projection inside a decoder layer (checkpoint import and export).
+HF_LAYER_KEYS = {
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj",
+    "gate_proj": "mlp.gate_proj",
+    "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj",
+}
 ATTENTION_PROJECTIONS = PROJECTIONS[:4]
 MLP_PROJECTIONS = PROJECTIONS[4:]
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)

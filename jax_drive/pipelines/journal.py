@@ -14,14 +14,25 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-import jax
 import numpy as np
 
+from jax_drive.faults import pause_point
 from jax_drive.rl.atomic import atomic_save_npz, atomic_write_json
-from jax_drive.rl.faults import pause_point
 from jax_drive.rl.logging import jsonable
+
+# run() of a stage: () -> (value, JSON record, arrays or None); restore: (record, arrays) -> value
+StageRun = Callable[[], tuple[Any, dict, dict | None]]
+StageRestore = Callable[[dict, dict], Any]
+
+
+class Journal(Protocol):
+    """What :func:`jax_drive.pipelines.stages.run_stages` needs of a journal."""
+
+    def stage(self, name: str, run: StageRun, restore: StageRestore | None = None) -> tuple[Any, dict]: ...
+
+    def lap(self, name: str) -> float: ...
 
 
 class RunDirError(Exception):
@@ -29,21 +40,36 @@ class RunDirError(Exception):
     it holds a different run than the one asked to resume."""
 
 
-class RunJournal:
+class _Clock:
+    """Wall (and process CPU) seconds between laps."""
+
+    def __init__(self):
+        self.timings: dict[str, float] = {}
+        self.cpu_timings: dict[str, float] = {}
+        self._clock, self._cpu_clock = time.perf_counter(), time.process_time()
+
+    def lap(self, name: str) -> float:
+        """Records the wall (and CPU) seconds since the last lap (or stage) as
+        ``timings[name]`` (and ``cpu_timings[name]``); returns the wall seconds."""
+        now, cpu = time.perf_counter(), time.process_time()
+        self.timings[name] = round(now - self._clock, 2)
+        self.cpu_timings[name] = round(cpu - self._cpu_clock, 2)
+        self._clock, self._cpu_clock = now, cpu
+        return self.timings[name]
+
+
+class RunJournal(_Clock):
     """Finished stages of one run directory (see the module docstring), and the seconds each
     stage took (``timings``: wall; ``cpu_timings``: the process's CPU seconds, all threads,
     which a busy shared machine distorts less; a loaded stage keeps those of the run that
     did it)."""
 
     def __init__(self, out_dir: str | os.PathLike, identity: dict[str, Any], resume: bool):
+        super().__init__()
         self.out_dir = os.fspath(out_dir)
         self.resume = resume
         self.stage_dir = os.path.join(self.out_dir, "stages")
-        self.timings: dict[str, float] = {}
-        self.cpu_timings: dict[str, float] = {}
         self.resumed: list[str] = []  # the stages loaded instead of run
-        self._clock = time.perf_counter()
-        self._cpu_clock = time.process_time()
         path = os.path.join(self.out_dir, "run.json")
         identity = json.loads(json.dumps(jsonable(identity), default=str))
         if os.path.exists(path):
@@ -82,18 +108,7 @@ class RunJournal:
         atomic_write_json(os.path.join(self.stage_dir, f"{name}.json"), record)
         return record
 
-
-    def lap(self, name: str) -> float:
-        """Records the wall (and CPU) seconds since the last lap (or stage) as
-        ``timings[name]`` (and ``cpu_timings[name]``); returns the wall seconds."""
-        now, cpu = time.perf_counter(), time.process_time()
-        self.timings[name] = round(now - self._clock, 2)
-        self.cpu_timings[name] = round(cpu - self._cpu_clock, 2)
-        self._clock, self._cpu_clock = now, cpu
-        return self.timings[name]
-
-    def stage(self, name: str, run: Callable[[], tuple[Any, dict, dict | None]],
-              restore: Callable[[dict, dict], Any] | None = None) -> tuple[Any, dict]:
+    def stage(self, name: str, run: StageRun, restore: StageRestore | None = None) -> tuple[Any, dict]:
         """Loads a finished stage, or runs it and marks it finished.
 
         Args:
@@ -118,31 +133,43 @@ class RunJournal:
         return (record if restore is None else restore(record, arrays)), record
 
 
-# ----------------------------------------------------------------------------- pytrees <-> arrays
-def tree_to_arrays(prefix: str, tree) -> dict[str, np.ndarray]:
-    """The leaves of a pytree as named numpy arrays ``prefix + keystr(path)``."""
-    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {prefix + jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+class Laps(_Clock):
+    """A journal that keeps nothing: every stage runs, only its seconds are recorded (for
+    stages that keep and check their own results)."""
+
+    def stage(self, name: str, run: StageRun, restore: StageRestore | None = None) -> tuple[Any, dict]:
+        value, record, _ = run()
+        self.lap(name)
+        return (record if restore is None else value), record
 
 
-def tree_from_arrays(prefix: str, arrays: dict[str, np.ndarray], template):
-    """Inverse of :func:`tree_to_arrays`; ``template`` has the tree's structure (any shapes)."""
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    names = [prefix + jax.tree_util.keystr(path) for path, _ in leaves]
-    missing = [n for n in names if n not in arrays]
-    if missing:
-        raise KeyError(f"stored arrays lack {missing[:3]}{'...' if len(missing) > 3 else ''}")
-    return jax.tree_util.tree_unflatten(treedef, [arrays[n] for n in names])
+class FileJournal(_Clock):
+    """A journal that keeps each finished stage's record as ``<out_dir>/<name>.json`` (no
+    run identity, no arrays): the layout of pipelines whose results are one JSON file per
+    stage, e.g. one per TalkingVehicles method. ``force`` runs every stage again."""
 
+    def __init__(self, out_dir: str | os.PathLike, force: bool = False):
+        super().__init__()
+        self.out_dir = os.fspath(out_dir)
+        self.force = force
+        self.resumed: list[str] = []
+        os.makedirs(self.out_dir, exist_ok=True)
 
-def ragged_to_arrays(prefix: str, rows: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """A list of 1-D arrays as one flat array and the row lengths."""
-    lengths = np.asarray([len(r) for r in rows], np.int64)
-    flat = np.concatenate(rows) if rows else np.zeros(0)
-    return {f"{prefix}/flat": flat, f"{prefix}/lengths": lengths}
+    def path(self, name: str) -> str:
+        return os.path.join(self.out_dir, f"{name}.json")
 
+    def stage(self, name: str, run: StageRun, restore: StageRestore | None = None) -> tuple[Any, dict]:
+        path = self.path(name)
+        if os.path.exists(path) and not self.force:
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+            self.resumed.append(name)
+            return (record if restore is None else restore(record, {})), record
+        value, record, arrays = run()
+        if arrays:
+            raise ValueError(f"stage {name!r}: a FileJournal stores no arrays")
+        from jax_drive.runinfo import write_json
 
-def ragged_from_arrays(prefix: str, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Inverse of :func:`ragged_to_arrays`."""
-    ends = np.cumsum(arrays[f"{prefix}/lengths"])
-    return np.split(arrays[f"{prefix}/flat"], ends[:-1]) if len(ends) else []
+        write_json(path, record)
+        self.lap(name)
+        return (record if restore is None else value), record

@@ -8,7 +8,8 @@ Public API:
   Checkpointer, RunState, restore_trainable                              (checkpoint)
   atomic_write_bytes, atomic_write_json, atomic_save_npz                 (atomic)
   MetricsLogger, peak_rss_gb, read_jsonl                                 (logging)
-  SFTConfig, sft_train, TrainResult                                      (sft)
+  train_loop, LoopConfig, StepOutcome, TrainResult, NonFiniteError   (loop: the loop both trainers share)
+  SFTConfig, sft_train                                                   (sft)
   GRPOConfig, grpo_train, grpo_update, build_train_batch                 (grpo)
 The turn reward (MTDrive Eq. 2) and the evaluation helpers live with the rollouts
 (:mod:`jax_drive.rollout`). The trainer entry points are imported lazily (they pull in the
@@ -23,7 +24,8 @@ _LAZY = {
     "Checkpointer": "checkpoint", "RunState": "checkpoint", "restore_trainable": "checkpoint",
     "atomic_write_bytes": "atomic", "atomic_write_json": "atomic", "atomic_save_npz": "atomic",
     "MetricsLogger": "logging", "peak_rss_gb": "logging", "read_jsonl": "logging",
-    "SFTConfig": "sft", "sft_train": "sft", "TrainResult": "sft",
+    "SFTConfig": "sft", "sft_train": "sft",
+    "TrainResult": "loop", "train_loop": "loop", "LoopConfig": "loop", "StepOutcome": "loop", "NonFiniteError": "loop",
     "GRPOConfig": "grpo", "grpo_train": "grpo", "grpo_update": "grpo", "build_train_batch": "grpo",
 }
 

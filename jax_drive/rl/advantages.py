@@ -48,8 +48,9 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jax_drive.names import ADVANTAGE_MODES
+
 AdvantageMode = Literal["grpo", "mtgrpo_intra", "mtgrpo_cross"]
-ADVANTAGE_MODES: tuple[str, ...] = ("grpo", "mtgrpo_intra", "mtgrpo_cross")
 
 
 @dataclasses.dataclass(frozen=True)

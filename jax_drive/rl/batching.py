@@ -1,9 +1,7 @@
-"""Token batches for training: tokenised chat samples, length bucketing and padding.
-
-A training row is a token sequence ``ids`` (length n) and a per-token ``weight`` mask of the
-same length marking the tokens that carry loss (assistant tokens in SFT, generated tokens in
-RL). Rows are right-padded to a bucketed length. The model predicts token ``t + 1`` from the
-prefix up to ``t``, so the arrays given to the loss are shifted:
+"""Token batches for training: length bucketing and padding of token rows
+(:class:`jax_drive.data.tokens.TokenRow`: ids and per-token loss weights). Rows are
+right-padded to a bucketed length. The model predicts token ``t + 1`` from the prefix up to
+``t``, so the arrays given to the loss are shifted:
 
 * ``input_ids[b, t] = ids[t]``, ``targets[b, t] = ids[t + 1]``;
 * ``loss_mask[b, t] = weight[t + 1]`` (the target's weight);
@@ -18,26 +16,12 @@ to the model.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class TokenRow:
-    """One tokenised sample. ids, weight: (n,) int32 / float32; images: the processed images
-    whose (expanded) pad tokens ``ids`` holds, in reading order (empty for text)."""
-
-    ids: np.ndarray
-    weight: np.ndarray
-    images: tuple = ()
-
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
+from jax_drive.data.tokens import TokenRow
 
 
 def bucket_length(n: int, bucket_size: int, max_length: int | None = None) -> int:
@@ -91,18 +75,6 @@ def pad_rows(rows: Sequence[TokenRow], length: int, pad_id: int, extra: dict[str
 
 
 # ----------------------------------------------------------------------------- images
-def with_images(row: TokenRow, images: Sequence, tokenizer) -> TokenRow:
-    """A row tokenised with one ``<|image_pad|>`` per image (``ImageTokenizer.encode``) with
-    its processed images attached and each pad expanded to its image's token count
-    (``tokenizer.expand``; the weight is repeated with its token)."""
-    if not images:
-        return row
-    if not hasattr(tokenizer, "expand"):
-        raise TypeError("a row with images needs an image tokenizer (jax_drive.models.qwen2_5_vl.ImageTokenizer)")
-    ids, weight = tokenizer.expand(row.ids, images, row.weight)
-    return TokenRow(np.asarray(ids, np.int32), np.asarray(weight, np.float32), tuple(images))
-
-
 def add_images(batch: dict, rows: Sequence[TokenRow], model) -> dict:
     """``batch`` (:func:`pad_rows` of ``rows``, maybe padded with empty rows) with the rows'
     images: ``positions`` becomes rows-first M-RoPE positions (B, 3, L) and ``vision`` a
@@ -124,112 +96,6 @@ def batch_token_logprobs(model, batch: dict, chunk_size: int = 256, temperature:
         positions, images = jnp.moveaxis(positions, 1, 0), {"vision": batch["vision"]}
     return model.token_logprobs(batch["input_ids"], positions, batch["attention_mask"], batch["targets"],
                                 chunk_size=chunk_size, temperature=temperature, **images)
-
-
-# ----------------------------------------------------------------------------- chat samples
-TRAIN_ON = ("all", "last")  # which assistant messages of a chat sample carry loss
-
-def _check_messages(messages: Any) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("a chat sample is a non-empty list of {'role', 'content'} messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {m!r}")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise ValueError("a chat sample needs at least one assistant message")
-    return messages
-
-
-def tokenize_chat(tokenizer, messages: list[dict], train_on: str = "all") -> TokenRow:
-    """Tokenise a conversation; weight 1 on assistant content (+ its end-of-turn marker).
-
-    The conversation is rendered with the chat template one message at a time; each piece
-    is the text the template adds for that message, and each assistant piece is split into
-    the header the template adds before generation (weight 0) and the answer (weight 1).
-
-    Args:
-      tokenizer: has ``apply_chat_template(messages, add_generation_prompt)`` and ``encode``.
-      messages: [{'role', 'content'}, ...] with at least one assistant message.
-      train_on: 'all' (every assistant message) or 'last' (only the final assistant message).
-    Raises:
-      ValueError if the template renders a prefix inconsistently (not append-only).
-    """
-    messages = _check_messages(messages)
-    if train_on not in TRAIN_ON:
-        raise ValueError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
-    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    ids: list[int] = []
-    weight: list[float] = []
-    done = ""
-    for i, m in enumerate(messages):
-        full = tokenizer.apply_chat_template(messages[: i + 1], add_generation_prompt=False)
-        if not full.startswith(done):
-            raise ValueError("the chat template is not append-only; cannot locate assistant tokens")
-        if m["role"] == "assistant":
-            head = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True) if i else ""
-            if not (head.startswith(done) and full.startswith(head)):
-                raise ValueError("the chat template is not append-only; cannot locate assistant tokens")
-            pieces = [(head[len(done):], 0.0), (full[len(head):], 1.0 if (train_on == "all" or i == last) else 0.0)]
-        else:
-            pieces = [(full[len(done):], 0.0)]
-        for text, w in pieces:
-            if text:
-                tok = tokenizer.encode(text)
-                ids.extend(tok)
-                weight.extend([w] * len(tok))
-        done = full
-    return TokenRow(np.asarray(ids, np.int32), np.asarray(weight, np.float32))
-
-
-def _jsonl_items(path: str | os.PathLike) -> list[tuple[str, Any]]:
-    """(location, parsed line) of every non-empty line of a JSONL file."""
-    items = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((f"{path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({error})") from None
-    if not items:
-        raise ValueError(f"{path}: no samples")
-    return items
-
-
-def chat_samples(dataset: Any, train_on: str = "all") -> list[tuple[list[dict], str]]:
-    """(messages, train_on) of every sample of a chat dataset.
-
-    ``dataset``: a JSONL path (lines ``{"messages": [...]}`` or bare lists), a list of
-    message lists, or a list of ``{"messages": ...}`` dicts. A dict sample may carry its own
-    ``"train_on"`` ('all' or 'last'; e.g. a recovery sample whose first answer is a
-    deliberately malformed one that must not be learned); otherwise ``train_on`` applies.
-    Other keys are ignored. Raises ValueError naming the bad sample.
-    """
-    if train_on not in TRAIN_ON:
-        raise ValueError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
-    if isinstance(dataset, (str, os.PathLike)):
-        items = _jsonl_items(dataset)
-    else:
-        items = [(f"sample {i}", item) for i, item in enumerate(dataset)]
-    out = []
-    for where, item in items:
-        messages = item.get("messages") if isinstance(item, dict) else item
-        own = item.get("train_on", train_on) if isinstance(item, dict) else train_on
-        try:
-            if own not in TRAIN_ON:
-                raise ValueError(f"train_on must be one of {TRAIN_ON}, got {own!r}")
-            out.append((_check_messages(messages), own))
-        except ValueError as error:
-            raise ValueError(f"{where}: {error}") from None
-    if not out:
-        raise ValueError("empty dataset")
-    return out
-
-
-def as_conversations(dataset: Any) -> list[list[dict]]:
-    """A path to JSONL, a list of message lists or a list of {'messages': ...} dicts -> list of message lists."""
-    return [m for m, _ in chat_samples(dataset)]
 
 
 def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator,

@@ -24,7 +24,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jax_drive.rl.atomic import atomic_write_json
-from jax_drive.rl.faults import pause_point
+from jax_drive.faults import pause_point
 from jax_drive.rl.optim import make_optimizer, split_model, write_back
 
 PARTIAL_SUFFIX = ".partial"

@@ -28,14 +28,14 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, shard_batch, shard_model, shard_params
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
-from jax_drive.rl.batching import TokenRow, add_images, batch_token_logprobs, bucket_length, pad_rows
-from jax_drive.rl.checkpoint import Checkpointer, RunState
-from jax_drive.rl.faults import pause_point
-from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
+from jax_drive.data.tokens import TokenRow
+from jax_drive.rl.batching import add_images, batch_token_logprobs, bucket_length, pad_rows
+from jax_drive.rl.checkpoint import RunState
+from jax_drive.rl.logging import peak_rss_gb
+from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, open_checkpointer, restored, train_loop
 from jax_drive.rl.loss import LossConfig, policy_loss
 from jax_drive.rl.optim import (
     OptimConfig,
@@ -45,9 +45,7 @@ from jax_drive.rl.optim import (
     make_train_step,
     minibatch_indices,
     split_model,
-    write_back,
 )
-from jax_drive.rl.sft import TrainResult
 from jax_drive.rollout import (
     RolloutConfig,
     RolloutResult,
@@ -388,85 +386,66 @@ def grpo_train(
     ref_params = copy_tree(params) if config.loss.uses_reference else None
     tx = make_optimizer(config.optim)
     state = RunState(params=params, opt_state=shard_params(tx.init(params), mesh), rng=jax.random.key(config.seed))
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), name="grpo") if out_dir is not None else None
-    if resume:
-        if ckpt is None:
-            raise ValueError("resume needs out_dir")
-        if ckpt.latest_step() is not None:
-            state, _ = ckpt.restore(state)
-    logger = MetricsLogger(out_dir, resume_from=state.step if resume else None)
-    bar = tqdm(total=config.steps, initial=state.step, desc="mtgrpo", disable=not progress, dynamic_ncols=True)
+    ckpt = open_checkpointer(out_dir, "grpo")
+    state = restored(state, ckpt, resume)
     rows_multiple = min(config.minibatch_size, config.prompts_per_step * config.rollout.group_size)
-    try:
-        write_back(model, state.params)  # the sampler generates with pi_old = the current params
-        while state.step < config.steps:
-            rng, k_roll, k_mb = jax.random.split(state.rng, 3)
-            idx = scene_order(n, config.seed, state.data_position, config.prompts_per_step)
-            rows_logp = _row_logprobs(graphdef, rest, state.params, ref_params, config)
-            t0 = time.perf_counter()
-            result = run_rollouts(engine, tokenizer, index_scene(scenes, idx), k_roll, config.rollout,
-                                  reference=references[idx], pdm_config=pdm_config, prompts=[prompts[i] for i in idx],
-                                  on_finished=rows_logp.submit if rows_logp and config.stream_logprobs else None)
-            t1 = time.perf_counter()
-            pause_point("grpo_step", state.step + 1)  # test hook: rollouts done, no update yet
-            adv = compute_advantages_jit(result.reward, result.turn_mask, config.advantage)
-            train_result, train_adv = result, np.asarray(adv)
-            keep = np.arange(train_adv.shape[0])
-            if config.drop_degenerate_groups:
-                keep = np.flatnonzero(np.any(train_adv != 0.0, axis=(1, 2)))
-                train_result, train_adv = select_scenes(result, keep), train_adv[keep]
-            kept = train_adv.shape[0]
-            if kept:
-                multiple = int(np.lcm(min(rows_multiple, kept * config.rollout.group_size), shards))
-                batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
-                                          model=model)
-                precomputed = None
-                if rows_logp is not None:
-                    precomputed = _precomputed(rows_logp, result, keep, config.rollout.group_size, batch)
-                params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
-                                                        batch, config, k_mb, precomputed)
-                jax.block_until_ready(params)
-                if rows_logp is not None:  # scoring time, and the part the trainer waited for
-                    update.update(logprob_seconds=rows_logp.compute_seconds, logprob_wait_seconds=rows_logp.wait_seconds)
-            else:
-                batch, params, opt_state = None, state.params, state.opt_state
-                update = {"optimizer_steps": 0}
-                if rows_logp is not None:
-                    rows_logp.close()
-            update = {**update, "skipped_update": float(not kept), "groups_kept": kept}
-            t2 = time.perf_counter()
-            state = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
-                             data_position=state.data_position + config.prompts_per_step)
-            write_back(model, state.params)
-            record: dict = {}
-            if state.step % config.log_every == 0 or state.step == config.steps:
-                summary = summarize(result)
-                train_tokens = (float(np.asarray(batch["attention_mask"]).sum()) * config.ppo_epochs
-                                if batch is not None else 0.0)
-                record = logger.log(state.step, {
-                    **summary,
-                    **update,
-                    "advantage_abs_mean": float(np.abs(np.asarray(adv))[result.turn_mask].mean()),
-                    "rollout_seconds": t1 - t0,
-                    "update_seconds": t2 - t1,
-                    "rollout_tokens_per_s": summary["generated_tokens"] / max(t1 - t0, 1e-9),
-                    "train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
-                    "padded_length": int(batch["input_ids"].shape[1]) if batch is not None else 0,
-                    "peak_rss_gb": peak_rss_gb(),
-                })
-                bar.set_postfix(pdms=f"{summary['pdms_final']:.3f}", turns=f"{summary['turns_mean']:.2f}",
-                                kl=f"{update.get('kl', float('nan')):.4f}")
-            bar.update(1)
-            if on_step is not None:
-                on_step(state, record)
-            if ckpt is not None and config.checkpoint_every and state.step % config.checkpoint_every == 0:
-                ckpt.save(state)
-        if ckpt is not None and state.step not in ckpt.all_steps():
-            ckpt.save(state)
-    finally:
-        bar.close()
-        logger.close()
-        if ckpt is not None:
-            ckpt.close()
-    write_back(model, state.params)
-    return TrainResult(history=logger.history, state=state, out_dir=None if out_dir is None else os.fspath(out_dir))
+
+    def step(state: RunState) -> StepOutcome:
+        rng, k_roll, k_mb = jax.random.split(state.rng, 3)
+        idx = scene_order(n, config.seed, state.data_position, config.prompts_per_step)
+        rows_logp = _row_logprobs(graphdef, rest, state.params, ref_params, config)
+        t0 = time.perf_counter()
+        result = run_rollouts(engine, tokenizer, index_scene(scenes, idx), k_roll, config.rollout,
+                              reference=references[idx], pdm_config=pdm_config, prompts=[prompts[i] for i in idx],
+                              on_finished=rows_logp.submit if rows_logp and config.stream_logprobs else None)
+        t1 = time.perf_counter()
+        adv = compute_advantages_jit(result.reward, result.turn_mask, config.advantage)
+        train_result, train_adv = result, np.asarray(adv)
+        keep = np.arange(train_adv.shape[0])
+        if config.drop_degenerate_groups:
+            keep = np.flatnonzero(np.any(train_adv != 0.0, axis=(1, 2)))
+            train_result, train_adv = select_scenes(result, keep), train_adv[keep]
+        kept = train_adv.shape[0]
+        if kept:
+            multiple = int(np.lcm(min(rows_multiple, kept * config.rollout.group_size), shards))
+            batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
+                                      model=model)
+            precomputed = None
+            if rows_logp is not None:
+                precomputed = _precomputed(rows_logp, result, keep, config.rollout.group_size, batch)
+            params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
+                                                    batch, config, k_mb, precomputed)
+            jax.block_until_ready(params)
+            if rows_logp is not None:  # scoring time, and the part the trainer waited for
+                update.update(logprob_seconds=rows_logp.compute_seconds, logprob_wait_seconds=rows_logp.wait_seconds)
+        else:
+            batch, params, opt_state = None, state.params, state.opt_state
+            update = {"optimizer_steps": 0}
+            if rows_logp is not None:
+                rows_logp.close()
+        update = {**update, "skipped_update": float(not kept), "groups_kept": kept}
+        t2 = time.perf_counter()
+        after = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
+                         data_position=state.data_position + config.prompts_per_step)
+        summary = summarize(result)
+        train_tokens = float(np.asarray(batch["attention_mask"]).sum()) * config.ppo_epochs if batch is not None else 0.0
+        record = {
+            **summary,
+            **update,
+            "advantage_abs_mean": float(np.abs(np.asarray(adv))[result.turn_mask].mean()),
+            "rollout_seconds": t1 - t0,
+            "update_seconds": t2 - t1,
+            "rollout_tokens_per_s": summary["generated_tokens"] / max(t1 - t0, 1e-9),
+            "train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
+            "padded_length": int(batch["input_ids"].shape[1]) if batch is not None else 0,
+            "peak_rss_gb": peak_rss_gb,
+        }
+        finite = {k: update[k] for k in ("loss", "grad_norm", "kl") if k in update}
+        postfix = {"pdms": f"{summary['pdms_final']:.3f}", "turns": f"{summary['turns_mean']:.2f}",
+                   "kl": f"{update.get('kl', float('nan')):.4f}"}
+        return StepOutcome(after, record, finite=finite, postfix=postfix)
+
+    loop = LoopConfig("grpo", config.steps, config.checkpoint_every, config.log_every, config.optim.skip_nonfinite,
+                      live_model=True)
+    return train_loop(model, state, step, loop, ckpt=ckpt, out_dir=out_dir, resume=resume, progress=progress,
+                      on_step=on_step)

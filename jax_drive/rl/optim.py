@@ -19,6 +19,7 @@ the weight gathers and gradient reduce-scatters.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Literal
 
 import jax
@@ -40,6 +41,9 @@ class OptimConfig:
       b1, b2, eps: Adam moments (torch defaults).
       max_grad_norm: global-norm gradient clip (veRL 1.0); None disables.
       trainable: 'lora' (only LoRAParam, needs apply_lora first) or 'full' (every nnx.Param).
+      skip_nonfinite: a step with a non-finite loss or gradient drops its update and training
+        goes on (as optax's ``apply_if_finite``); default False: the run stops with an error
+        naming the step (:mod:`jax_drive.rl.loop`).
     """
 
     learning_rate: float = 1e-6
@@ -49,12 +53,18 @@ class OptimConfig:
     eps: float = 1e-8
     max_grad_norm: float | None = 1.0
     trainable: Literal["lora", "full"] = "lora"
+    skip_nonfinite: bool = False
 
     def __post_init__(self):
         if self.trainable not in ("lora", "full"):
             raise ValueError(f"trainable must be 'lora' or 'full', got {self.trainable!r}")
-        if self.learning_rate <= 0:
-            raise ValueError("learning_rate must be > 0")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be > 0 and finite, got {self.learning_rate}")
+        for name in ("weight_decay", "b1", "b2", "eps"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
+        if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a finite number > 0 (or None), got {self.max_grad_norm}")
 
 
 def trainable_filter(trainable: str):

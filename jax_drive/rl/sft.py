@@ -1,7 +1,7 @@
 """Supervised fine-tuning on chat datasets: masked cross-entropy on assistant tokens.
 
 ``sft_train(model, dataset, config, tokenizer=...)`` tokenises every conversation
-(:func:`jax_drive.rl.batching.tokenize_chat`), groups samples of similar length into batches
+(:func:`jax_drive.data.tokens.tokenize_chat`), groups samples of similar length into batches
 padded to a multiple of ``bucket_size`` (few distinct shapes -> few compiles), and minimises
 
     L = - sum_{b,t} m_bt log p(x_{b,t+1} | x_{b,<=t}) / sum_{b,t} m_bt
@@ -24,23 +24,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
-from jax_drive.rl.batching import (
-    TokenRow,
-    add_images,
-    chat_samples,
-    batch_token_logprobs,
-    bucket_length,
-    iterate_epochs,
-    pad_rows,
-    tokenize_chat,
-)
-from jax_drive.rl.checkpoint import Checkpointer, RunState
-from jax_drive.rl.faults import pause_point
-from jax_drive.rl.logging import MetricsLogger, peak_rss_gb
+from jax_drive.data.tokens import TokenRow, chat_samples, tokenize_chat
+from jax_drive.rl.batching import add_images, batch_token_logprobs, bucket_length, iterate_epochs, pad_rows
+from jax_drive.rl.checkpoint import RunState
+from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, open_checkpointer, restored, train_loop
+from jax_drive.rl.logging import peak_rss_gb
 from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, round_up, shard_batch, shard_model, shard_params
-from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model, write_back
+from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,15 +73,6 @@ class SFTConfig:
             raise ValueError("batch_size, epochs, bucket_size must be >= 1 and max_length >= 2")
         if self.max_steps is not None and self.max_steps < 0:
             raise ValueError("max_steps must be >= 0")
-
-
-@dataclasses.dataclass
-class TrainResult:
-    """What a trainer returns: per-step records and the final run state."""
-
-    history: list[dict]
-    state: RunState
-    out_dir: str | None = None
 
 
 def sft_loss_fn(chunk_size: int = 256):
@@ -156,56 +138,38 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     graphdef, params, rest = split_model(model, config.optim.trainable)
     tx = make_optimizer(config.optim)
     state = RunState(params=params, opt_state=shard_params(tx.init(params), mesh), rng=jax.random.key(config.seed))
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), name="sft") if out_dir is not None else None
-    if resume:
-        if ckpt is None:
-            raise ValueError("resume needs out_dir")
-        if ckpt.latest_step() is not None:
-            state, _ = ckpt.restore(state)
+    ckpt = open_checkpointer(out_dir, "sft")
+    state = restored(state, ckpt, resume)
     step_fn = _cached_step(graphdef, config.chunk_size, config.optim, mesh)
     stream = iterate_epochs(len(rows), [len(r) for r in rows], config.batch_size, config.seed)
     for _ in range(state.data_position):
         next(stream)
+    num_rows = round_up(config.batch_size, batch_shards(mesh))
 
-    logger = MetricsLogger(out_dir, resume_from=state.step if resume else None)
-    bar = tqdm(total=total, initial=state.step, desc="sft", disable=not progress, dynamic_ncols=True)
-    try:
-        while state.step < total:
-            epoch, index = next(stream)
-            chosen = [rows[i] for i in index]
-            length = bucket_length(max(len(r) for r in chosen) - 1, config.bucket_size, config.max_length)
-            num_rows = round_up(config.batch_size, batch_shards(mesh))
-            batch = add_images(pad_rows(chosen, length, pad_id, num_rows=num_rows), chosen, model)
-            batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
-            start = time.perf_counter()
-            params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
-            loss = float(loss)  # blocks
-            seconds = time.perf_counter() - start
-            pause_point("sft_step", state.step + 1)  # test hook: the step is done but not recorded
-            state = dataclasses.replace(state, params=params, opt_state=opt_state,
-                                        step=state.step + 1, data_position=state.data_position + 1)
-            if state.step % config.log_every == 0 or state.step == total:
-                tokens = int(np.asarray(batch["attention_mask"]).sum())
-                logger.log(state.step, {
-                    "loss": loss,
-                    "grad_norm": metrics["grad_norm"],
-                    "loss_tokens": metrics["loss_tokens"],
-                    "epoch": epoch,
-                    "padded_length": length,
-                    "tokens_per_s": tokens / max(seconds, 1e-9),
-                    "step_seconds": seconds,
-                    "peak_rss_gb": peak_rss_gb(),
-                })
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}")
-            if ckpt is not None and config.checkpoint_every and state.step % config.checkpoint_every == 0:
-                ckpt.save(state)
-        if ckpt is not None and state.step not in ckpt.all_steps():
-            ckpt.save(state)
-    finally:
-        bar.close()
-        logger.close()
-        if ckpt is not None:
-            ckpt.close()
-    write_back(model, state.params)
-    return TrainResult(history=logger.history, state=state, out_dir=None if out_dir is None else os.fspath(out_dir))
+    def step(state: RunState) -> StepOutcome:
+        epoch, index = next(stream)
+        chosen = [rows[i] for i in index]
+        length = bucket_length(max(len(r) for r in chosen) - 1, config.bucket_size, config.max_length)
+        batch = add_images(pad_rows(chosen, length, pad_id, num_rows=num_rows), chosen, model)
+        batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
+        start = time.perf_counter()
+        params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
+        loss = float(loss)  # blocks
+        seconds = time.perf_counter() - start
+        after = dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + 1,
+                                    data_position=state.data_position + 1)
+        record = {
+            "loss": loss,
+            "grad_norm": metrics["grad_norm"],
+            "loss_tokens": metrics["loss_tokens"],
+            "epoch": epoch,
+            "padded_length": length,
+            "tokens_per_s": lambda: int(np.asarray(batch["attention_mask"]).sum()) / max(seconds, 1e-9),
+            "step_seconds": seconds,
+            "peak_rss_gb": peak_rss_gb,
+        }
+        return StepOutcome(after, record, finite={"loss": loss, "grad_norm": float(metrics["grad_norm"])},
+                           postfix={"loss": f"{loss:.4f}"})
+
+    loop = LoopConfig("sft", total, config.checkpoint_every, config.log_every, config.optim.skip_nonfinite)
+    return train_loop(model, state, step, loop, ckpt=ckpt, out_dir=out_dir, resume=resume, progress=progress)

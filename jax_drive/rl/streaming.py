@@ -45,7 +45,8 @@ from jax_drive.models.transformer import (
     init_cache,
     positions_from_mask,
 )
-from jax_drive.rl.batching import TokenRow, bucket_length, pad_rows
+from jax_drive.data.tokens import TokenRow
+from jax_drive.rl.batching import bucket_length, pad_rows
 from jax_drive.rl.optim import make_eval_fn
 
 

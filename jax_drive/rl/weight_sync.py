@@ -280,7 +280,8 @@ def trainer_logprobs(model, prompt_ids: Sequence[int], token_ids: Sequence[int],
     """log pi(token_ids[i] | prompt_ids + token_ids[:i]) under ``model``, as (n,) float32:
     the trainer's view of a completion the server sampled. The sequence is padded to a
     multiple of ``bucket_size`` (one compiled program per bucket)."""
-    from jax_drive.rl.batching import TokenRow, bucket_length, pad_rows
+    from jax_drive.data.tokens import TokenRow
+    from jax_drive.rl.batching import bucket_length, pad_rows
 
     if len(token_ids) == 0 or len(prompt_ids) == 0:
         raise ValueError("need a non-empty prompt and completion")

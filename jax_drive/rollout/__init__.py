@@ -6,10 +6,10 @@ Public API:
   RolloutResult, Transcript, TurnRecord, concat_results,
   select_scenes, summarize, SUB_SCORES                                (result)
   turn_rewards                                                        (reward: MTDrive Eq. 2)
-  evaluate_multiturn                                                  (evaluate)
+  evaluate_multiturn, evaluate_sets, PolicyPredictor                 (evaluate)
 """
 
-from jax_drive.rollout.evaluate import evaluate_multiturn
+from jax_drive.rollout.evaluate import PolicyPredictor, evaluate_multiturn, evaluate_sets
 from jax_drive.rollout.multiturn import (
     FORMAT_FEEDBACK,
     ChatContinuation,
@@ -40,6 +40,8 @@ __all__ = [
     "compute_reference",
     "concat_results",
     "evaluate_multiturn",
+    "evaluate_sets",
+    "PolicyPredictor",
     "run_rollouts",
     "scene_prompts",
     "select_scenes",

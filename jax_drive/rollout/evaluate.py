@@ -8,10 +8,17 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from jax_drive.rollout.images import prompt_image_inputs
 from jax_drive.rollout.multiturn import RolloutConfig, compute_reference, run_rollouts, scene_prompts
-from jax_drive.rollout.result import RolloutResult, concat_results, summarize
+from jax_drive.rollout.result import RolloutResult, concat_results, select_scenes, summarize
+from jax_drive.sampling import SamplingParams
 from jax_drive.scenes import index_scene
+from jax_drive.text.prompts import PromptConfig
 from jax_drive.types import Scene
+
+# the summary values averaged over held-out sets (with their standard error across sets)
+SET_SUMMARY_KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
+                    "final_ep", "final_comfort")
 
 
 def evaluate_multiturn(
@@ -47,3 +54,61 @@ def evaluate_multiturn(
                                     prompts=[prompts[i] for i in idx]))
     result = concat_results(results)
     return summarize(result), result
+
+
+def evaluate_sets(engine, tokenizer, sets: Sequence[tuple[Scene, np.ndarray]], config: RolloutConfig, *,
+                  seeds: Sequence[int], batch_size: int, transcripts: int, num_scenes: int | None = None,
+                  progress: bool = True) -> dict:
+    """Multi-turn evaluation on several held-out sets (their first ``num_scenes`` scenes
+    when given): per-set summaries, their mean and standard error, PDMS by turn budget,
+    and the turn logs of the first set's first ``transcripts`` scenes.
+
+    ``sets``: [(scenes (S_i,), references (S_i, 40, 3))], one per evaluation ``seeds``. The
+    sets are pooled into one rollout call (``batch_size`` scenes per batch), so the sampler's
+    batch padding is paid once, not per set; with greedy decoding the result does not
+    depend on the PRNG key.
+    """
+    chosen = []
+    for scenes, refs in sets:
+        if num_scenes is not None:
+            idx = np.arange(min(num_scenes, len(refs)))
+            scenes, refs = index_scene(scenes, idx), refs[idx]
+        chosen.append((scenes, np.asarray(refs)))
+    pooled = jax.tree.map(lambda *a: np.concatenate([np.asarray(x) for x in a]), *[s for s, _ in chosen])
+    _, result = evaluate_multiturn(engine, tokenizer, pooled, config, jax.random.key(0),
+                                   references=np.concatenate([r for _, r in chosen]), batch_size=batch_size,
+                                   progress=progress)
+    per_seed, start = [], 0
+    for seed, (_, refs) in zip(seeds, chosen):
+        part = select_scenes(result, np.arange(start, start + len(refs)))
+        start += len(refs)
+        per_seed.append({"seed": seed, "scenes": int(len(refs)), **summarize(part)})
+    mean = {k: float(np.mean([s[k] for s in per_seed])) for k in SET_SUMMARY_KEYS}
+    sem = {k: float(np.std([s[k] for s in per_seed], ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else 0.0
+           for k in SET_SUMMARY_KEYS}
+    by_budget = np.mean([s["pdms_by_budget"] for s in per_seed], axis=0).tolist()
+    first = min(len(chosen[0][1]), transcripts)
+    return {"mean": mean, "sem": sem, "pdms_by_budget": by_budget, "per_seed": per_seed,
+            "transcripts": [result.turn_log(s) for s in range(first)]}
+
+
+class PolicyPredictor:
+    """First-turn predictor backed by a language-model engine (greedy), for the data builders
+    (RL curation, on-policy recovery). ``prompt``: the prompts' settings; when they hold
+    images (``uses_images``) the scenes' camera images go with them (the engine's tokenizer
+    must be an image tokenizer)."""
+
+    name = "policy"
+
+    def __init__(self, engine, max_new_tokens: int, prompt: PromptConfig | None = None):
+        self.engine = engine
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        self.prompt = prompt
+
+    def __call__(self, scene: Scene, key: jax.Array, prompts: Sequence[list[dict]]) -> list[str]:
+        if self.prompt is None or not self.prompt.uses_images:
+            return [c.text for c in self.engine.generate_chat(list(prompts), self.params, key)]
+        tok = self.engine.tokenizer
+        ids = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in prompts]
+        ids, images = prompt_image_inputs(tok, scene, self.prompt, None, ids)
+        return [c.text for c in self.engine.generate(ids, self.params, key, images=images)]

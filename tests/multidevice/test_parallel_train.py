@@ -17,7 +17,7 @@ from flax import nnx
 from jax_drive import parallel
 from jax_drive.models.tiny import tiny_policy
 from jax_drive.parallel import MeshConfig
-from jax_drive.rl.batching import TokenRow
+from jax_drive.data.tokens import TokenRow
 from jax_drive.rl.grpo import GRPOConfig, grpo_update
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig, copy_tree, make_optimizer, split_model
@@ -122,7 +122,7 @@ def test_trainer_step_rejects_rows_that_do_not_split():
 
 
 def test_paper_preset_trains_on_every_device():
-    from jax_drive.pipelines.presets import PRESETS
+    from jax_drive.pipelines.mtdrive.presets import PRESETS
 
     paper = PRESETS["paper"]
     for mesh_config in (paper.sft.mesh, paper.rl.mesh):

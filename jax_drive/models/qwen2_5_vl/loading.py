@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_drive.models.loading import WeightLoadError, assign_hf_weights, load_safetensors_dir
+from jax_drive.models.hf_weights import WeightLoadError, assign_hf_weights
 from jax_drive.models.qwen2_5_vl.config import VisionConfig, VLMConfig
 from jax_drive.models.qwen2_5_vl.model import Qwen2_5_VL
 from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS, VisionTower
@@ -122,18 +122,6 @@ def assign_vlm_weights(config: VLMConfig, get: Callable[[str], np.ndarray],
     return model
 
 
-def load_vlm(path: str | Path, dtype: str | None = None) -> tuple[Qwen2_5_VL, VLMConfig]:
-    """(model, config) from a Qwen2.5-VL directory (config.json + (sharded) safetensors).
-
-    dtype: 'float32' / 'bfloat16', or None for the checkpoint's own. Raises WeightLoadError
-    for a directory of another model type.
-    """
-    model, config = load_safetensors_dir(path, dtype)
-    if not isinstance(model, Qwen2_5_VL):
-        raise WeightLoadError(f"{path} is not a Qwen2.5-VL checkpoint (model_type {config.model_type!r})")
-    return model, config
-
-
 # ----------------------------------------------------------------------------- export
 def vlm_hf_state_dict(model: Qwen2_5_VL, layout: str = "legacy") -> dict[str, jnp.ndarray]:
     """HF name -> array (torch layout, model dtype), LoRA folded in.
@@ -174,11 +162,11 @@ def vlm_hf_state_dict(model: Qwen2_5_VL, layout: str = "legacy") -> dict[str, jn
 def save_vlm(model: Qwen2_5_VL, out_dir: str | Path, layout: str = "legacy",
              max_shard_bytes: int = 4 * 2**30) -> Path:
     """Writes config.json + model(-0000i-of-n).safetensors loadable by transformers."""
-    from jax_drive.models.export import _save_tensors
+    from jax_drive.models.export import save_tensors
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _save_tensors(vlm_hf_state_dict(model, layout), out, "model", max_shard_bytes)
+    save_tensors(vlm_hf_state_dict(model, layout), out, "model", max_shard_bytes)
     (out / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
     return out
 

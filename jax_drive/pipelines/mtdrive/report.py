@@ -11,7 +11,7 @@ from jax_drive.rl.logging import jsonable
 
 
 def eval_card(preset) -> dict:
-    """How the held-out evaluation was run (a :class:`~jax_drive.pipelines.presets.Preset`'s settings)."""
+    """How the held-out evaluation was run (a :class:`~jax_drive.pipelines.mtdrive.presets.Preset`'s settings)."""
     return {"seeds": list(preset.eval_seeds), "scenes_per_seed": preset.eval_scenes,
             "untrained_scenes_per_seed": min(preset.untrained_eval_scenes or preset.eval_scenes, preset.eval_scenes),
             "turn_budget": preset.eval_turns, "decoding": "greedy", "max_new_tokens": preset.max_new_tokens}

@@ -1,17 +1,23 @@
 """MTDrive experiment presets: one frozen :class:`Preset` per setting, and the rollout /
-trainer configs derived from a preset (so SFT data, RL rollouts and evaluation share one
-prompt and caption).
+trainer / model / engine configs derived from a preset (so SFT data, RL rollouts and
+evaluation share one prompt and caption).
 
 ``smoke`` (tiny random model, seconds of compute per stage; tests and CI), ``smoke-vlm``
 (the same on a tiny random Qwen2.5-VL whose prompts hold rendered camera images), ``cpu-demo``
-(SmolLM2-135M on this 2-core CPU, ~20 min) and ``paper`` (MTDrive section 4).
+(SmolLM2-135M on a 2-core CPU in about 20 minutes), ``cpu-study`` (the studied CPU recipe
+with the best RL result: more SFT steps, format-recovery and on-policy recovery rows, RL on
+the scenes whose first answer draws feedback, with a refinement bonus; hours per seed) and
+``paper`` (MTDrive section 4). Any field can be changed per run with ``--set PATH=VALUE``
+(:mod:`jax_drive.configs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from jax_drive.names import MTDRIVE_PRESETS, check_names
 from jax_drive.parallel import MeshConfig
+from jax_drive.pipelines.engines import EngineSpec, ModelSpec, bucket_range
 from jax_drive.render.camera import CameraConfig
 from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.grpo import GRPOConfig
@@ -235,8 +241,37 @@ def _smoke_vlm(smoke: Preset) -> Preset:
                                prompt_lookup=None)
 
 
+def _cpu_study(demo: Preset) -> Preset:
+    """The studied CPU recipe: 96 SFT steps on rows of at most 1,664 tokens with 16
+    format-recovery rows, on-policy recovery over 128 fresh scenes (16 more steps), then 20
+    mtGRPO steps of 2 prompts at lr 5e-5 on curated scenes whose first answer draws feedback
+    (64 candidates, no easy ones), each later turn also earning its reward gain (bonus 1)."""
+    rl = dataclasses.replace(demo.rl, steps=20, prompts_per_step=2, optim=OptimConfig(learning_rate=5e-5),
+                             rollout=dataclasses.replace(demo.rl.rollout, improvement_weight=1.0))
+    return dataclasses.replace(demo, name="cpu-study", sft=dataclasses.replace(demo.sft, max_steps=96),
+                               sft_max_tokens=1664, sft_recovery=16, sft_onpolicy_scenes=128, sft_onpolicy_steps=16,
+                               rl=rl, curation_scenes=64, curation_easy_ratio=0.0)
+
+
 PRESETS = _presets()
 PRESETS["smoke-vlm"] = _smoke_vlm(PRESETS["smoke"])
+PRESETS["cpu-study"] = _cpu_study(PRESETS["cpu-demo"])
+PRESETS = {name: PRESETS[name] for name in MTDRIVE_PRESETS}
+check_names("MTDrive presets", PRESETS, MTDRIVE_PRESETS)
+
+
+def model_spec(preset: Preset) -> ModelSpec:
+    """The preset's policy: its model with fresh LoRA adapters (A from ``seed + 1``) and its
+    training settings."""
+    return ModelSpec(preset.model, seed=preset.seed, lora_rank=preset.lora_rank, lora_alpha=preset.lora_alpha,
+                     lora_seed=preset.seed + 1, remat_layers=preset.remat_layers, frozen_layers=preset.frozen_layers)
+
+
+def engine_spec(preset: Preset) -> EngineSpec:
+    """The in-process engine of rollouts and evaluation: prompts padded to multiples of
+    ``prompt_bucket``, ``eval_batch`` rows per call, the preset's prompt lookup."""
+    return EngineSpec(prompt_buckets=bucket_range(preset.prompt_bucket, 32_768), max_batch=preset.eval_batch,
+                      prompt_lookup=preset.prompt_lookup)
 
 
 def eval_config(preset: Preset) -> RolloutConfig:

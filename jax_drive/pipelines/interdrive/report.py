@@ -1,0 +1,148 @@
+"""The InterDrive report: Table 2 (per arm and background setting), the goal checks, the
+probe, SFT and Fig. 5 summaries, and their plots."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from jax_drive.names import INTERDRIVE_ARMS as ARMS
+from jax_drive.pipelines.interdrive.arms import ARM_LABELS, BASELINES, LOOP_REVISION, negotiates
+from jax_drive.runinfo import InputError, run_metadata, write_json
+
+
+def _load(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _beyond(a, b):
+    """a's mean minus its SE is above b's mean plus its SE."""
+    return a["mean"] - a["se"] > b["mean"] + b["se"]
+
+
+def report(ctx, ws) -> dict:
+    """Merges the work directory's results into the report JSON (written to the ``json`` option,
+    plots beside it), prints Table 2 and the goal checks; returns the report."""
+    units = {}
+    for name in sorted(os.listdir(ctx.path("units"))):
+        if name.endswith(".json") and not name.endswith(".log.json"):
+            u = _load(ctx.path("units", name))
+            if not ws.made_here(u, negotiates=negotiates(u["arm"])):
+                ctx.log(f"left out {name}: made by {ws.origin(u)}, not {ws.negotiator_id()}, closed-loop "
+                      f"revision {LOOP_REVISION} (--stage eval runs it again)")
+                continue
+            units[(u["arm"], bool(u["background"]))] = u
+    if not units:
+        raise InputError(f"no evaluation units in {ctx.path('units')}: run --stage eval first")
+    table, goals = {}, {}
+    for bg in (False, True):
+        label = "with_background" if bg else "without_background"
+        rows = {arm: units[(arm, bg)]["overall"]["aggregate"] for arm in ARMS + BASELINES if (arm, bg) in units}
+        if not rows:
+            continue
+        table[label] = rows
+        if all(a in rows for a in ("1_no_negotiation", "2_no_grouping", "5_consensus", "rule_based")):
+            full = rows["5_consensus"]
+            goals[label] = {
+                "DS_5_beyond_1": _beyond(full["DS"], rows["1_no_negotiation"]["DS"]),
+                "SR_5_beyond_1": _beyond(full["SR"], rows["1_no_negotiation"]["SR"]),
+                "DS_5_beyond_2": _beyond(full["DS"], rows["2_no_grouping"]["DS"]),
+                "SR_5_beyond_2": _beyond(full["SR"], rows["2_no_grouping"]["SR"]),
+                "SR_5_minus_rule_based_pp": full["SR"]["mean"] - rows["rule_based"]["SR"]["mean"],
+                "SR_within_10pp_of_rule_based": abs(full["SR"]["mean"] - rows["rule_based"]["SR"]["mean"]) <= 10.0,
+            }
+    report = {
+        "meta": run_metadata(command=ctx.option("command")),
+        "preset": ctx.preset.name, "engine": ctx.option("engine"), "negotiator": ws.negotiator_id(),
+        "note": "A rule-based intention planner stands in for the paper's VLM intention planner.",
+        "episodes": {"types": list(ctx.preset.types), "seeds": list(ctx.preset.eval_seeds),
+                     "per_seed": ctx.preset.episodes_per_seed, "config": ctx.preset.config},
+        "table2": table, "goals": goals,
+        "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
+                                                       ("per_type", "overall", "negotiation", "engine",
+                                                        "wall_seconds", "episodes", "negotiator")}
+                  for (arm, bg), u in sorted(units.items())},
+    }
+    for name in ("sft_data.json",):
+        if os.path.exists(ctx.path(name)):
+            report["sft_data"] = _load(ctx.path(name))["info"]
+    if os.path.exists(ctx.path("probe.json")):
+        report["probe"] = _load(ctx.path("probe.json"))
+    if os.path.exists(ctx.path("sft", "summary.json")):
+        report["sft"] = _load(ctx.path("sft", "summary.json"))
+    base = os.path.splitext(ctx.option("json"))[0]
+    if os.path.exists(ctx.path("fig5.json")):
+        study = _load(ctx.path("fig5.json"))
+        report["fig5"] = {k: {kk: vv for kk, vv in v.items() if kk != "scores"} if isinstance(v, dict) else v
+                          for k, v in study.items()}
+        plot_fig5(study, base + "_fig5.png")
+        report["fig5"]["plot"] = base + "_fig5.png"
+    if table:
+        plot_table(table, base + "_table2.png")
+        report["table2_plot"] = base + "_table2.png"
+    if os.path.exists(ctx.option("episode_png")):
+        report["episode_render"] = ctx.option("episode_png")
+    write_json(ctx.option("json"), report)
+    ctx.log(markdown_table(table))
+    ctx.log(json.dumps(goals, indent=1))
+    return report
+
+
+def markdown_table(table: dict) -> str:
+    lines = []
+    for label, rows in table.items():
+        lines += [f"\n{label.replace('_', ' ')}\n", "| ID | DS | RC | IS | SR |", "|---|---|---|---|---|"]
+        for arm, agg in rows.items():
+            cells = [f"{agg[k]['mean']:.1f} ± {agg[k]['se']:.1f}" if k != "IS" else
+                     f"{agg[k]['mean']:.3f} ± {agg[k]['se']:.3f}" for k in ("DS", "RC", "IS", "SR")]
+            lines.append(f"| {ARM_LABELS[arm]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_fig5(study: dict, path: str):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for label, colour, dx in (("without_critic", "tab:orange", -0.08), ("with_critic", "tab:blue", 0.08)):
+        scores = np.asarray(study[label]["scores"], float)
+        rounds = np.arange(1, scores.shape[1] + 1)
+        for r in range(scores.shape[1]):
+            col = scores[:, r][np.isfinite(scores[:, r])]
+            ax.scatter(np.full(len(col), rounds[r] + dx) + np.random.default_rng(r).uniform(-0.03, 0.03, len(col)),
+                       col, s=8, color=colour, alpha=0.35)
+        ax.errorbar(rounds + dx, study[label]["mean"], yerr=study[label]["se"], color=colour, marker="o", capsize=3,
+                    label=label.replace("_", " "))
+    ax.set_xticks(rounds)
+    ax.set_xlabel("negotiation round")
+    ax.set_ylabel("quality = 3 consensus + 5 safety + 2 efficiency")
+    ax.set_title(f"Negotiation quality per round ({len(study['situations'])} groups)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_table(table: dict, path: str):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6 * len(table), 4))
+    FigureCanvasAgg(fig)
+    axes = np.atleast_1d(fig.subplots(1, len(table)))
+    for ax, (label, rows) in zip(axes, table.items()):
+        names = list(rows)
+        x = np.arange(len(names))
+        for j, (metric, colour) in enumerate((("DS", "tab:blue"), ("SR", "tab:green"))):
+            ax.bar(x + (j - 0.5) * 0.38, [rows[n][metric]["mean"] for n in names], 0.38,
+                   yerr=[rows[n][metric]["se"] for n in names], color=colour, label=metric, capsize=2)
+        ax.set_xticks(x, [ARM_LABELS[n] for n in names], rotation=30, ha="right", fontsize=7)
+        ax.set_title(f"InterDrive, ten types averaged ({label.replace('_', ' ')})", fontsize=9)
+        ax.set_ylim(0, 105)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,186 @@
+"""Evaluating TalkingVehicles policies: batched episodes, their records, CR / SR / TR
+summaries over scenarios and seeds, the Table 3 latency figures and the printed tables.
+
+A policy is evaluated on the same held-out episodes as every other method (the ``eval``
+split: scenarios x seeds x episodes, accident-prone and safe alternating), one batch per
+seed; each seed's chunk of records can be saved and is then loaded, not run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from jax_drive.coop.agent import LanguagePolicy
+from jax_drive.coop.learning import EpisodeSpec, MemoryContext, episode_specs, run_specs
+from jax_drive.pipelines.talking_vehicles.presets import Preset
+from jax_drive.runinfo import write_json
+from jax_drive.sim import metrics as M
+
+TV_KEYS = ("CR", "SR", "TR")
+
+
+def eval_specs(preset: Preset, method: str) -> list[EpisodeSpec]:
+    return episode_specs(preset.scenarios, preset.seeds, preset.episodes_for(method), "eval")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def latency_summary(calls: Sequence[dict]) -> dict:
+    """Table 3 figures from call records (``CallRecord`` fields as dicts): the per-agent
+    decision cost (batch wall time / agents in the batch) median and p95 over calls, its
+    overall mean (total wall / total agent decisions), batch wall median / p95, agents per
+    call and tokens per agent."""
+    if not calls:
+        return {}
+    per_agent = [c["seconds"] / max(c["agents"], 1) for c in calls]
+    agents = sum(c["agents"] for c in calls)
+    return {
+        "calls": len(calls), "agent_decisions": agents,
+        "agent_seconds_median": percentile(per_agent, 50), "agent_seconds_p95": percentile(per_agent, 95),
+        "agent_seconds_mean": sum(c["seconds"] for c in calls) / max(agents, 1),
+        "batch_seconds_median": percentile([c["seconds"] for c in calls], 50),
+        "batch_seconds_p95": percentile([c["seconds"] for c in calls], 95),
+        "agents_per_call_mean": agents / len(calls),
+        "prompt_tokens_per_agent": sum(c["prompt_tokens"] for c in calls) / max(agents, 1),
+        "new_tokens_per_agent": sum(c["new_tokens"] for c in calls) / max(agents, 1),
+    }
+
+
+def episode_record(spec: EpisodeSpec, result, failures=None) -> dict:
+    """JSON record of one evaluated episode (enough to recompute every metric)."""
+    return {"episode": spec.tag, "scenario": spec.scenario, "seed": spec.seed, "index": spec.index,
+            "accident_prone": result.accident_prone, "policy": result.policy, "end_time": result.end_time,
+            "bytes_sent": result.bytes_sent, "messages_sent": result.messages_sent,
+            "outcomes": [dataclasses.asdict(o) for o in result.outcomes], "metrics": result.metrics,
+            "parse_failures": dict(failures or {})}
+
+
+def result_from_record(record: dict):
+    """The :class:`~jax_drive.coop.runner.EpisodeResult` of an :func:`episode_record`."""
+    from jax_drive.coop.runner import EpisodeResult
+    from jax_drive.sim.metrics import AgentOutcome
+
+    return EpisodeResult(scenario=record["scenario"], accident_prone=record["accident_prone"], background=False,
+                         policy=record["policy"], outcomes=[AgentOutcome(**o) for o in record["outcomes"]],
+                         end_time=record["end_time"], bytes_sent=record["bytes_sent"],
+                         messages_sent=record["messages_sent"], metrics=record["metrics"])
+
+
+def summarise_records(records: Sequence[dict]) -> dict:
+    """Per scenario: CR / SR / TR per seed, mean ± SE across seeds, accident-prone / safe
+    split, bytes per message; the average over scenarios (per seed, then mean ± SE across
+    seeds); parse failures summed over episodes."""
+    from jax_drive.coop.evaluate import summarise
+
+    results = [result_from_record(r) for r in records]
+    groups: dict[str, dict[int, list]] = {}
+    for record, result in zip(records, results):
+        groups.setdefault(record["scenario"], {}).setdefault(record["seed"], []).append(result)
+    scenarios = {name: summarise(by_seed, "talking_vehicles") for name, by_seed in groups.items()}
+    per_seed = []
+    for seed in sorted({r["seed"] for r in records}):
+        rows = [next(p for p in scen["per_seed"] if p["seed"] == seed) for scen in scenarios.values()]
+        per_seed.append({k: float(np.mean([r[k] for r in rows])) for k in TV_KEYS} | {"seed": seed})
+    sent = sum(r.messages_sent for r in results)
+    counts: dict[str, int] = {}
+    for record in records:
+        for k, v in record["parse_failures"].items():
+            counts[k] = counts.get(k, 0) + int(v)
+    return {"scenarios": scenarios, "average": {"per_seed": per_seed,
+                                                 "aggregate": M.aggregate_seeds(per_seed, TV_KEYS)},
+            "bytes_per_message": sum(r.bytes_sent for r in results) / sent if sent else 0.0,
+            "messages_per_episode": sent / max(len(results), 1), "parse_failures": counts,
+            "episodes": len(results)}
+
+
+def evaluate_chunk(policy, specs: Sequence[EpisodeSpec], *, progress: bool = True, story: str | None = None,
+                   label: str = "", max_time: float | None = None) -> dict:
+    """Runs ``specs`` in ONE batch with ``policy``: {records, calls, seconds, storyboard}.
+    ``story``: the scenario whose first accident-prone episode of the chunk is kept."""
+    specs = list(specs)
+    if isinstance(policy, LanguagePolicy):
+        policy.reset()
+    context = getattr(policy, "context", None)
+    if isinstance(context, MemoryContext):
+        context.specs = specs
+    pick = next((n for n, s in enumerate(specs) if s.scenario == story and s.accident_prone), None)
+    bar = tqdm(desc=f"eval [{label or policy.name}] ({len(specs)} episodes)", unit="decision", disable=not progress,
+               leave=False)
+    start = time.perf_counter()
+    results, _ = run_specs(specs, policy, keep_trajectory=pick is not None, progress=lambda d: bar.update(1),
+                           max_time=max_time)
+    bar.close()
+    failures = getattr(policy, "failures", {})
+    from jax_drive.coop.render import episode_story  # matplotlib only when a storyboard is kept
+
+    return {"records": [episode_record(s, r, failures.get(n)) for n, (s, r) in enumerate(zip(specs, results))],
+            "calls": [dataclasses.asdict(c) for c in getattr(policy, "calls", [])],
+            "seconds": time.perf_counter() - start,
+            "storyboard": None if pick is None else episode_story(results[pick], specs[pick].tag)}
+
+
+def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *, progress: bool = True,
+             story: str | None = None, label: str = "", max_time: float | None = None,
+             chunk_dir: str | None = None) -> dict:
+    """Evaluates the policy ``make_policy()`` (built only when a chunk has to run) on
+    ``specs``, one batch per seed; with ``chunk_dir`` every seed's chunk is saved
+    (``<label>_eval_seed<s>.json``) and a saved chunk is loaded, not rerun (a long evaluation
+    resumes where it stopped). Returns :func:`summarise_records`' summary plus latency,
+    evaluation seconds and the storyboard."""
+    specs = list(specs)
+    chunks, policy = [], None
+    for seed in sorted({s.seed for s in specs}):
+        part = [s for s in specs if s.seed == seed]
+        path = os.path.join(chunk_dir, f"{label}_eval_seed{seed}.json") if chunk_dir else None
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                chunks.append(json.load(f))
+            continue
+        policy = policy or make_policy()
+        chunk = evaluate_chunk(policy, part, progress=progress, story=story, label=label, max_time=max_time)
+        if path:
+            write_json(path, chunk)
+        chunks.append(chunk)
+    out = summarise_records([r for c in chunks for r in c["records"]])
+    out["eval_seconds"] = float(sum(c["seconds"] for c in chunks))
+    out["latency"] = latency_summary([call for c in chunks for call in c["calls"]])
+    story_rec = next((c["storyboard"] for c in chunks if c.get("storyboard")), None)
+    if story_rec is not None:
+        out["storyboard"] = story_rec
+    return out
+
+
+def table_rows(results: dict[str, dict], scenarios: Sequence[str]) -> str:
+    """Plain-text CR / SR table: one row per method (mean ± SE over seeds), scenarios then
+    the average."""
+    head = f"{'method':18s}" + "".join(f"{s.replace('tv_', ''):>24s}" for s in scenarios) + f"{'average':>24s}"
+    lines = [head, " " * 18 + "".join(f"{'CR':>12s}{'SR':>12s}" for _ in range(len(scenarios) + 1))]
+    for method, r in results.items():
+        cells = []
+        for agg in [r["scenarios"][s]["aggregate"] for s in scenarios] + [r["average"]["aggregate"]]:
+            cells += [f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}" for k in ("CR", "SR")]
+        lines.append(f"{method:18s}" + "".join(f"{c:>12s}" for c in cells))
+    return "\n".join(lines)
+
+
+def table3_rows(results: dict[str, dict]) -> str:
+    """Table 3-style rows: per method, decision latency (per-agent cost median / p95, s) and
+    bytes per message."""
+    lines = [f"{'method':18s}{'latency median':>16s}{'p95':>8s}{'batch median':>14s}{'agents/call':>13s}"
+             f"{'bytes/msg':>11s}"]
+    for method, r in results.items():
+        lat = r.get("latency") or {}
+        fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"{method:18s}{fmt(lat.get('agent_seconds_median')):>16s}{fmt(lat.get('agent_seconds_p95')):>8s}"
+                     f"{fmt(lat.get('batch_seconds_median')):>14s}{lat.get('agents_per_call_mean', 0):>13.1f}"
+                     f"{r['bytes_per_message']:>11.1f}")
+    return "\n".join(lines)
