@@ -24,9 +24,9 @@ the (B, L) log-probs from given hidden states (B, L, D) and a float32 tied head 
 respect to both (full fine-tuning) or the hidden states only (LoRA), no decoder layers.
 
 Usage:
-  python experiments/memory_logprob.py --json OUT [--batch 2 --length 1024 --qwen-layers 2]
+  python experiments/diagnostics/memory_logprob.py --json OUT [--batch 2 --length 1024 --qwen-layers 2]
       [--sections update,head]
-  python experiments/memory_logprob.py --quick --json OUT   # tiny sizes, to check that it runs
+  python experiments/diagnostics/memory_logprob.py --quick --json OUT   # tiny sizes, to check that it runs
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark: the matrix products of SmolLM2-135M in XLA:CPU (JAX) vs torch on this CPU.
+"""Diagnostic: the matrix products of SmolLM2-135M in XLA:CPU (JAX) vs torch on this CPU.
 
 The sampler and training-step benchmarks compare whole programs; this one isolates the
 kernel both sides spend most of their time in, so that a gap there is visible as such. For
@@ -7,7 +7,7 @@ each (M, K, N) shape of the model (decode at batch 1 and 8, prefill / training a
 ``x @ w`` in torch, in float32 and bfloat16, on the same inputs.
 
 Usage:
-  python experiments/bench_matmul.py [--threads N] [--repeats R] --json OUT
+  python experiments/diagnostics/bench_matmul.py [--threads N] [--repeats R] --json OUT
 
 ``--threads`` sets torch's intra-op threads; pin the whole process (``taskset -c 0``) to
 give XLA the same number of cores. XLA:CPU's library back ends are compared by running it
@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import timeit
 
 import numpy as np
-from bench_sampler import time_call  # sibling script (experiments/ is on sys.path when run)
 from tqdm import tqdm
 
 from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_json
@@ -39,8 +40,9 @@ ROWS = {"decode_b1": 1, "decode_b8": 8, "tokens_256": 256, "tokens_512": 512}
 
 
 def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up (compilation for JAX)
-    return time_call(fn, repeats)
+    """Median wall seconds of one ``fn()`` over ``repeats`` calls after one warm-up call (JAX compiles there)."""
+    fn()
+    return statistics.median(timeit.repeat(fn, number=1, repeat=repeats))
 
 
 def main(argv=None) -> int:
