@@ -303,7 +303,8 @@ def test_forced_tokens_follow_the_literal_parts():
 def test_stacked_tables_are_bucketed_and_rows_are_independent():
     g, s, c, v = TABLES.shape
     assert (g, v) == (bucket(len(COMPILED) + 1), TINY_VOCAB)
-    assert s == bucket(max(x.num_states for x in COMPILED), 16) and c == bucket(max(x.num_classes for x in COMPILED), 16)
+    assert s == bucket(max(x.num_states for x in COMPILED), 16)
+    assert c == bucket(max(x.num_classes for x in COMPILED), 16)
     assert bucket(17) == 32 and bucket(16) == 16 and bucket(3, 16) == 16
     alone = stack_grammars([COMPILED[2]], min_states=s, min_classes=c)
     for state in range(COMPILED[2].num_states):
@@ -346,3 +347,11 @@ def test_bad_grammar_input_is_refused_at_the_boundary():
             eos_token_ids = (1,)
 
         token_vocabulary(Plain())
+
+
+def test_scalar_and_batched_arguments_broadcast():
+    states = jnp.asarray([0, 1, 2], jnp.int32)
+    batched = allowed_tokens(TABLES, jnp.zeros((3,), jnp.int32), states, jnp.full((3,), 9))
+    assert (np.asarray(allowed_tokens(TABLES, 0, states, 9)) == np.asarray(batched)).all()
+    forced = forced_token(TABLES, 2, jnp.asarray([0, 0]), jnp.asarray([60, 60]))
+    assert np.asarray(forced).tolist() == [encode("{")[0]] * 2

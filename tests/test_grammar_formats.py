@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grammar_walks import FORMAT_SCORES, FORMAT_VIDS, legal_ids, padded_rows, random_walks, smollm2_formats, walk_texts
+from grammar_walks import (FORMAT_SCORES, FORMAT_VIDS, legal_ids, padded_rows, random_walks, smollm2_formats,
+                           walk_texts)
 from jax_drive.coop.agent import COMMANDS, format_action, parse_action
 from jax_drive.coop.negotiation.critic import parse_consensus, parse_sum_actions
 from jax_drive.coop.negotiation.negotiate import clean_message
@@ -118,14 +119,16 @@ def test_answers_the_project_writes_are_allowed(smollm2):
     examples += [("action", format_action(cmd, msg)) for cmd, msg in
                  [("go", ""), ("change lane left", "I yield to car 3, go ahead."), ("keep", 'say "hi"\\n ok'),
                   ("stop", "x" * 80)]]
-    examples += [("actor", m.format(j=202, y=17, o=202, req="slow down")) for m in YIELD_STOP + YIELD_SLOW + PASS + KEEP]
+    examples += [("actor", m.format(j=202, y=17, o=202, req="slow down"))
+                 for m in YIELD_STOP + YIELD_SLOW + PASS + KEEP]
     examples += [("sum", json.dumps({str(v): {"speed": s} for v, s in zip(VIDS, ("STOP", "FASTER", "KEEP"))}))]
     examples += [("consensus", "Short analysis: Both agree that vehicle A yields.\nConsensus score: 85"),
                  ("consensus10", "Short analysis: They disagree. Consensus score: 30")]
     names = list(compiled)
     rows = [tokenizer.encode(text) + list(tokenizer.eos_token_ids) for _, text in examples]
-    legal = np.asarray(legal_ids(tables, jnp.asarray([names.index(name) for name, _ in examples]),
-                                 padded_rows(rows, 256, tokenizer.eos_token_ids[0]), jnp.asarray([len(r) for r in rows])))
+    grammar_ids = jnp.asarray([names.index(name) for name, _ in examples])
+    legal = np.asarray(legal_ids(tables, grammar_ids, padded_rows(rows, 256, tokenizer.eos_token_ids[0]),
+                                 jnp.asarray([len(r) for r in rows])))
     for (name, text), row, ok in zip(examples, rows, legal):
         assert ok[:len(row)].all(), (name, text, tokenizer.decode(row[: int(np.argmin(ok)) + 1]))
 

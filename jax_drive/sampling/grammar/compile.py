@@ -101,7 +101,7 @@ def anything_grammar(vocab_size: int, fingerprint: str = "") -> CompiledGrammar:
                            np.zeros((1,), np.int32), None, fingerprint)
 
 
-def _outlines_index(pattern: str, vocabulary: TokenVocabulary, outlines_vocab):
+def _outlines_index(pattern: str, outlines_vocab):
     from outlines_core import Index
 
     try:
@@ -250,7 +250,7 @@ def compile_grammar(grammar: Grammar, vocabulary: TokenVocabulary, *, max_states
     if grammar.kind == "anything":
         return anything_grammar(vocabulary.vocab_size, vocabulary.fingerprint)
     outlines_vocab = outlines_vocabulary(vocabulary) if outlines_vocab is None else outlines_vocab
-    index = _outlines_index(grammar.pattern, vocabulary, outlines_vocab)
+    index = _outlines_index(grammar.pattern, outlines_vocab)
     edges, successors, accepting = _renumbered(index.get_transitions(), index.get_initial_state(),
                                                vocabulary.vocab_size, max_states)
     min_to_accept = _min_to_accept(successors, accepting)

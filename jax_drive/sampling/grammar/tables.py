@@ -132,7 +132,9 @@ def allowed_tokens(tables: GrammarTables, grammar_id, state, remaining) -> jax.A
     grammar_id, state, remaining: (...) int32.
     """
     ok = allowed_classes(tables, grammar_id, state, remaining)
-    return jnp.take_along_axis(ok, tables.token_class[grammar_id], axis=-1)
+    token_class = tables.token_class[grammar_id]
+    token_class = jnp.broadcast_to(token_class, ok.shape[:-1] + token_class.shape[-1:])
+    return jnp.take_along_axis(ok, token_class, axis=-1)
 
 
 def mask_logits(logits: jax.Array, allowed: jax.Array) -> jax.Array:
@@ -168,8 +170,7 @@ def forced_token(tables: GrammarTables, grammar_id, state, remaining) -> jax.Arr
     a forced token needs no sampling step). Counts tokens per class, never builds (..., V)."""
     ok = allowed_classes(tables, grammar_id, state, remaining)
     count = jnp.sum(jnp.where(ok, tables.class_size[grammar_id], 0), axis=-1)
-    only = jnp.argmax(ok, axis=-1)
-    token = jnp.take_along_axis(tables.class_token[grammar_id], only[..., None], axis=-1)[..., 0]
+    token = tables.class_token[grammar_id, jnp.argmax(ok, axis=-1)]
     return jnp.where(count == 1, token, -1)
 
 
