@@ -9,25 +9,12 @@ rule-based teacher), the Fig. 5 convergence study and one rendered episode with 
 The ``smoke`` preset (a random tiny model that cannot negotiate, two types, one seed) runs
 every stage in a few minutes on a CPU; its numbers mean nothing.
 
-Stages (``--stage``, default ``all``; every stage reuses what an earlier run left in
-``--work-dir`` (default ``runs/interdrive-<preset>``, ``-<engine>`` appended for
-openai and teacher), so a run can be stopped and started
-again, and arms can be run one by one with ``--arms``; evaluation units, the probe, Fig. 5
-and the rendering record the negotiator that made them, and those of another one (a
-different adapter, or the same one trained on to a larger step budget) are run again, the
-old units kept in ``units/stale/``; so are closed-loop results of an earlier
-``LOOP_REVISION`` of the simulator and driving loop):
-
-  data    teacher-driven episodes on the training seeds -> SFT chat examples
-  sft     LoRA fine-tuning of the preset's model (resumes from its checkpoints; a larger step
-          budget in the preset continues the training)
-  probe   the tuned negotiator's first-round yield decisions on held-out teacher prompts
-          against the teacher's (a minute; says whether hours of evaluation are worth it)
-  eval    one unit per (arm or baseline, background setting): arms 1-5 of Table 2 and the
-          rule-based and silent baselines on the same episodes
-  fig5    negotiation-quality score per round with and without the critic
-  render  one accident-prone episode of arm 5 with the dialogue beside the frames
-  report  merges everything into --json, with the table, plots and goal checks
+Stages (``--stage``, default ``all``): data, sft, probe, eval, fig5, render, report, as
+:mod:`jax_drive.pipelines.interdrive.pipeline` describes them. Every stage reuses what an
+earlier run left in ``--work-dir`` (default ``runs/interdrive-<preset>``, ``-<engine>``
+appended for openai and teacher), so a run can be stopped and started again, and arms can be
+run one by one with ``--arms``; results of another negotiator or closed-loop revision are run
+again. ``--set PATH=VALUE`` changes any preset field.
 
 ``--engine openai --url URL [--served-model NAME]`` negotiates with a served model
 (vLLM) instead of the local JAX engine; the SFT stages are then skipped (serve the

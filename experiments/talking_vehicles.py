@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+from jax_drive.cli.overrides import add_override_args, preset_with_overrides
 from jax_drive.runinfo import (InputError, add_output_args, command_line, run_main, run_metadata,
                                script_environment, write_json)
 
@@ -88,9 +89,7 @@ def parse_args(argv):
                         help="LLM agents' engine (default: the preset's)")
     parser.add_argument("--model", default=None, help="LLM agents' model (load_pretrained source or served name)")
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible server (engine openai)")
-    parser.add_argument("--answer-prefix", default=None,
-                        help="force the LLM agents' answers to start with this text, e.g. '{\"command\": \"' "
-                             "(needs a local chat template; give the run its own --run-dir; default: none)")
+    add_override_args(parser)
     parser.add_argument("--method", action="append", default=None, choices=METHODS,
                         help="method(s) to run, in order (default: all of them)")
     parser.add_argument("--run-dir", default=None,
@@ -114,12 +113,9 @@ def main(argv=None) -> int:
         raise InputError(f"--method central_memory reads the debrief memories: run debrief first (into {run_dir})")
     from jax_drive.pipelines import talking_vehicles as TV
 
-    preset = TV.PRESETS[args.preset]
     changes = {k: v for k, v in (("engine", args.engine), ("model", args.model), ("base_url", args.base_url)) if v}
-    if args.answer_prefix:
-        changes["agent"] = dataclasses.replace(preset.agent, answer_prefix=args.answer_prefix)
     try:
-        preset = dataclasses.replace(preset, **changes)
+        preset = dataclasses.replace(preset_with_overrides(TV.PRESETS[args.preset], args), **changes)
     except ValueError as error:
         raise InputError(str(error)) from None
     if preset.engine == "openai" and not preset.base_url:

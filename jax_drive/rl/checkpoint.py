@@ -64,7 +64,7 @@ class Checkpointer:
     newest ``max_to_keep``.
 
     ``name`` labels the test hook point inside each save (``<name>_checkpoint``, see
-    :mod:`jax_drive.rl.faults`).
+    :mod:`jax_drive.faults`).
     """
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, name: str = "run"):

@@ -81,15 +81,11 @@ class Preset:
 
 
 PRESETS = {
-    # Two CPU cores shared with other jobs: SmolLM2-135M + LoRA rank 16, the compact prompts
-    # (~110-230 prompt tokens), one accident-prone episode per type, background setting
-    # and seed (30 per setting and arm); 600 SFT examples selected, 300 steps of 4 (two
-    # epochs, ~48 min at ~9.6 s per step on a quiet CPU). 90 steps (0.6 epoch) left a
-    # negotiator that said STOP to all 128 held-out probe prompts (agreement with the teacher
-    # 0.50, its majority share) and deadlocked arm 5 (DS 39.3 / SR 26.7 without background);
-    # 300 steps: agreement 0.62, STOP in 107 of 128. Arms 2 and 3 (no critic) talk one round,
-    # the paper preset three: the CPU budget, so from (3) to (4) the critic adds its extra
-    # rounds as well as its feedback.
+    # A 2-core CPU: SmolLM2-135M + LoRA rank 16, the compact prompts, one accident-prone
+    # episode per type, background setting and seed; 600 SFT examples, 300 steps of 4 (two
+    # epochs; fewer left a negotiator that always said STOP). Arms 2 and 3 (no critic) talk
+    # one round, the paper preset three, so from (3) to (4) the critic adds its extra rounds
+    # as well as its feedback.
     "cpu-demo": Preset(name="cpu-demo"),
     # A GPU (vLLM serving Qwen2.5-3B-Instruct, the paper's negotiator size, via --engine
     # openai): the paper-style prompts, four episodes per type and setting and seed

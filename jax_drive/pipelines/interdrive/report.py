@@ -23,20 +23,25 @@ def _beyond(a, b):
     return a["mean"] - a["se"] > b["mean"] + b["se"]
 
 
-def report(ctx, ws) -> dict:
-    """Merges the work directory's results into the report JSON (written to the ``json`` option,
-    plots beside it), prints Table 2 and the goal checks; returns the report."""
+def current_units(ctx, ws) -> dict[tuple[str, bool], dict]:
+    """{(arm, background): unit} of the work directory's units made by this run's negotiator
+    in today's closed loop (others are left out, and said so)."""
     units = {}
     for name in sorted(os.listdir(ctx.path("units"))):
         if name.endswith(".json") and not name.endswith(".log.json"):
             u = _load(ctx.path("units", name))
             if not ws.made_here(u, negotiates=negotiates(u["arm"])):
                 ctx.log(f"left out {name}: made by {ws.origin(u)}, not {ws.negotiator_id()}, closed-loop "
-                      f"revision {LOOP_REVISION} (--stage eval runs it again)")
+                        f"revision {LOOP_REVISION} (--stage eval runs it again)")
                 continue
             units[(u["arm"], bool(u["background"]))] = u
     if not units:
         raise InputError(f"no evaluation units in {ctx.path('units')}: run --stage eval first")
+    return units
+
+
+def table_and_goals(units: dict) -> tuple[dict, dict]:
+    """Table 2 ({setting: {arm: aggregate}}) and the goal checks per setting."""
     table, goals = {}, {}
     for bg in (False, True):
         label = "with_background" if bg else "without_background"
@@ -54,21 +59,13 @@ def report(ctx, ws) -> dict:
                 "SR_5_minus_rule_based_pp": full["SR"]["mean"] - rows["rule_based"]["SR"]["mean"],
                 "SR_within_10pp_of_rule_based": abs(full["SR"]["mean"] - rows["rule_based"]["SR"]["mean"]) <= 10.0,
             }
-    report = {
-        "meta": run_metadata(command=ctx.option("command")),
-        "preset": ctx.preset.name, "engine": ctx.option("engine"), "negotiator": ws.negotiator_id(),
-        "note": "A rule-based intention planner stands in for the paper's VLM intention planner.",
-        "episodes": {"types": list(ctx.preset.types), "seeds": list(ctx.preset.eval_seeds),
-                     "per_seed": ctx.preset.episodes_per_seed, "config": ctx.preset.config},
-        "table2": table, "goals": goals,
-        "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
-                                                       ("per_type", "overall", "negotiation", "engine",
-                                                        "wall_seconds", "episodes", "negotiator")}
-                  for (arm, bg), u in sorted(units.items())},
-    }
-    for name in ("sft_data.json",):
-        if os.path.exists(ctx.path(name)):
-            report["sft_data"] = _load(ctx.path(name))["info"]
+    return table, goals
+
+
+def _attach_studies(ctx, report: dict, table: dict) -> None:
+    """The SFT data, probe, SFT and Fig. 5 records and the plots, where the work directory has them."""
+    if os.path.exists(ctx.path("sft_data.json")):
+        report["sft_data"] = _load(ctx.path("sft_data.json"))["info"]
     if os.path.exists(ctx.path("probe.json")):
         report["probe"] = _load(ctx.path("probe.json"))
     if os.path.exists(ctx.path("sft", "summary.json")):
@@ -85,10 +82,30 @@ def report(ctx, ws) -> dict:
         report["table2_plot"] = base + "_table2.png"
     if os.path.exists(ctx.option("episode_png")):
         report["episode_render"] = ctx.option("episode_png")
-    write_json(ctx.option("json"), report)
+
+
+def report(ctx, ws) -> dict:
+    """Merges the work directory's results into the report JSON (written to the ``json`` option,
+    plots beside it), prints Table 2 and the goal checks; returns the report."""
+    units = current_units(ctx, ws)
+    table, goals = table_and_goals(units)
+    result = {
+        "meta": run_metadata(command=ctx.option("command")),
+        "preset": ctx.preset.name, "engine": ctx.option("engine"), "negotiator": ws.negotiator_id(),
+        "note": "A rule-based intention planner stands in for the paper's VLM intention planner.",
+        "episodes": {"types": list(ctx.preset.types), "seeds": list(ctx.preset.eval_seeds),
+                     "per_seed": ctx.preset.episodes_per_seed, "config": ctx.preset.config},
+        "table2": table, "goals": goals,
+        "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
+                                                       ("per_type", "overall", "negotiation", "engine",
+                                                        "wall_seconds", "episodes", "negotiator")}
+                  for (arm, bg), u in sorted(units.items())},
+    }
+    _attach_studies(ctx, result, table)
+    write_json(ctx.option("json"), result)
     ctx.log(markdown_table(table))
     ctx.log(json.dumps(goals, indent=1))
-    return report
+    return result
 
 
 def markdown_table(table: dict) -> str:

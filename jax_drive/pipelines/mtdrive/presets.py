@@ -139,8 +139,8 @@ class Preset:
             raise ValueError(f"curation_easy_ratio must be >= 0, got {self.curation_easy_ratio}")
 
 
-# The fields that the budget flags of ``jax-drive train`` override (``--sft-*``, ``--rl-*``,
-# ``--curation-*``); every other field of a run's preset follows from its name and seed.
+# The fields that only shape training (the budget a study varies with ``--set``); a finished
+# run's policies are rebuilt for re-evaluation from its preset's name and seed plus these.
 BUDGET_FIELDS = ("sft", "sft_max_tokens", "sft_recovery", "sft_onpolicy_scenes", "sft_onpolicy_steps", "rl",
                  "curation_scenes", "curation_easy_ratio")
 
@@ -190,21 +190,12 @@ def _presets() -> dict[str, Preset]:
                                    minibatch_size=4, steps=2),
             max_new_tokens=24, eval_turns=2, prompt=NO_PERCEPTION,
         ),
-        # Sized for ~20 min on 2 CPU cores (SmolLM2 forward ~135-250 tokens/s, LoRA training
-        # ~30-90 tokens/s, decode ~30-70 tokens/s at batch 8): compact caption (~550-token
-        # prompt), 168 new tokens (an 8-point answer is ~140-170 SmolLM2 tokens), 2 turns with
-        # contexts up to 1408 tokens. SFT: 32 steps of 2 sequences (<= 1280 tokens) at a high
-        # LoRA lr with adapters in all 30 blocks. Adapters in the top 10 blocks only
-        # (frozen_layers = 20, ~1.8x cheaper per token) did not learn to stop after 8 points:
-        # held-out format rate 0.19 after 48 steps, against 0.76 with all blocks after 32
-        # (seed 0, same data; its failed answers had 9 points). With all blocks most failures
-        # are second answers (the previous answer copied with a point added, or 7 points).
-        # Rollouts keep KV caches between turns with prompt lookup on turn 2. 2 mtGRPO steps of
-        # 1 prompt x G 4 without the KL term (beta = 0: two small updates cannot drift far, and
-        # it saves the reference forward pass). RL samples at T = 0.6:
-        # at T = 1 (and in one run at 0.7) every sample of the briefly tuned 135M model was out
-        # of format (all rewards equal, zero gradient); groups without signal skip the update
-        # (drop_degenerate_groups). 5 held-out scenes per seed pool into two batches of 8.
+        # Sized for about 20 minutes on 2 CPU cores: compact caption, 168 new tokens (an
+        # 8-point answer is ~140-170 SmolLM2 tokens), 2 turns. LoRA in every block (adapters in
+        # the top blocks only did not learn to stop after 8 points). RL without the KL term (two
+        # small updates cannot drift far; it saves the reference pass) at T = 0.6 (at T = 1 the
+        # briefly tuned model's samples were all out of format: zero gradient); groups without
+        # signal skip the update.
         "cpu-demo": Preset(
             name="cpu-demo", lora_rank=8, lora_alpha=16.0, train_scenes=96, eval_scenes=5, eval_seeds=(0, 1, 2),
             sft_single=32, sft_multi=64, sft_qa_scenes=1,

@@ -127,21 +127,12 @@ def _presets() -> dict[str, Preset]:
                                                 batch_size=4, max_steps=2, bucket_size=32, max_length=512)),
             max_batch=64, embed_tokens=64, max_time=6.0,
         ),
-        # Sized for the shared 2-core CPU (several helpers' jobs at once; SmolLM2 then gets
-        # ~0.3-0.5 cores: ~3-8 s per full-prompt agent decision, ~1-2 s per compact one):
-        # the protocol's minimum for the SmolLM2 methods, 2 episodes per scenario per seed (one
-        # accident-prone, one safe), no chain of thought, 24-token answers (a JSON command with
-        # a short message fits); one learning episode per lane (accident-prone) for reflection /
-        # correction / debrief, no reset (a 60-episode trial is out of reach here); rule-based
-        # and silent on 10 episodes, the distilled policy on 4. The student: full fine-tuning,
-        # 2 epochs, on ~2.6k informative decisions of 108 teacher episodes (3 seeds x 6
-        # scenarios x 6, exploration 0 / 0.1 / 0.2), each command repeated up to 8 % of the
-        # data (1 epoch without repeats got left lane changes right 0 of 6 times, right ones 1 of 5,
-        # on held-out teacher decisions); then two DAgger rounds: the student drives 4 new
-        # episodes per scenario per seed with the teacher labelling, and trains 1 more epoch on
-        # everything (the student alone pulled out into oncoming traffic it could see, states
-        # the teacher's own episodes never reach; one round took CR 20.8 -> 5.6 %, SR 72.9 ->
-        # 79.9 %, with red-light timeouts left).
+        # Sized for a 2-core CPU: the protocol's minimum for the SmolLM2 methods (2 episodes
+        # per scenario per seed, one accident-prone, one safe), no chain of thought, one
+        # learning episode per lane and no reset; the baselines on 10 episodes, the distilled
+        # policy on 4. The student: full fine-tuning on the informative decisions of the
+        # teacher's episodes with rare commands repeated (without, it rarely changed lanes),
+        # then two DAgger rounds (alone it drove into states the teacher never reaches).
         "cpu-demo": Preset(
             name="cpu-demo", eval_episodes=2, baseline_eval_episodes=10, student_eval_episodes=4,
             agent=AgentConfig(max_new_tokens=24),
