@@ -159,11 +159,13 @@ def main(argv=None) -> int:
 
     from jax_drive.coop.agent import AgentConfig
     from jax_drive.coop.learning import EpisodeSpec
-    from jax_drive.pipelines.talking_vehicles import load_local, local_engine
+    from jax_drive.pipelines.engines import EngineSpec, ModelSpec, load_model, make_engine
+    from jax_drive.pipelines.talking_vehicles.presets import PROMPT_BUCKETS
     from jax_drive.sim.scenarios import TALKING_VEHICLES
 
-    model, tokenizer = load_local(args.model)
-    engine = local_engine(model, tokenizer, max_batch=max(64, 4 * args.episodes))
+    model, tokenizer = load_model(ModelSpec(args.model))
+    spec = EngineSpec(prompt_buckets=PROMPT_BUCKETS, min_gen_bucket=8, max_batch=max(64, 4 * args.episodes))
+    engine = make_engine(spec, model, tokenizer)
     config = AgentConfig(style=args.style, max_new_tokens=args.max_new_tokens, temperature=0.2)
     specs = [EpisodeSpec(TALKING_VEHICLES[k % len(TALKING_VEHICLES)], args.seed, k // len(TALKING_VEHICLES), "eval")
              for k in range(args.episodes)]

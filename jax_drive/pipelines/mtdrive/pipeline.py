@@ -205,8 +205,8 @@ def scenes(ctx: RunContext, ws: Workspace) -> StageOutput:
 def restore_scenes(record: dict, arrays: dict) -> tuple[Scene, list]:
     template = straight_road_scene()
     load = lambda prefix: jax.tree.map(jnp.asarray, tree_from_arrays(prefix, arrays, template))  # noqa: E731
-    sets = sorted({k.split("/")[0] for k in arrays if k.startswith("held_out")}, key=lambda p: int(p[8:]))
-    return load("train"), [(load(prefix), arrays[f"{prefix}/reference"]) for prefix in sets]
+    num_sets = sum(1 for k in arrays if k.startswith("held_out") and k.endswith("/reference"))
+    return load("train"), [(load(f"held_out{i}"), arrays[f"held_out{i}/reference"]) for i in range(num_sets)]
 
 
 def eval_untrained(ctx: RunContext, ws: Workspace) -> StageOutput:

@@ -11,6 +11,7 @@ run's evaluation exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -34,21 +35,20 @@ def recorded_policies(run_dir: str, recorded: dict) -> dict[str, PolicyRef]:
             "rl": PolicyRef("rl", rl_checkpoint_dir(run_dir), OptimConfig(**recorded["rl"]["optim"]))}
 
 
-def reevaluation(ctx: RunContext, ws: Workspace) -> StageOutput:
-    """Evaluates the context's policy (a stage of :func:`reevaluate`)."""
+def reevaluation(policy: PolicyRef, ctx: RunContext, ws: Workspace) -> StageOutput:
+    """Loads ``policy`` and evaluates it (a stage of :func:`reevaluate`)."""
     meta = {"step": 0}
-    if ctx.policy.checkpoint is not None:
-        meta = restore_policy(ws.model, ctx.policy)
-        ws.trained(ctx.policy)
+    if policy.checkpoint is not None:
+        meta = restore_policy(ws.model, policy)
+        ws.trained(policy)
     outcome = evaluate_policy(ws.engine, ws.tokenizer, ctx.option("held_out"), ctx.preset, ctx.progress)
-    record = {**outcome, "checkpoint": {"dir": ctx.policy.checkpoint, "step": int(meta["step"])}}
+    record = {**outcome, "checkpoint": {"dir": policy.checkpoint, "step": int(meta["step"])}}
     return StageOutput(record, record)
 
 
 def reevaluation_stages(policies: dict[str, PolicyRef], evaluate: Sequence[str]) -> tuple[Stage, ...]:
     """One evaluation stage per policy asked for, in the pipeline's order."""
-    return tuple(Stage(f"eval_{p}", reevaluation, policy=lambda ctx, p=p: policies[p])
-                 for p in POLICIES if p in evaluate)
+    return tuple(Stage(f"eval_{p}", functools.partial(reevaluation, policies[p])) for p in POLICIES if p in evaluate)
 
 
 def finished_results(run_dir: str) -> dict:
