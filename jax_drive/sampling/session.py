@@ -22,27 +22,20 @@ Memory: a group holds B x S cache slots per layer (2 x Nk x D values each; SmolL
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.models.transformer import LayerCache, forward_hidden
-from jax_drive.sampling.sampler import (
-    Request,
-    SamplerConfig,
-    SamplerOutput,
-    bucket_size,
-    check_token_ids,
-    decode,
-    generation_slots,
-    new_decode_state,
-    next_power_of_two,
-    right_pad,
-    row_keys,
-)
+from jax_drive.models.transformer import LayerCache
+from jax_drive.sampling.cache import continue_rows
+from jax_drive.sampling.decode import decode
+from jax_drive.sampling.outputs import SamplerOutput
+from jax_drive.sampling.plan import generation_slots
+from jax_drive.sampling.request import Request, check_token_ids, row_keys
+from jax_drive.sampling.shapes import SamplerConfig, bucket_size, next_power_of_two, right_pad
+from jax_drive.sampling.state import new_decode_state, output_width
 
 
 @dataclasses.dataclass
@@ -56,20 +49,6 @@ class SessionGroup:
     rows: list[int]
     cache: LayerCache
     slot: np.ndarray
-
-
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots",))
-def _continue_rows(config, weights: dict, cache: LayerCache, take, chunk, chunk_len, index,
-                   position, *, slots: int) -> LayerCache:
-    """Rows ``take`` (B,) of ``cache`` resized to ``slots`` slots, with ``chunk`` (B, A)
-    (right-padded, ``chunk_len`` (B,) real tokens, the first at RoPE ``position`` (B,)) written
-    at each row's slot ``index`` (B,)."""
-    cache = cache.select_rows(take).resize(slots)
-    if chunk.shape[1]:
-        offsets = jnp.arange(chunk.shape[1])
-        _, cache = forward_hidden(weights, config, chunk, position[:, None] + offsets,
-                                  offsets < chunk_len[:, None], cache, index)
-    return cache
 
 
 class Session:
@@ -186,14 +165,13 @@ class Session:
         slots = bucket_size(needed, None, 16, "cache slots")
         take = np.zeros((batch,), np.int32)
         take[:len(rows)] = keep
-        cache = _continue_rows(engine.model.config, weights, group.cache, jnp.asarray(take),
+        cache = continue_rows(engine.model.config, weights, group.cache, jnp.asarray(take),
                                jnp.asarray(chunk), jnp.asarray(chunk_len), jnp.asarray(slot, jnp.int32),
                                jnp.asarray(position, jnp.int32), slots=slots)
         pending = np.full((batch,), request.pad_id, np.int32)
         pending[:len(rows)] = [self.contexts[r][-1] for r in rows]
         history = history_len = None
-        nbucket = bucket_size(request.max_new_tokens, config.gen_buckets, config.min_gen_bucket,
-                              "max_new_tokens")
+        nbucket = config.gen_bucket(request.max_new_tokens)
         k = request.draft_len
         if k:
             longest = max(len(self.contexts[r]) for r in rows)
@@ -202,7 +180,7 @@ class Session:
                 request.pad_id))
         loop = new_decode_state(cache, jnp.asarray(pending), jnp.asarray(position + chunk_len, jnp.int32),
                                 jnp.asarray(start, jnp.int32), jnp.asarray(np.arange(batch) < len(rows)),
-                                key, nbucket + (k + 1 if k else 0), history, history_len)
+                                key, output_width(nbucket, k), history, history_len)
         out = decode(engine.model, weights, loop, request, config)
         output = SamplerOutput.from_state(out, len(rows), request)
         completions = []
