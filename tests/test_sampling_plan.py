@@ -11,7 +11,7 @@ from jax_drive.models.protocol import DecoderLM, VisionLM
 from jax_drive.models.qwen2_5_vl import Qwen2_5_VL, VLMConfig
 from jax_drive.models.tiny import peaked_tiny_model
 from jax_drive.sampling import JaxEngine, PromptLookup, SamplerConfig, generate_tokens
-from jax_drive.sampling.plan import plan_prefill
+from jax_drive.sampling.plan import plan_continuation, plan_prefill
 from jax_drive.sampling.request import Request
 
 SYSTEM = list(range(100, 132))  # a 32-token shared prefix
@@ -70,3 +70,20 @@ def test_models_satisfy_the_sampler_protocols():
         generate_tokens(NotAModel(), [[1, 2]], jax.random.key(0), max_new_tokens=2)
     with pytest.raises(TypeError, match="not a DecoderLM"):
         JaxEngine(NotAModel())
+
+
+def test_plan_continuation_writes_the_pending_token_and_all_but_the_last_appended_one():
+    contexts = [[1, 2, 3], [4, 5, 6, 7, 8]]  # 3 and 8 are pending (fed, not cached)
+    plan = plan_continuation(contexts, [[9, 10, 11], []], take=[2, 0], slot=[10, 12], shift=[0, -3],
+                             request=Request(max_new_tokens=5, pad_id=0), config=SamplerConfig())
+    assert (plan.rows, plan.batch, plan.gen_len) == (2, 2, 16)
+    assert plan.take.tolist() == [2, 0] and plan.chunk_len.tolist() == [3, 0]
+    assert plan.chunk.shape == (2, 16) and plan.chunk[0, :3].tolist() == [3, 9, 10]
+    assert plan.slot.tolist() == [10, 12] and plan.start.tolist() == [13, 12]
+    assert plan.position.tolist() == [2, 1]  # last context token's position: index + shift
+    assert plan.pending.tolist() == [11, 8]
+    assert plan.slots == 32 and plan.slots >= 13 + 5  # the pending slot plus the budget, bucketed
+    lookup = plan_continuation(contexts, [[9, 10, 11], []], [2, 0], [10, 12], [0, 0],
+                               Request(max_new_tokens=5, prompt_lookup=PromptLookup(num_draft=2)), SamplerConfig())
+    assert lookup.history_len.tolist() == [6, 5] and lookup.history[0, :6].tolist() == [1, 2, 3, 9, 10, 11]
+    assert lookup.width == 16 + 3

@@ -24,6 +24,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_drive.models.protocol import DecoderLM
@@ -37,7 +38,7 @@ from jax_drive.models.transformer import (
 )
 from jax_drive.parallel import replicate, shard_batch
 from jax_drive.sampling.packing import PackedPrompts
-from jax_drive.sampling.plan import PrefillPlan
+from jax_drive.sampling.plan import ContinuationPlan, PrefillPlan
 from jax_drive.sampling.state import DecodeState, new_decode_state
 
 
@@ -147,3 +148,16 @@ def continue_rows(config, weights: dict, cache: LayerCache, take, chunk, chunk_l
         _, cache = forward_hidden(weights, config, chunk, position[:, None] + offsets,
                                   offsets < chunk_len[:, None], cache, index)
     return cache
+
+
+def continue_state(config, weights: dict, cache: LayerCache, plan: ContinuationPlan, key: jax.Array) -> DecodeState:
+    """The loop state of a session turn: the kept ``cache`` (unrolled ``weights``' model,
+    ``config`` its ModelConfig) continued as ``plan`` says, before the turn's first step."""
+    cache = continue_rows(config, weights, cache, jnp.asarray(plan.take), jnp.asarray(plan.chunk),
+                          jnp.asarray(plan.chunk_len), jnp.asarray(plan.slot, jnp.int32),
+                          jnp.asarray(plan.position, jnp.int32), slots=plan.slots)
+    history, history_len = (None, None) if plan.history is None else (jnp.asarray(plan.history),
+                                                                      jnp.asarray(plan.history_len))
+    return new_decode_state(cache, jnp.asarray(plan.pending), jnp.asarray(plan.position + plan.chunk_len, jnp.int32),
+                            jnp.asarray(plan.start, jnp.int32), jnp.asarray(np.arange(plan.batch) < plan.rows),
+                            key, plan.width, history, history_len)

@@ -1,4 +1,4 @@
-"""Request planning: how one sampler call lays out and prefills its prompts.
+"""Request planning: how one sampler call (or one session turn) lays out its rows.
 
 :func:`plan_prefill` is a pure function of the prompts, the request and the sampler config
 (no model, no device work) returning a frozen :class:`PrefillPlan`: the bucketed prompt
@@ -6,6 +6,7 @@ length ``P``, generation bucket ``N`` and batch ``B``; which rows repeat another
 (those are prefilled once and their cache rows broadcast); the prefix every distinct prompt
 shares (prefilled once for the whole call); whether the rest is packed several to a row
 (``packing``) or left-padded; and the host arrays the prefill program takes.
+:func:`plan_continuation` does the same for a session turn (``ContinuationPlan``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from jax_drive.parallel import make_mesh
 from jax_drive.sampling.packing import PackedPrompts, pack_prompt_parts
 from jax_drive.sampling.request import Request
-from jax_drive.sampling.shapes import SamplerConfig, grid_down, left_pad, right_pad
+from jax_drive.sampling.shapes import SamplerConfig, bucket_size, grid_down, left_pad, next_power_of_two, right_pad
 from jax_drive.sampling.state import output_width
 
 MIN_COMMON_PREFIX = 16  # shorter common prefixes are not worth a separate prefill pass
@@ -176,3 +177,83 @@ def plan_prefill(prompts: Sequence[Sequence[int]], request: Request, config: Sam
     return PrefillPlan(rows=rows, batch=batch, prompt_len=plen, gen_len=gen_len, draft_len=k, common=common,
                        prefill_rows=prefill_rows, source=source, ids=ids, mask=mask, row_valid=row_valid,
                        packed=packed, history=history, history_len=history_len)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ContinuationPlan:
+    """The layout of one session turn for one device batch (R continuing rows, B loop rows).
+
+    Attributes:
+      rows: R; batch: B; gen_len: N; draft_len: K.
+      take: (B,) int32, the kept cache row each loop row continues.
+      chunk, chunk_len: (B, A) int32 right-padded / (B,) int32: the tokens written into the
+        cache this turn (the pending token, then the appended ones but the last).
+      slot: (B,) int64, where each row's chunk starts (its pending token's slot).
+      position: (B,) int64, the RoPE position of each chunk's first token.
+      pending: (B,) int32, the token the first decode step feeds (the last appended one).
+      slots: the cache length for the turn.
+      history, history_len: the rows' whole contexts for prompt lookup (None without).
+    """
+
+    rows: int
+    batch: int
+    gen_len: int
+    draft_len: int
+    take: np.ndarray
+    chunk: np.ndarray
+    chunk_len: np.ndarray
+    slot: np.ndarray
+    position: np.ndarray
+    pending: np.ndarray
+    slots: int
+    history: np.ndarray | None
+    history_len: np.ndarray | None
+
+    @property
+    def start(self) -> np.ndarray:
+        """(B,) the slot of each row's pending token after the chunk is written."""
+        return self.slot + self.chunk_len
+
+    @property
+    def width(self) -> int:
+        return output_width(self.gen_len, self.draft_len)
+
+
+def plan_continuation(contexts: Sequence[Sequence[int]], appended: Sequence[Sequence[int]], take: Sequence[int],
+                      slot: Sequence[int], shift: Sequence[int], request: Request,
+                      config: SamplerConfig) -> ContinuationPlan:
+    """Plans a session turn of R rows kept in one device batch.
+
+    Args:
+      contexts: per row, its tokens so far (the last one pending: fed, not yet cached).
+      appended: per row, the tokens that follow (may be empty).
+      take: per row, its row in the kept cache; slot: its pending token's cache slot.
+      shift: per row, the RoPE position of a context token minus its index (0 for text).
+    """
+    rows = len(contexts)
+    batch = config.batch_size(rows)
+    # cache [pending] + appended[:-1] from the pending token's slot on; appended[-1] is pending next
+    chunks = [[c[-1]] + list(a[:-1]) if a else [] for c, a in zip(contexts, appended)]
+    width = max(len(c) for c in chunks)
+    width = bucket_size(width, None, config.min_prompt_bucket, "appended tokens") if width else 0
+    chunk, chunk_len = right_pad(chunks, width, batch, request.pad_id)
+    slots_at = np.zeros((batch,), np.int64)
+    slots_at[:rows] = slot
+    position = np.zeros((batch,), np.int64)
+    position[:rows] = [len(c) - 1 + s for c, s in zip(contexts, shift)]
+    start = slots_at + chunk_len
+    needed = max(int((slots_at + width).max()), generation_slots(int(start.max()), request))
+    take_rows = np.zeros((batch,), np.int32)
+    take_rows[:rows] = take
+    after = [list(c) + list(a) for c, a in zip(contexts, appended)]
+    pending = np.full((batch,), request.pad_id, np.int32)
+    pending[:rows] = [c[-1] for c in after]
+    gen_len, k = config.gen_bucket(request.max_new_tokens), request.draft_len
+    history = history_len = None
+    if k:
+        longest = max(len(c) for c in after)
+        history, history_len = right_pad(after, next_power_of_two(longest) + gen_len + k + 1, batch, request.pad_id)
+    return ContinuationPlan(rows=rows, batch=batch, gen_len=gen_len, draft_len=k, take=take_rows, chunk=chunk,
+                            chunk_len=chunk_len, slot=slots_at, position=position, pending=pending,
+                            slots=bucket_size(needed, None, 16, "cache slots"), history=history,
+                            history_len=history_len)

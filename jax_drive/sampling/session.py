@@ -25,17 +25,14 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.models.transformer import LayerCache
-from jax_drive.sampling.cache import continue_rows
+from jax_drive.sampling.cache import continue_state
 from jax_drive.sampling.decode import decode
 from jax_drive.sampling.outputs import SamplerOutput
-from jax_drive.sampling.plan import generation_slots
+from jax_drive.sampling.plan import plan_continuation
 from jax_drive.sampling.request import Request, check_token_ids, row_keys
-from jax_drive.sampling.shapes import SamplerConfig, bucket_size, next_power_of_two, right_pad
-from jax_drive.sampling.state import new_decode_state, output_width
 
 
 @dataclasses.dataclass
@@ -144,49 +141,20 @@ class Session:
 
     def _extend_group(self, group: SessionGroup, new_rows: dict, request: Request, weights, key):
         engine = self._engine
-        config: SamplerConfig = engine.sampler_config
         keep = [i for i, r in enumerate(group.rows) if r in new_rows]
         rows = [group.rows[i] for i in keep]
-        batch = config.batch_size(len(rows))
-        extras = [new_rows[r] for r in rows]
-        # cache [pending] + extra[:-1] from the pending token's slot on; extra[-1] is pending next
-        chunks = [[self.contexts[r][-1]] + extra[:-1] if extra else [] for r, extra in zip(rows, extras)]
-        width = max(len(c) for c in chunks)
-        width = bucket_size(width, None, config.min_prompt_bucket, "appended tokens") if width else 0
-        chunk, chunk_len = right_pad(chunks, width, batch, request.pad_id)
-        slot = np.zeros((batch,), np.int64)
-        slot[:len(rows)] = group.slot[keep]
-        position = np.zeros((batch,), np.int64)
-        position[:len(rows)] = [len(self.contexts[r]) - 1 + self._position_shift[r] for r in rows]
-        for r, extra in zip(rows, extras):
-            self.contexts[r] = self.contexts[r] + extra
-        start = slot + chunk_len
-        needed = max(int((slot + width).max()), generation_slots(int(start.max()), request))
-        slots = bucket_size(needed, None, 16, "cache slots")
-        take = np.zeros((batch,), np.int32)
-        take[:len(rows)] = keep
-        cache = continue_rows(engine.model.config, weights, group.cache, jnp.asarray(take),
-                               jnp.asarray(chunk), jnp.asarray(chunk_len), jnp.asarray(slot, jnp.int32),
-                               jnp.asarray(position, jnp.int32), slots=slots)
-        pending = np.full((batch,), request.pad_id, np.int32)
-        pending[:len(rows)] = [self.contexts[r][-1] for r in rows]
-        history = history_len = None
-        nbucket = config.gen_bucket(request.max_new_tokens)
-        k = request.draft_len
-        if k:
-            longest = max(len(self.contexts[r]) for r in rows)
-            history, history_len = (jnp.asarray(x) for x in right_pad(
-                [self.contexts[r] for r in rows], next_power_of_two(longest) + nbucket + k + 1, batch,
-                request.pad_id))
-        loop = new_decode_state(cache, jnp.asarray(pending), jnp.asarray(position + chunk_len, jnp.int32),
-                                jnp.asarray(start, jnp.int32), jnp.asarray(np.arange(batch) < len(rows)),
-                                key, output_width(nbucket, k), history, history_len)
-        out = decode(engine.model, weights, loop, request, config)
+        plan = plan_continuation([self.contexts[r] for r in rows], [new_rows[r] for r in rows], keep,
+                                 group.slot[keep], [self._position_shift[r] for r in rows], request,
+                                 engine.sampler_config)
+        for r in rows:
+            self.contexts[r] = self.contexts[r] + new_rows[r]
+        loop = continue_state(engine.model.config, weights, group.cache, plan, key)
+        out = decode(engine.model, weights, loop, request, engine.sampler_config)
         output = SamplerOutput.from_state(out, len(rows), request)
         completions = []
         for i, r in enumerate(rows):
             completions.append((r, engine.completion(self.contexts[r], output, i, request)))
             ids, _ = output.row(i)
             self.contexts[r] = self.contexts[r] + ids
-        group = SessionGroup(rows=rows, cache=out.cache, slot=start[:len(rows)] + output.lengths)
+        group = SessionGroup(rows=rows, cache=out.cache, slot=plan.start[:len(rows)] + output.lengths)
         return completions, group, output.steps
