@@ -157,21 +157,25 @@ def test_stream_bad_input(model):
 @jax.tree_util.register_pytree_node_class
 class _NoRepeat:
     """A test mask: a row never emits the token it emitted last (state: that token, -1 at
-    first). Exercises every hook (state, mask at L positions after drafts, advance)."""
+    first), and its budget's last token is always ``FINAL``. Exercises every hook (state, the
+    mask at L positions after drafts with their remaining budgets, advance)."""
+
+    FINAL = 7
 
     def init_state(self, rows):
         return jnp.full((rows,), -1, jnp.int32)
 
-    def mask_logits(self, state, logits, drafts):
+    def mask_logits(self, state, logits, drafts, remaining):
         previous = jnp.concatenate([state[:, None], drafts], axis=1)  # (B, L)
-        banned = jnp.arange(logits.shape[-1]) == previous[..., None]
+        vocab = jnp.arange(logits.shape[-1])
+        banned = jnp.where((remaining == 1)[..., None], vocab != self.FINAL, vocab == previous[..., None])
         return jnp.where(banned, NEG_INF, logits)
 
     def advance(self, state, tokens, count):
         last = jnp.take_along_axis(tokens, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
         return jnp.where(count > 0, last, state)
 
-    def propose(self, state, drafts, num_valid):
+    def propose(self, state, drafts, num_valid, remaining):
         return drafts, num_valid
 
     def tree_flatten(self):
@@ -192,13 +196,18 @@ def _masked_generate(model, mask, lookup, temperature=0.0, key=jax.random.key(0)
 
 def test_logits_mask_hook_applies_on_both_step_paths(model):
     free = generate_tokens(model, PROMPTS, jax.random.key(0), max_new_tokens=NEW, temperature=0.0)
-    repeats = lambda out: int((out.tokens[:, 1:] == out.tokens[:, :-1]).sum())  # noqa: E731
+
+    def repeats(out):  # consecutive equal tokens before the last one (which the mask forces)
+        return int((out.tokens[:, 1:-1] == out.tokens[:, :-2]).sum())
+
     plain = _masked_generate(model, _NoRepeat(), None)
     fast = _masked_generate(model, _NoRepeat(), LOOKUP)
     assert repeats(free) > 0 and repeats(plain) == 0
+    assert (free.tokens[:, -1] != _NoRepeat.FINAL).any() and (plain.tokens[:, -1] == _NoRepeat.FINAL).all()
     # greedy lookup is exact under the mask, at every draft position (log-probs: another program's rounding)
     np.testing.assert_array_equal(fast.tokens, plain.tokens)
     np.testing.assert_allclose(fast.logprobs, plain.logprobs, atol=1e-4)
     for lookup in (None, LOOKUP):
         sampled = _masked_generate(model, _NoRepeat(), lookup, temperature=1.0)
-        assert repeats(sampled) == 0 and np.isfinite(sampled.logprobs).all()
+        assert repeats(sampled) == 0 and (sampled.tokens[:, -1] == _NoRepeat.FINAL).all()
+        assert np.isfinite(sampled.logprobs).all()

@@ -55,7 +55,8 @@ def _plain_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
     def body(s: DecodeState) -> DecodeState:
         logits, cache = step_fn(s.cache, s.token[:, None], s.position[:, None], s.index)
         no_drafts = jnp.zeros((s.token.shape[0], 0), jnp.int32)
-        logits = constraint.mask_logits(s.constraint, logits.astype(jnp.float32), no_drafts)[:, 0]  # (B, V)
+        remaining = (settings.max_new_tokens - s.lengths)[:, None]  # (B, 1), this token included
+        logits = constraint.mask_logits(s.constraint, logits.astype(jnp.float32), no_drafts, remaining)[:, 0]
         key, sub = split_keys(s.key)
         masked = jnp.where(((s.step < settings.min_new_tokens) & is_stop_vocab[None, :]) | is_never_vocab[None, :],
                            NEG_INF, logits)
@@ -97,11 +98,14 @@ def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode
     k = lookup.num_draft
 
     def body(s: DecodeState) -> DecodeState:
-        drafts, num_valid = constraint.propose(s.constraint, *lookup_drafts(s.history, s.history_len, lookup))
+        remaining = settings.max_new_tokens - s.lengths  # (B,) at the first new position, it included
+        drafts, num_valid = constraint.propose(s.constraint, *lookup_drafts(s.history, s.history_len, lookup),
+                                               remaining)
         feed = jnp.concatenate([s.token[:, None], drafts], axis=1)  # (B, K + 1)
         offsets = jnp.arange(k + 1)
         logits, cache = step_fn(s.cache, feed, s.position[:, None] + offsets, s.index)
-        logits = constraint.mask_logits(s.constraint, logits.astype(jnp.float32), drafts)  # (B, K + 1, V)
+        logits = constraint.mask_logits(s.constraint, logits.astype(jnp.float32), drafts,
+                                        remaining[:, None] - offsets)  # (B, K + 1, V)
         key, sub = split_keys(s.key)
         generated = s.lengths[:, None] + offsets  # index of the token each position predicts
         masked = jnp.where(((generated < settings.min_new_tokens)[..., None] & is_stop_vocab) | is_never_vocab,
