@@ -42,6 +42,7 @@ from jax_drive.serve.launch import free_port, server_process
 from servers import inprocess_server
 
 MODEL = "tiny-policy"
+KEY = "test-serve-key"  # the in-process server's API key (admin endpoints need one)
 
 
 def tiny_model(seed: int = 0, scale: float = 6.0) -> CausalLM:
@@ -73,17 +74,20 @@ def base_model():
 
 
 @pytest.fixture(scope="module")
-def served(base_model, tokenizer):
-    """(base_url, PolicyServer) of an in-process server on 127.0.0.1 (batch wait 50 ms)."""
+def served(base_model, tokenizer, tmp_path_factory):
+    """(base_url, PolicyServer) of an in-process server on 127.0.0.1 (batch wait 50 ms, the
+    default limits, API key KEY, loads allowed from the tests' temporary directories)."""
     registry = PolicyRegistry(base_model, tokenizer, MODEL)
-    server = PolicyServer(registry, ServeConfig(BatcherConfig(max_batch_rows=16, max_wait_s=0.05)))
+    config = ServeConfig(BatcherConfig(max_batch_rows=16, max_wait_s=0.05), api_key=KEY,
+                         allowed_weights_dirs=(str(tmp_path_factory.getbasetemp()),))
+    server = PolicyServer(registry, config)
     with inprocess_server(server) as url:
         yield url, server
 
 
 @pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 # ------------------------------------------------------------------------ request models
@@ -350,7 +354,7 @@ def test_seeded_requests_follow_their_own_seed_when_batched(served, client, base
 def test_openai_engine_against_serve(served, base_model, tokenizer):
     url, _ = served
     # each row is its own seeded request, replayable in process from its seed
-    engine = OpenAIEngine(url, MODEL, tokenizer=tokenizer, require_token_logprobs=True,
+    engine = OpenAIEngine(url, MODEL, KEY, tokenizer=tokenizer, require_token_logprobs=True,
                           max_concurrency=1)
     assert engine.dialect.name == "jax-drive"
     params = SamplingParams(max_new_tokens=5, temperature=0.8, top_k=20, n=2,
@@ -371,7 +375,7 @@ def test_openai_engine_against_serve(served, base_model, tokenizer):
 
 def test_lora_adapters_pushed_over_http_are_sampled(served, base_model, tokenizer, tmp_path):
     url, _ = served
-    engine = OpenAIEngine(url, MODEL, tokenizer=tokenizer, max_concurrency=1)
+    engine = OpenAIEngine(url, MODEL, KEY, tokenizer=tokenizer, max_concurrency=1)
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     key = jax.random.key(7)
     prompt = [[10, 11, 12]]

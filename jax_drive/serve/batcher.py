@@ -7,6 +7,15 @@ and runs one ``engine.generate`` per group, so concurrent RL rollout requests wi
 settings share one jitted sampler call. The worker is the only caller of the engines, so
 nothing else touches the models while they sample.
 
+Back pressure: with ``max_queued_rows`` set, a job that would raise the rows waiting for a
+batch above it is refused at once (``QueueFull``, the server's 429), so a flood of requests
+cannot queue more work than the worker will reach in reasonable time.
+
+Cancellation: each job carries a ``cancelled`` event. ``GenerationJob.cancel()`` (a client
+that went away, a request past its timeout) sets it and cancels the job's future; a job
+cancelled before its batch starts is dropped from the batch. A running engine call is not
+interrupted (the engines decode a call to the end).
+
 Seeds: every row gets its own PRNG key (the engines take one key per row, as
 ``JaxEngine`` does): the rows of a request with seed s use ``request_keys(s, rows)``, those
 of an unseeded request keys drawn from the batcher's generator. A row samples only from its
@@ -40,6 +49,7 @@ class GenerationJob:
       params: sampling settings with n == 1.
       seed: the request's seed or None.
       future: receives the completions (row order) or the exception.
+      cancelled: set when nobody waits for the answer any more (see ``cancel``).
     """
 
     model: str
@@ -47,10 +57,21 @@ class GenerationJob:
     params: SamplingParams
     seed: int | None = None
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     @property
     def rows(self) -> int:
         return len(self.prompts)
+
+    def cancel(self) -> None:
+        """Nobody waits for this job any more: flags it and cancels its future (which drops
+        it from its batch unless the batch is already running)."""
+        self.cancelled.set()
+        self.future.cancel()
+
+
+class QueueFull(RuntimeError):
+    """The batcher's queue holds ``max_queued_rows`` rows already (retry later)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +83,19 @@ class BatcherConfig:
         with more rows runs alone.
       max_wait_s: how long the first request of a batch waits for companions (default
         0.01 s; 0 = take only what is already queued).
+      max_queued_rows: most rows waiting for a batch (the running batch not counted); a job
+        that would exceed it is refused with ``QueueFull``. None = unbounded (default).
     """
 
     max_batch_rows: int = 32
     max_wait_s: float = 0.01
+    max_queued_rows: int | None = None
 
     def __post_init__(self):
-        if self.max_batch_rows < 1 or self.max_wait_s < 0:
-            raise ValueError("max_batch_rows must be >= 1 and max_wait_s >= 0")
+        if self.max_batch_rows < 1 or not 0 <= self.max_wait_s < float("inf"):
+            raise ValueError("max_batch_rows must be >= 1 and max_wait_s a finite number >= 0")
+        if self.max_queued_rows is not None and self.max_queued_rows < 1:
+            raise ValueError("max_queued_rows must be >= 1 or None")
 
 
 def group_jobs(jobs: Sequence[GenerationJob]) -> list[list[GenerationJob]]:
@@ -113,7 +139,16 @@ class RequestBatcher:
         self._queue: queue.Queue[GenerationJob | None] = queue.Queue()
         self._carry: GenerationJob | None = None
         self._thread: threading.Thread | None = None
+        self._queued_rows = 0  # rows submitted and not yet taken into a batch
+        self._count_lock = threading.Lock()
         self.batch_sizes: list[int] = []  # rows of every engine call, for stats and tests
+        self.cancelled_rows = 0  # rows of jobs dropped because they were cancelled while queued
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting for a batch (not counting the running one)."""
+        with self._count_lock:
+            return self._queued_rows
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> "RequestBatcher":
@@ -134,16 +169,31 @@ class RequestBatcher:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
+            if job is not None and job.future.set_running_or_notify_cancel():
                 job.future.set_exception(RuntimeError("the server is shutting down"))
 
     def submit(self, job: GenerationJob) -> concurrent.futures.Future:
+        """Queues ``job``; its future gets the completions.
+
+        Raises:
+          QueueFull: ``max_queued_rows`` would be exceeded (nothing is queued).
+        """
         if self._thread is None:
             raise RuntimeError("the batcher is not running")
         if job.rows < 1 or job.params.n != 1:
             raise ValueError("a job needs >= 1 rows and params.n == 1")
+        limit = self.config.max_queued_rows
+        with self._count_lock:
+            if limit is not None and self._queued_rows + job.rows > limit:
+                raise QueueFull(f"{self._queued_rows} rows are waiting already; this request's "
+                                f"{job.rows} would exceed the queue bound of {limit} (--max-queued-rows)")
+            self._queued_rows += job.rows
         self._queue.put(job)
         return job.future
+
+    def _taken(self, jobs: Sequence[GenerationJob]) -> None:
+        with self._count_lock:
+            self._queued_rows -= sum(job.rows for job in jobs)
 
     # ------------------------------------------------------------------- worker
     def _collect(self, first: GenerationJob) -> tuple[list[GenerationJob], bool]:
@@ -166,7 +216,13 @@ class RequestBatcher:
         return jobs, False
 
     def _run_group(self, jobs: list[GenerationJob]) -> None:
-        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        live = []
+        for job in jobs:
+            if job.cancelled.is_set():
+                job.future.cancel()
+            if job.future.set_running_or_notify_cancel():
+                live.append(job)
+        self.cancelled_rows += sum(job.rows for job in jobs) - sum(job.rows for job in live)
         if not live:
             return
         try:
@@ -194,5 +250,6 @@ class RequestBatcher:
             if first is None:
                 break
             jobs, stopping = self._collect(first)
+            self._taken(jobs)
             for group in group_jobs(jobs):
                 self._run_group(group)
