@@ -56,7 +56,7 @@ RETRY_AFTER_S = "1"
 
 class GuardMiddleware:
     """ASGI middleware: the API key check (all paths but ``PUBLIC_PATHS``) and a count of
-    answers by status (``status_counts``, for ``/health`` and the load tests)."""
+    answers by status (``PolicyServer.status_counts``)."""
 
     def __init__(self, app, api_key: str | None, status_counts: Counter):
         self.app = app
@@ -163,7 +163,7 @@ async def answer_request(request: Request, limits: ServeLimits, work: Callable[[
 
 def create_app(server: PolicyServer):
     """The FastAPI application over ``server``; the batcher and parse pool run while the
-    app is up. ``app.state.status_counts`` counts answers by HTTP status."""
+    app is up."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
         server.start()
@@ -173,9 +173,7 @@ def create_app(server: PolicyServer):
             server.stop()
 
     app = FastAPI(title="jax-drive serve", lifespan=lifespan)
-    status_counts: Counter = Counter()
-    app.state.status_counts = status_counts
-    app.add_middleware(GuardMiddleware, api_key=server.config.api_key, status_counts=status_counts)
+    app.add_middleware(GuardMiddleware, api_key=server.config.api_key, status_counts=server.status_counts)
 
     def refusal(error: InvalidRequest) -> JSONResponse:
         kind = "NotFoundError" if error.status == 404 else "invalid_request_error"

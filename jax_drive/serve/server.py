@@ -22,6 +22,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Union
 
@@ -125,6 +126,7 @@ class PolicyServer:
         self.allowed_dirs = AllowedDirs(config.allowed_weights_dirs)
         self.batcher = RequestBatcher(registry.engine, config.batcher, config.seed)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.status_counts: Counter = Counter()  # answers by HTTP status (the HTTP layer counts)
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -304,6 +306,7 @@ class PolicyServer:
         sizes = list(self.batcher.batch_sizes)
         return {"status": "ok", "engine_calls": len(sizes), "rows": int(sum(sizes)),
                 "queued_rows": self.batcher.queued_rows, "cancelled_rows": self.batcher.cancelled_rows,
+                "answers": {str(k): v for k, v in sorted(self.status_counts.items())},
                 "weights_path": self.registry.weights_path}
 
     # ------------------------------------------------------------------- admin
