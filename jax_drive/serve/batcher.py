@@ -25,6 +25,7 @@ own key, so a seeded request gives the same completions alone or batched with an
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import queue
@@ -33,10 +34,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.sampling import Completion, Engine, SamplingParams
+
+
+RECENT_CALLS = 1024  # engine calls whose row counts the batcher keeps (batch_sizes)
 
 
 @dataclasses.dataclass
@@ -118,7 +121,11 @@ def batch_keys(jobs: Sequence[GenerationJob], rng: np.random.Generator) -> jax.A
     docstring); unseeded jobs draw a seed from ``rng``."""
     parts = [request_keys(int(rng.integers(0, 2**31 - 1)) if job.seed is None else job.seed, job.rows)
              for job in jobs]
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+    if len(parts) == 1:
+        return parts[0]
+    # joined on the host: a jitted concatenate would compile once per mix of request sizes
+    data = np.concatenate([np.asarray(jax.random.key_data(p)) for p in parts])
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(parts[0]))
 
 
 class RequestBatcher:
@@ -141,7 +148,10 @@ class RequestBatcher:
         self._thread: threading.Thread | None = None
         self._queued_rows = 0  # rows submitted and not yet taken into a batch
         self._count_lock = threading.Lock()
-        self.batch_sizes: list[int] = []  # rows of every engine call, for stats and tests
+        # rows of the latest engine calls (bounded: a server runs for weeks), and running totals
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=RECENT_CALLS)
+        self.engine_calls = 0
+        self.rows_generated = 0
         self.cancelled_rows = 0  # rows of jobs dropped because they were cancelled while queued
 
     @property
@@ -230,6 +240,8 @@ class RequestBatcher:
             prompts = [row for job in live for row in job.prompts]
             key = batch_keys(live, self._rng)
             self.batch_sizes.append(len(prompts))
+            self.engine_calls += 1
+            self.rows_generated += len(prompts)
             completions: list[Completion] = engine.generate(prompts, live[0].params, key)
             if len(completions) != len(prompts):
                 raise RuntimeError(f"engine returned {len(completions)} completions for {len(prompts)} rows")

@@ -303,8 +303,8 @@ class PolicyServer:
         ``detailed`` (a caller with the key, or a server without one)."""
         if not detailed:
             return {"status": "ok"}
-        sizes = list(self.batcher.batch_sizes)
-        return {"status": "ok", "engine_calls": len(sizes), "rows": int(sum(sizes)),
+        batcher = self.batcher
+        return {"status": "ok", "engine_calls": batcher.engine_calls, "rows": batcher.rows_generated,
                 "queued_rows": self.batcher.queued_rows, "cancelled_rows": self.batcher.cancelled_rows,
                 "answers": {str(k): v for k, v in sorted(self.status_counts.items())},
                 "weights_path": self.registry.weights_path}
