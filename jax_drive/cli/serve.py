@@ -141,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
     if args.port > 65535:
         raise InputError(f"--port must be <= 65535, got {args.port}")
     loras = _parse_loras(args.lora)
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise InputError("--served-model-name must be non-empty")
+    if len(loras) > args.max_loras:
+        raise InputError(f"{len(loras)} --lora adapters exceed --max-loras {args.max_loras}")
     api_key = _api_key(args)
     warnings = check_deployment(args, api_key)
     try:
@@ -167,12 +171,14 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             model, _, tokenizer = load_pretrained(args.model, dtype=args.dtype)
-            registry = PolicyRegistry(model, tokenizer, args.served_model_name or args.model,
-                                      max_loras=args.max_loras)
-            for name, path in loras:
+        except (FileNotFoundError, ValueError) as error:
+            raise InputError(f"--model {args.model}: {error}") from None
+        registry = PolicyRegistry(model, tokenizer, args.served_model_name or args.model, max_loras=args.max_loras)
+        for name, path in loras:
+            try:
                 registry.load_adapter(name, path)
-        except (FileNotFoundError, ValueError, InvalidRequest) as error:
-            raise InputError(str(error)) from None
+            except InvalidRequest as error:
+                raise InputError(f"--lora {name}={path}: {error}") from None
         import logging
 
         logging.basicConfig(level=args.log_level.upper() if args.log_level != "trace" else "DEBUG",
