@@ -97,3 +97,21 @@ def test_a_port_in_use_exits_1_before_printing_the_url(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
     assert "http://" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_model_and_adapter_errors_name_their_flag(tmp_path, capsys, monkeypatch):
+    from jax_drive.models.export import save_safetensors
+    from jax_drive.models.tiny import tiny_policy
+    from jax_drive.serve.launch import free_port
+
+    monkeypatch.delenv("JAX_DRIVE_API_KEY", raising=False)
+    model, _, tokenizer = tiny_policy(lora_rank=None)
+    save_safetensors(model, tmp_path / "ckpt", tokenizer=tokenizer)
+    cases = [(["--model", str(tmp_path / "missing")], f"--model {tmp_path / 'missing'}: "),
+             (["--model", str(tmp_path / "ckpt"), "--lora", f"a={tmp_path / 'no_adapter'}"],
+              f"--lora a={tmp_path / 'no_adapter'}: "),
+             (["--served-model-name", " "], "--served-model-name must be non-empty"),
+             (["--max-loras", "1", "--lora", "a=/x", "--lora", "b=/y"], "2 --lora adapters exceed --max-loras 1")]
+    for argv, message in cases:
+        assert main(["serve", "--port", str(free_port()), *argv]) == 2, argv
+        assert message in capsys.readouterr().err, argv

@@ -194,13 +194,20 @@ def test_a_request_past_its_time_limit_gets_408_and_its_queued_rows_are_dropped(
                          limits=ServeLimits(request_timeout_s=5.0), api_key=KEY)
     server = PolicyServer(tiny_registry(engine), config)
     with inprocess_server(server) as url, concurrent.futures.ThreadPoolExecutor(2) as pool:
-        running = pool.submit(post_json, url, "/v1/completions", {"model": "m", "prompt": [1], "max_tokens": 1})
+        client = _client(url)
+
+        def ask(prompt):
+            with pytest.raises(openai.APIStatusError) as info:
+                client.completions.create(model="m", prompt=prompt, max_tokens=1)
+            return info.value
+
+        running = pool.submit(ask, [1])
         wait_for(engine.entered.is_set, "the first batch to start")
-        queued = pool.submit(post_json, url, "/v1/completions", {"model": "m", "prompt": [9, 9], "max_tokens": 1})
+        queued = pool.submit(ask, [9, 9])
         wait_for(lambda: server.batcher.queued_rows == 1, "the second request to be queued")
         for future in (running, queued):  # the engine is held: neither can finish in time
-            status, body = future.result(timeout=60)
-            assert status == 408 and "--request-timeout" in body["error"]["message"]
+            error = future.result(timeout=60)
+            assert error.status_code == 408 and "--request-timeout" in error.message
         engine.release()
         wait_for(lambda: server.batcher.cancelled_rows == 1, "the timed-out queued job to be dropped")
     assert engine.rows() == [[1]]  # the queued request never reached the engine
