@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"jax-drive serve needs {error.name} (pip install -r requirements.txt)") from None
     from jax_drive.serve import BatcherConfig, PolicyRegistry, PolicyServer, ServeConfig, bind_socket
     from jax_drive.serve import run as serve_forever
-    from jax_drive.serve.protocol import InvalidRequest
+    from jax_drive.serve.errors import InvalidRequest
 
     batcher = BatcherConfig(args.max_batch_rows, args.max_wait_ms / 1000.0, _off_if_zero(args.max_queued_rows))
     config = ServeConfig(batcher=batcher, limits=limits, default_max_tokens=args.default_max_tokens,

@@ -164,6 +164,7 @@ async def answer_request(request: Request, limits: ServeLimits, work: Callable[[
 def create_app(server: PolicyServer):
     """The FastAPI application over ``server``; the batcher and parse pool run while the
     app is up."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         server.start()
