@@ -283,7 +283,7 @@ def test_token_logprobs_matches_log_softmax_and_grad():
 def test_blocked_causal_attention_equals_full(block):
     """Query-blocked causal self-attention = full attention on every real row, values and
     gradients, including a last block shorter than the others and left-padded rows."""
-    from jax_drive.models.transformer import attention, causal_self_attention
+    from jax_drive.models.layers import attention, causal_self_attention
 
     b, l, nq, nk, d = 3, 23, 6, 2, 8
     rng = np.random.default_rng(block)
@@ -307,7 +307,7 @@ def test_blocked_causal_attention_equals_full(block):
 
 
 def test_attention_head_major_equals_attention():
-    from jax_drive.models.transformer import attention, attention_head_major
+    from jax_drive.models.layers import attention, attention_head_major
 
     ks = jax.random.split(jax.random.key(3), 3)
     q = jax.random.normal(ks[0], (2, 3, 6, 8))
@@ -444,7 +444,7 @@ def test_config_from_hf_roundtrip_and_errors():
 
 
 def test_llama3_rope_changes_low_frequencies_only():
-    from jax_drive.models.transformer import rope_inv_freq
+    from jax_drive.models.layers import rope_inv_freq
 
     base = rope_inv_freq(ModelConfig.tiny(head_dim=64))
     scaled = rope_inv_freq(ModelConfig.tiny(head_dim=64, rope_type="llama3",

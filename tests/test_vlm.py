@@ -34,7 +34,7 @@ from jax_drive.models.qwen2_5_vl import (  # noqa: E402
     Qwen2_5_VL, VisionBatch, VisionSizes, VLMConfig, mrope_positions, mrope_tables)
 from jax_drive.models.qwen2_5_vl.loading import export_vlm_peft, load_vlm_peft, save_vlm  # noqa: E402
 from jax_drive.models.qwen2_5_vl.model import embed_inputs  # noqa: E402
-from jax_drive.models.transformer import rope_tables  # noqa: E402
+from jax_drive.models.layers import rope_tables  # noqa: E402
 from jax_drive.sampling.sampler import SamplerConfig, generate_tokens  # noqa: E402
 
 ATOL = 1e-4

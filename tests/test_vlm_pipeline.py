@@ -18,7 +18,7 @@ from jax_drive.models.loading import load_vlm
 from jax_drive.models.qwen2_5_vl.loading import save_vlm
 from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS, vision_forward
 from jax_drive.models.tiny import VISION_TOKENS, tiny_vlm_policy
-from jax_drive.models.transformer import fold_lora
+from jax_drive.models.layers import fold_lora
 from jax_drive.data.arrays import rows_from_arrays, rows_to_arrays
 from jax_drive.pipelines.mtdrive import run_mtdrive
 from jax_drive.pipelines.mtdrive.presets import PRESETS

@@ -12,18 +12,14 @@ Public API (the contract the sampler, RL code and model builders on top use):
 """
 
 from jax_drive.models.config import ModelConfig
+from jax_drive.models.layers import KVCache, LayerCache, init_cache, positions_from_mask, rope_tables
 from jax_drive.models.transformer import (
     CausalLM,
-    KVCache,
-    LayerCache,
     LoRAParam,
-    head_token_logprobs,
     decoder_block,
     forward_hidden,
-    init_cache,
+    head_token_logprobs,
     lm_logits,
-    positions_from_mask,
-    rope_tables,
     unroll_params,
 )
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.models.transformer import HF_LAYER_KEYS, PROJECTIONS, CausalLM, fold_lora
+from jax_drive.models.layers import fold_lora
+from jax_drive.models.transformer import HF_LAYER_KEYS, PROJECTIONS, CausalLM
 
 
 def hf_state_dict(model: CausalLM) -> dict[str, jnp.ndarray]:

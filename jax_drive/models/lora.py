@@ -18,13 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_drive.models.transformer import (
-    PROJECTIONS,
-    CausalLM,
-    LoRAParam,
-    StackedLinear,
-    low_rank_update,
-)
+from jax_drive.models.layers import low_rank_update
+from jax_drive.models.transformer import PROJECTIONS, CausalLM, LoRAParam, StackedLinear
 
 DEFAULT_TARGETS = PROJECTIONS
 

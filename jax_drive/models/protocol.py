@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 
 from jax_drive.models.config import ModelConfig
-from jax_drive.models.transformer import KVCache
+from jax_drive.models.layers import KVCache
 
 
 @runtime_checkable

@@ -38,13 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.models.transformer import (
-    KVCache,
-    forward_hidden,
-    head_token_logprobs,
-    init_cache,
-    positions_from_mask,
-)
+from jax_drive.models.layers import KVCache, init_cache, positions_from_mask
+from jax_drive.models.transformer import forward_hidden, head_token_logprobs
 from jax_drive.data.tokens import TokenRow
 from jax_drive.rl.batching import bucket_length, pad_rows
 from jax_drive.rl.optim import make_eval_fn

@@ -28,14 +28,8 @@ import numpy as np
 from flax import nnx
 
 from jax_drive.models.protocol import DecoderLM
-from jax_drive.models.transformer import (
-    KVCache,
-    LayerCache,
-    forward_hidden,
-    init_cache,
-    packed_prompt_kv,
-    positions_from_mask,
-)
+from jax_drive.models.layers import KVCache, LayerCache, init_cache, positions_from_mask
+from jax_drive.models.transformer import forward_hidden, packed_prompt_kv
 from jax_drive.parallel import replicate, shard_batch
 from jax_drive.sampling.packing import PackedPrompts
 from jax_drive.sampling.plan import ContinuationPlan, PrefillPlan

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jax_drive.models.transformer import LayerCache
+from jax_drive.models.layers import LayerCache
 from jax_drive.sampling.cache import continue_state
 from jax_drive.sampling.decode import decode
 from jax_drive.sampling.outputs import SamplerOutput

@@ -23,7 +23,7 @@ from jax_drive.models.hf_weights import WeightLoadError, assign_hf_weights
 from jax_drive.models.qwen2_5_vl.config import VisionConfig, VLMConfig
 from jax_drive.models.qwen2_5_vl.model import Qwen2_5_VL
 from jax_drive.models.qwen2_5_vl.vision import VISION_PROJECTIONS, VisionTower
-from jax_drive.models.transformer import fold_lora
+from jax_drive.models.layers import fold_lora
 
 HF_VISION_BLOCK_KEYS = {
     "qkv": "attn.qkv",

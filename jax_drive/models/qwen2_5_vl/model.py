@@ -27,9 +27,8 @@ from jax_drive.models.qwen2_5_vl.config import VLMConfig
 from jax_drive.models.qwen2_5_vl.mrope import mrope_positions, mrope_tables
 from jax_drive.models.qwen2_5_vl.vision import (VisionBatch, VisionSizes, VisionTower,
                                                 concat_images, num_image_tokens, vision_forward)
-from jax_drive.models.transformer import (CausalLM, KVCache, check_logprob_args,
-                                          decoder_blocks, head_token_logprobs, lm_logits,
-                                          rms_norm)
+from jax_drive.models.layers import KVCache, rms_norm
+from jax_drive.models.transformer import CausalLM, check_logprob_args, decoder_blocks, head_token_logprobs, lm_logits
 
 
 def scatter_image_tokens(embeds: jax.Array, input_ids: jax.Array, image_tokens: jax.Array,

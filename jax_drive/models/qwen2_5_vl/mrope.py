@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.models.qwen2_5_vl.config import VLMConfig
-from jax_drive.models.transformer import rope_inv_freq, rope_tables
+from jax_drive.models.layers import rope_inv_freq, rope_tables
 
 
 def mrope_positions(input_ids, attention_mask, image_grid_thw, config: VLMConfig):

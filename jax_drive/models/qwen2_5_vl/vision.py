@@ -31,7 +31,8 @@ import numpy as np
 from flax import nnx
 
 from jax_drive.models.qwen2_5_vl.config import VisionConfig
-from jax_drive.models.transformer import StackedLinear, apply_rope, attention, linear, rms_norm, swiglu_mlp
+from jax_drive.models.layers import apply_rope, attention, linear, rms_norm
+from jax_drive.models.transformer import StackedLinear, swiglu_mlp
 
 VISION_PROJECTIONS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")
 
