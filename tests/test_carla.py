@@ -27,7 +27,7 @@ from jax_drive.distributed.backends import BackendFailure, CarlaBackend, CarlaRu
 from jax_drive.distributed.episodes import EpisodeSpec
 from jax_drive.geometry import polyline_table, project_on_table
 from jax_drive.runinfo import InputError
-from jax_drive.sim import core, scenarios as S
+from jax_drive.sim import core, layouts, scenarios as S
 from jax_drive.sim.state import Behaviour, SimConfig
 
 ANCHOR = Anchor("FakeTown", 120.0, -35.0, 30.0, z=0.2)
@@ -135,7 +135,7 @@ def town_from_scenario(name: str, key, anchor: Anchor = ANCHOR, junction: bool =
     lanes = [dict(points=to_carla(anchor, np.asarray(sc.lanes.points[k], np.float64)), width=float(sc.lanes.width[k]),
                   lane_id=-1, left=index.get(int(sc.lanes.left[k])), right=index.get(int(sc.lanes.right[k])))
              for k in keep]
-    return F.Town(anchor.town, lanes, (to_carla(anchor, np.zeros(2)), S.STOP) if junction else None)
+    return F.Town(anchor.town, lanes, (to_carla(anchor, np.zeros(2)), layouts.STOP) if junction else None)
 
 
 @pytest.mark.parametrize("name", ["tv_overtake_perception", "tv_red_light", "lm_left_right", "tv_highway_exit",
@@ -173,9 +173,9 @@ def test_town_builder_rejects_a_town_without_the_road():
 
 
 def _intersection_town(anchor: Anchor) -> F.Town:
-    lanes = [dict(points=to_carla(anchor, S.intersection_path(a, t)), width=3.5, lane_id=-1, left=None, right=None)
+    lanes = [dict(points=to_carla(anchor, layouts.intersection_path(a, t)), width=3.5, lane_id=-1, left=None, right=None)
              for a in "WSEN" for t in ("straight", "left", "right")]
-    return F.Town(anchor.town, lanes, (to_carla(anchor, np.zeros(2)), S.STOP))
+    return F.Town(anchor.town, lanes, (to_carla(anchor, np.zeros(2)), layouts.STOP))
 
 
 def test_find_anchor_on_fake_towns():

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_drive.sim import actions as A, core, lanes as L, scenarios as S
+from jax_drive.sim import actions as A, core, lanes as L, layouts, scenarios as S
 from jax_drive.sim.state import Behaviour, Cmd, Light, Lights, Role, SimConfig
 
 CFG = SimConfig()
@@ -13,7 +13,7 @@ CFG = SimConfig()
 
 def _road(n_agents_fn, lights=None, lanes_fn=None):
     """A straight two-lane road along x (lane 0 at y=0, lane 1 at y=3.5) plus agents."""
-    b = S.Builder(CFG)
+    b = layouts.Builder(CFG)
     l0 = b.lane(L.straight([-50, 0], [450, 0]), light=0 if lights else -1, stop_xy=(100.0, 0.0) if lights else None)
     l1 = b.lane(L.straight([-50, 3.5], [450, 3.5]))
     b.neighbours(l0, left=l1)
@@ -25,7 +25,7 @@ def _road(n_agents_fn, lights=None, lanes_fn=None):
 
 
 def _policy_agent(lane, arc, speed, **kw):
-    return S._Agent(lane=lane, arc=arc, speed=speed, role=Role.FOCAL, reward=True, behaviour=Behaviour.POLICY,
+    return layouts.Agent(lane=lane, arc=arc, speed=speed, role=Role.FOCAL, reward=True, behaviour=Behaviour.POLICY,
                     cruise=kw.pop("cruise", speed), **kw)
 
 
@@ -102,32 +102,32 @@ def test_lane_change_left_converges_without_large_overshoot():
 
 def test_idm_follower_stops_behind_stopped_truck():
     def agents(b, l0, l1):
-        b.add(S._Agent(lane=l0, arc=150.0, speed=0.0, behaviour=Behaviour.STOPPED, size=S.TRUCK, cruise=0.0))
-        b.add(S._Agent(lane=l0, arc=60.0, speed=12.0, cruise=12.0))
+        b.add(layouts.Agent(lane=l0, arc=150.0, speed=0.0, behaviour=Behaviour.STOPPED, size=layouts.TRUCK, cruise=0.0))
+        b.add(layouts.Agent(lane=l0, arc=60.0, speed=12.0, cruise=12.0))
 
     sc = _road(agents)
     states = _run(sc, _cmds(), 40)
     last = states[-1]
     assert int(last.collision_step[1]) == -1
-    gap = float(last.x[0] - last.x[1]) - (S.TRUCK[0] + S.CAR[0]) / 2
+    gap = float(last.x[0] - last.x[1]) - (layouts.TRUCK[0] + layouts.CAR[0]) / 2
     assert 0.5 < gap < 8.0 and float(last.speed[1]) < 0.3
 
 
 def test_go_follows_leader_and_red_light_stop_vs_runner():
     def agents(b, l0, l1):
         b.add(_policy_agent(l0, 100.0, 8.0, cruise=8.0))  # obeys the light at x = 100 (arc 150)
-        b.add(S._Agent(lane=l0, arc=60.0, speed=8.0, cruise=8.0, obeys=False))  # runner, behind
+        b.add(layouts.Agent(lane=l0, arc=60.0, speed=8.0, cruise=8.0, obeys=False))  # runner, behind
 
     sc = _road(agents, lights=(0.0, 0.0, 1e4))  # always red
     states = _run(sc, _cmds(a0=Cmd.GO), 30, target=8.0)
     last = states[-1]
-    front = float(last.x[0]) + S.CAR[0] / 2
+    front = float(last.x[0]) + layouts.CAR[0] / 2
     assert front <= 100.0 + 0.5 and float(last.speed[0]) < 0.2
     assert int(last.red_runs[0]) == 0
     # the runner does not stop for the light but does not hit the stopped car either
     assert int(last.collision_step[1]) == -1 and int(last.red_runs[1]) == 0
     # free runner crosses the line on red and is counted
-    sc2 = _road(lambda b, l0, l1: b.add(S._Agent(lane=l0, arc=100.0, speed=8.0, cruise=8.0, obeys=False)),
+    sc2 = _road(lambda b, l0, l1: b.add(layouts.Agent(lane=l0, arc=100.0, speed=8.0, cruise=8.0, obeys=False)),
                 lights=(0.0, 0.0, 1e4))
     assert int(_run(sc2, _cmds(), 16)[-1].red_runs[0]) == 1
 
@@ -136,7 +136,7 @@ def test_head_on_collision_is_detected_for_both():
     def agents(b, l0, l1):
         b.add(_policy_agent(l0, 100.0, 8.0, cruise=8.0))
         rev = b.lane(L.straight([450, 0], [-50, 0]))
-        b.add(S._Agent(lane=rev, arc=b.arc(rev, (160.0, 0.0)), speed=8.0, cruise=8.0, role=Role.COLLIDER))
+        b.add(layouts.Agent(lane=rev, arc=b.arc(rev, (160.0, 0.0)), speed=8.0, cruise=8.0, role=Role.COLLIDER))
 
     sc = _road(agents)
     st = _run(sc, _cmds(a0=Cmd.GO), 20, target=8.0)[-1]
@@ -230,10 +230,10 @@ def test_rollout_scan_equals_repeated_steps():
 
 
 def test_reset_rejects_nothing_but_builder_rejects_oversize():
-    b = S.Builder(CFG)
+    b = layouts.Builder(CFG)
     lane = b.lane(L.straight([0, 0], [100, 0]))
     for k in range(CFG.max_agents + 1):
-        b.add(S._Agent(lane=lane, arc=5.0 * k, speed=0.0))
+        b.add(layouts.Agent(lane=lane, arc=5.0 * k, speed=0.0))
     with pytest.raises(ValueError, match="too large"):
         b.build(timeout=10.0, accident_prone=False, scenario_id=0)
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from jax_drive.coop.baselines import lane_projection
 from jax_drive.geometry import box_corners, polyline_table, project_on_table
-from jax_drive.sim import core, lanes as L, observe, scenarios as S
+from jax_drive.sim import core, lanes as L, observe, layouts, scenarios as S
 from jax_drive.sim.state import SimConfig
 
 POLY = L.resample(L.join(L.straight([0, 0], [20, 0], 5), L.bezier([20, 0], [40, 0], [40, 20], 12)), 64)
@@ -54,10 +54,10 @@ def test_lane_paths_are_uniformly_resampled():
 
 def test_offroad_against_every_lane():
     cfg = SimConfig()
-    b = S.Builder(cfg)
+    b = layouts.Builder(cfg)
     lane = b.lane(L.straight([0, 0], [100, 0], 16))
     for arc in (10.0, 20.0, 30.0):
-        b.add(S._Agent(lane=lane, arc=arc, speed=0.0))
+        b.add(layouts.Agent(lane=lane, arc=arc, speed=0.0))
     sc = b.build(timeout=10.0, accident_prone=False, scenario_id=0)
     st = core.reset(cfg, jax.random.key(0), sc)
     xy = st.x.at[:3].set(jnp.array([50.0, 50.0, 120.0])), st.y.at[:3].set(jnp.array([1.0, 3.0, 0.0]))
@@ -89,11 +89,11 @@ def test_middle_truck_occludes_and_side_offset_reveals():
 
 def test_visibility_respects_sensor_range():
     cfg = SimConfig()
-    b = S.Builder(cfg)
+    b = layouts.Builder(cfg)
     lane = b.lane(L.straight([0, 0], [300, 0]))
-    b.add(S._Agent(lane=lane, arc=10.0, speed=0.0))
-    b.add(S._Agent(lane=lane, arc=10.0 + cfg.sensor_range - 1.0, speed=0.0))
-    b.add(S._Agent(lane=lane, arc=10.0 + cfg.sensor_range + 30.0, speed=0.0))
+    b.add(layouts.Agent(lane=lane, arc=10.0, speed=0.0))
+    b.add(layouts.Agent(lane=lane, arc=10.0 + cfg.sensor_range - 1.0, speed=0.0))
+    b.add(layouts.Agent(lane=lane, arc=10.0 + cfg.sensor_range + 30.0, speed=0.0))
     sc = b.build(timeout=10.0, accident_prone=False, scenario_id=0)
     st = core.reset(cfg, jax.random.key(0), sc)
     vis = np.asarray(observe.visibility(cfg, sc, st))

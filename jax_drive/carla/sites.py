@@ -27,7 +27,7 @@ import numpy as np
 
 from jax_drive.carla.frames import Anchor, to_carla, to_local
 from jax_drive.geometry import polyline_table, project_on_table
-from jax_drive.sim import scenarios as S
+from jax_drive.sim import layouts, scenarios as S
 from jax_drive.sim.state import SimConfig
 
 JUNCTION = ("tv_red_light", "tv_left_turn", "ic_straight_straight", "ic_straight_left", "ic_chaos",
@@ -126,7 +126,7 @@ def trace_lane(town_map, reference, *, step: float = 2.0, location: Callable | N
                       covered=travelled / max(length, 1e-9))
 
 
-class TownBuilder(S.Builder):
+class TownBuilder(layouts.Builder):
     """A scenario builder whose lane paths are the town's traced lanes (see the module
     docstring). ``trace(points CARLA (P, 2)) -> TracedLane``; ``tolerance`` in metres."""
 
@@ -139,7 +139,7 @@ class TownBuilder(S.Builder):
         self.min_covered = min_covered
         self.traced: list[TracedLane] = []
 
-    def lane(self, pts, *, width=S.LANE_W, limit=10.0, light=-1, stop_xy=None, label=1, maneuver=0) -> int:
+    def lane(self, pts, *, width=layouts.LANE_W, limit=10.0, light=-1, stop_xy=None, label=1, maneuver=0) -> int:
         traced = self.trace(to_carla(self.anchor, np.asarray(pts, np.float64)))
         k = len(self.lanes)
         if traced.deviation > self.tolerance:

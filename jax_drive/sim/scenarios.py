@@ -16,20 +16,22 @@ Layouts (world frame, metres, right-hand traffic, lane width 3.5 m):
 
 from __future__ import annotations
 
-import dataclasses
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from jax_drive.geometry import point_at_arc, polyline_table, project_on_table
 from jax_drive.sim import lanes as L
-from jax_drive.sim.state import Behaviour, Lights, LaneGraph, Role, Scenario, SimConfig
-
-LANE_W = 3.5
-STOP = 8.0  # stop line distance from the intersection centre
-TRUCK = (10.0, 2.6)
-CAR = (4.6, 2.0)
+from jax_drive.sim.layouts import (
+    Agent,
+    Builder,
+    LANE_W,
+    STOP,
+    TRUCK,
+    add_followers,
+    conflict_arcs,
+    focal_agent,
+    intersection_path,
+    rng_from_key,
+    start_offset,
+    timed_arc,
+)
+from jax_drive.sim.state import Behaviour, Role, Scenario, SimConfig
 
 TALKING_VEHICLES = (
     "tv_overtake_perception",
@@ -63,217 +65,6 @@ def family(name: str) -> str:
     raise ValueError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
 
 
-@dataclasses.dataclass
-class _Agent:
-    lane: int
-    arc: float
-    speed: float
-    role: int = Role.BACKGROUND
-    reward: bool = False
-    behaviour: int = Behaviour.IDM
-    cruise: float = 8.0
-    obeys: bool = True
-    transceiver: bool = False
-    vid: int = 0
-    size: tuple = CAR
-    goal_lane: int | None = None
-    goal_arc: float | None = None
-    lc_arc: float = 0.0
-    lc_end_arc: float = 1e4
-
-
-class Builder:
-    """Collects lanes, lights and agents in Python, then pads them into a Scenario."""
-
-    def __init__(self, cfg: SimConfig):
-        self.cfg = cfg
-        self.lanes: list[dict] = []
-        self.lights: list[tuple] = []
-        self.agents: list[_Agent] = []
-
-    # map -------------------------------------------------------------------------------
-    def lane(self, pts, *, width=LANE_W, limit=10.0, light=-1, stop_xy=None, label=1, maneuver=0) -> int:
-        pts = L.resample(pts, self.cfg.lane_points)
-        table = polyline_table(pts)
-        stop = self._arc(table, stop_xy) if stop_xy is not None else -1e4
-        self.lanes.append(dict(points=pts, table=table, width=width, limit=limit, light=light, stop=stop,
-                               label=label, maneuver=maneuver, left=-1, right=-1))
-        return len(self.lanes) - 1
-
-    def neighbours(self, lane: int, left: int | None = None, right: int | None = None) -> None:
-        if left is not None:
-            self.lanes[lane]["left"] = left
-        if right is not None:
-            self.lanes[lane]["right"] = right
-
-    def light(self, green: float, yellow: float, red: float, offset: float = 0.0) -> int:
-        self.lights.append((green, yellow, red, offset))
-        return len(self.lights) - 1
-
-    @staticmethod
-    def _arc(table, xy) -> float:
-        return float(project_on_table(table, np.asarray(xy, float), extrapolate=True).arc)
-
-    def length(self, lane: int) -> float:
-        return float(self.lanes[lane]["table"].length)
-
-    def arc(self, lane: int, xy) -> float:
-        """Arc length of the projection of ``xy`` on ``lane``."""
-        return self._arc(self.lanes[lane]["table"], xy)
-
-    def pose(self, lane: int, arc: float) -> tuple[float, float, float]:
-        """Point (x, y) and heading at ``arc`` along ``lane``."""
-        xy, heading = point_at_arc(self.lanes[lane]["table"], np.asarray(arc, float))
-        return float(xy[0]), float(xy[1]), float(heading)
-
-    # agents ----------------------------------------------------------------------------
-    def add(self, agent: _Agent) -> int:
-        self.agents.append(agent)
-        return len(self.agents) - 1
-
-    def build(self, *, timeout: float, accident_prone: bool, scenario_id: int) -> Scenario:
-        cfg = self.cfg
-        nl, na, nk = len(self.lanes), len(self.agents), len(self.lights)
-        if nl > cfg.max_lanes or na > cfg.max_agents or nk > cfg.max_lights:
-            raise ValueError(f"scenario too large: {nl} lanes, {na} agents, {nk} lights for {cfg}")
-        lp, la = cfg.max_lanes, cfg.max_agents
-        pts = np.zeros((lp, cfg.lane_points, 2))
-        pts[:] = np.linspace([1e4, 1e4], [1e4 + 1, 1e4], cfg.lane_points)  # far-away dummy paths
-        f = lambda key, fill, n=lp: np.array([d[key] for d in self.lanes] + [fill] * (n - nl))  # noqa: E731
-        for i, d in enumerate(self.lanes):
-            pts[i] = d["points"]
-        lanes = LaneGraph(
-            points=jnp.asarray(pts, jnp.float32),
-            valid=jnp.asarray(np.arange(lp) < nl),
-            width=jnp.asarray(f("width", LANE_W), jnp.float32),
-            left=jnp.asarray(f("left", -1), jnp.int32),
-            right=jnp.asarray(f("right", -1), jnp.int32),
-            speed_limit=jnp.asarray(f("limit", 10.0), jnp.float32),
-            light=jnp.asarray(f("light", -1), jnp.int32),
-            stop_arc=jnp.asarray(f("stop", -1e4), jnp.float32),
-            label=jnp.asarray(f("label", 0), jnp.int32),
-            maneuver=jnp.asarray(f("maneuver", 0), jnp.int32),
-        )
-        lt = np.zeros((cfg.max_lights, 4))
-        lt[:, 0] = 1.0
-        for i, v in enumerate(self.lights):
-            lt[i] = v
-        lights = Lights(
-            green=jnp.asarray(lt[:, 0], jnp.float32),
-            yellow=jnp.asarray(lt[:, 1], jnp.float32),
-            red=jnp.asarray(lt[:, 2], jnp.float32),
-            offset=jnp.asarray(lt[:, 3], jnp.float32),
-            valid=jnp.asarray(np.arange(cfg.max_lights) < nk),
-        )
-        cols: dict[str, list] = {k: [] for k in (
-            "x", "y", "heading", "speed", "length", "width", "lane", "goal_lane", "goal_arc", "route_length",
-            "lc_arc", "lc_end_arc", "role", "reward", "behaviour", "cruise", "obeys", "trx", "vid", "kind")}
-        for i, ag in enumerate(self.agents):
-            x, y, h = self.pose(ag.lane, ag.arc)
-            gl = ag.lane if ag.goal_lane is None else ag.goal_lane
-            garc = self.length(gl) - 5.0 if ag.goal_arc is None else ag.goal_arc
-            route = max(garc - (self.arc(gl, (x, y))), 1.0)
-            vals = dict(x=x, y=y, heading=h, speed=ag.speed, length=ag.size[0], width=ag.size[1], lane=ag.lane,
-                        goal_lane=gl, goal_arc=garc, route_length=route, lc_arc=ag.lc_arc, lc_end_arc=ag.lc_end_arc,
-                        role=ag.role, reward=ag.reward, behaviour=ag.behaviour, cruise=ag.cruise, obeys=ag.obeys,
-                        trx=ag.transceiver, vid=ag.vid or 100 + i, kind=int(ag.size[0] > 6.0))
-            for k, v in vals.items():
-                cols[k].append(v)
-        pad = dict(x=1e4, y=-1e4, heading=0.0, speed=0.0, length=CAR[0], width=CAR[1], lane=0, goal_lane=0,
-                   goal_arc=1e4, route_length=1.0, lc_arc=0.0, lc_end_arc=1e4, role=Role.BACKGROUND, reward=False,
-                   behaviour=Behaviour.STOPPED, cruise=0.0, obeys=True, trx=False, vid=0, kind=0)
-        arr = {}
-        for k, v in cols.items():
-            vals = v + [pad[k]] * (la - na)
-            if k == "x":  # spread padding far apart so padded agents never interact
-                vals = v + [1e4 + 50.0 * j for j in range(la - na)]
-            arr[k] = np.asarray(vals)
-        f32 = lambda k: jnp.asarray(arr[k], jnp.float32)  # noqa: E731
-        i32 = lambda k: jnp.asarray(arr[k], jnp.int32)  # noqa: E731
-        return Scenario(
-            lanes=lanes, lights=lights, x=f32("x"), y=f32("y"), heading=f32("heading"), speed=f32("speed"),
-            length=f32("length"), width=f32("width"), valid=jnp.asarray(np.arange(la) < na), lane=i32("lane"),
-            goal_lane=i32("goal_lane"), goal_arc=f32("goal_arc"), route_length=f32("route_length"),
-            lc_arc=f32("lc_arc"), lc_end_arc=f32("lc_end_arc"), role=i32("role"),
-            reward=jnp.asarray(arr["reward"], bool), behaviour=i32("behaviour"), cruise_speed=f32("cruise"),
-            obeys_lights=jnp.asarray(arr["obeys"], bool), transceiver=jnp.asarray(arr["trx"], bool),
-            vehicle_id=i32("vid"), kind=i32("kind"), timeout=jnp.asarray(timeout, jnp.float32),
-            accident_prone=jnp.asarray(accident_prone), scenario_id=jnp.asarray(scenario_id, jnp.int32),
-        )
-
-
-# ------------------------------------------------------------------------------ layouts
-def _rot(theta: float) -> np.ndarray:
-    c, s = np.cos(theta), np.sin(theta)
-    return np.array([[c, -s], [s, c]])
-
-
-APPROACH = {"W": 0.0, "S": np.pi / 2, "E": np.pi, "N": 1.5 * np.pi}  # rotation of the canonical frame
-
-
-def intersection_path(approach: str, turn: str, offset: float = 1.75, out_offset: float = 1.75,
-                      reach: float = 80.0, exit_len: float = 60.0) -> np.ndarray:
-    """Path through the four-way intersection.
-
-    Canonical frame: the vehicle comes from the west heading east in the lane ``offset``
-    metres right of the centre line; ``turn`` in {'straight', 'left', 'right'}; the path
-    is rotated so that the vehicle enters from ``approach`` (W, S, E, N).
-    """
-    p0 = np.array([-reach, -offset])
-    ps = np.array([-STOP, -offset])
-    if turn == "straight":
-        body = L.straight(ps, [STOP, -offset], 8)
-        end = L.straight([STOP, -offset], [STOP + exit_len, -offset], 8)
-    elif turn == "left":
-        body = L.bezier(ps, [out_offset, -offset], [out_offset, STOP], 20)
-        end = L.straight([out_offset, STOP], [out_offset, STOP + exit_len], 8)
-    elif turn == "right":
-        body = L.bezier(ps, [-out_offset, -offset], [-out_offset, -STOP], 12)
-        end = L.straight([-out_offset, -STOP], [-out_offset, -STOP - exit_len], 8)
-    else:
-        raise ValueError(turn)
-    pts = L.join(L.straight(p0, ps, 8), body, end)
-    return pts @ _rot(APPROACH[approach]).T
-
-
-def conflict_arcs(b: Builder, la: int, lb: int) -> tuple[float, float]:
-    """Arc lengths along lanes ``la`` and ``lb`` of their closest approach (conflict point)."""
-    pa, pb = b.lanes[la]["points"], b.lanes[lb]["points"]
-    d = np.linalg.norm(pa[:, None] - pb[None], axis=-1)
-    i, j = np.unravel_index(np.argmin(d), d.shape)
-    return b.arc(la, pa[i]), b.arc(lb, pb[j])
-
-
-def timed_arc(conflict_arc: float, speed: float, t: float) -> float:
-    """Start arc so that a vehicle at constant ``speed`` reaches ``conflict_arc`` at ``t``."""
-    return conflict_arc - speed * t
-
-
-def _rng(key) -> np.random.Generator:
-    return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
-
-
-def _offset(rng, accident_prone: bool, near: float = 0.25, far: tuple = (3.5, 5.0)) -> float:
-    """Arrival-time offset of a potential collider: small when accident-prone, else large."""
-    if accident_prone:
-        return float(rng.uniform(-near, near))
-    return float(rng.choice([-1.0, 1.0]) * rng.uniform(*far))
-
-
-def _focal(lane, arc, speed, vid, *, reward=True, **kw) -> _Agent:
-    return _Agent(lane=lane, arc=arc, speed=speed, role=Role.FOCAL, reward=reward, behaviour=Behaviour.POLICY,
-                  cruise=kw.pop("cruise", speed), transceiver=True, vid=vid, **kw)
-
-
-def _followers(b: Builder, lane: int, arc: float, speed: float, n: int, rng, spacing=(16.0, 24.0)) -> None:
-    """Background IDM vehicles queued behind ``arc`` on ``lane``."""
-    for _ in range(n):
-        arc -= float(rng.uniform(*spacing))
-        if arc < 2.0:  # would start before the lane: no room for more
-            break
-        b.add(_Agent(lane=lane, arc=arc, speed=speed, cruise=speed))
-
-
 # --------------------------------------------------------------------- two-way road
 def _two_way(b: Builder) -> tuple[int, int, int]:
     eb = b.lane(L.straight([-40, -1.75], [200, -1.75]), label=1)
@@ -289,9 +80,9 @@ def _overtake(b: Builder, rng, accident_prone: bool, negotiation: bool, backgrou
     truck_x = 45.0 + rng.uniform(-3, 3)
     car_v = 7.0
     # car1 behind the truck, task: pass it and reach x = 120 in its own lane.
-    b.add(_focal(eb, 40.0 + rng.uniform(-2, 2), car_v, egos_vid[0], cruise=8.0, goal_arc=b.arc(eb, (120, -1.75)),
+    b.add(focal_agent(eb, 40.0 + rng.uniform(-2, 2), car_v, egos_vid[0], cruise=8.0, goal_arc=b.arc(eb, (120, -1.75)),
                  lc_arc=0.0))
-    truck = _Agent(lane=eb, arc=b.arc(eb, (truck_x, -1.75)), speed=0.0, behaviour=Behaviour.STOPPED, size=TRUCK,
+    truck = Agent(lane=eb, arc=b.arc(eb, (truck_x, -1.75)), speed=0.0, behaviour=Behaviour.STOPPED, size=TRUCK,
                    vid=egos_vid[2], cruise=0.0)
     if not negotiation:  # the stopped truck is focal (talks, not reward-eligible)
         truck.role, truck.transceiver = Role.FOCAL, True
@@ -305,11 +96,11 @@ def _overtake(b: Builder, rng, accident_prone: bool, negotiation: bool, backgrou
     else:
         arc2 = timed_arc(meet_arc, v2, float(rng.uniform(0.5, 1.5)))  # passes the truck early
     if negotiation:
-        b.add(_focal(wb, arc2, v2, egos_vid[1], cruise=v2))
+        b.add(focal_agent(wb, arc2, v2, egos_vid[1], cruise=v2))
     else:
-        b.add(_Agent(lane=wb, arc=arc2, speed=v2, cruise=v2, role=Role.COLLIDER, vid=egos_vid[1]))
+        b.add(Agent(lane=wb, arc=arc2, speed=v2, cruise=v2, role=Role.COLLIDER, vid=egos_vid[1]))
     if background:
-        _followers(b, wb, arc2, v2, 2, rng, spacing=(40.0, 60.0))
+        add_followers(b, wb, arc2, v2, 2, rng, spacing=(40.0, 60.0))
     return eb
 
 
@@ -341,21 +132,21 @@ def tv_red_light(b, rng, accident_prone, background):
     b.neighbours(queue_lane, right=car_lane)
     v1 = 8.0
     start = b.arc(car_lane, (5.25, -45.0 + rng.uniform(-3, 3)))
-    b.add(_focal(car_lane, start, v1, 109, cruise=v1))
+    b.add(focal_agent(car_lane, start, v1, 109, cruise=v1))
     # queued left-turners (stopped, waiting), the first one talks
     q0 = b.arc(queue_lane, (1.75, -STOP)) - TRUCK[0] / 2 - 1.0
     for k in range(3):
-        b.add(_Agent(lane=queue_lane, arc=q0 - k * (TRUCK[0] + 2.0), speed=0.0, behaviour=Behaviour.STOPPED,
+        b.add(Agent(lane=queue_lane, arc=q0 - k * (TRUCK[0] + 2.0), speed=0.0, behaviour=Behaviour.STOPPED,
                      size=TRUCK, cruise=0.0, role=Role.FOCAL if k == 0 else Role.BACKGROUND, transceiver=k == 0,
                      vid=117 + k))
     ca, cb = conflict_arcs(b, car_lane, runner_lane)
     t1 = (ca - start) / v1
     v2 = 10.0 + rng.uniform(-0.5, 0.5)
     arc2 = timed_arc(cb, v2, t1 + rng.uniform(-0.2, 0.2))
-    b.add(_Agent(lane=runner_lane, arc=arc2, speed=v2, cruise=v2, role=Role.COLLIDER, obeys=not accident_prone,
+    b.add(Agent(lane=runner_lane, arc=arc2, speed=v2, cruise=v2, role=Role.COLLIDER, obeys=not accident_prone,
                  vid=110))
     if background:
-        _followers(b, car_lane, start, v1, 2, rng)
+        add_followers(b, car_lane, start, v1, 2, rng)
     return 25.0
 
 
@@ -365,19 +156,19 @@ def tv_left_turn(b, rng, accident_prone, background):
     onc_lane = b.lane(intersection_path("N", "straight", 5.25, 5.25), label=2)
     v1 = 7.0
     start = b.arc(car_lane, (1.75, -35.0 + rng.uniform(-3, 3)))
-    b.add(_focal(car_lane, start, v1, 109, cruise=v1))
+    b.add(focal_agent(car_lane, start, v1, 109, cruise=v1))
     q0 = b.arc(truck_lane, (-1.75, STOP)) - TRUCK[0] / 2 - 1.0
     for k in range(3):
-        b.add(_Agent(lane=truck_lane, arc=q0 - k * (TRUCK[0] + 2.0), speed=0.0, behaviour=Behaviour.STOPPED,
+        b.add(Agent(lane=truck_lane, arc=q0 - k * (TRUCK[0] + 2.0), speed=0.0, behaviour=Behaviour.STOPPED,
                      size=TRUCK, cruise=0.0, role=Role.FOCAL if k == 0 else Role.BACKGROUND, transceiver=k == 0,
                      vid=111 + k))
     ca, cb = conflict_arcs(b, car_lane, onc_lane)
     t1 = (ca - start) / v1
     v2 = 9.5 + rng.uniform(-0.5, 0.5)
-    arc2 = timed_arc(cb, v2, t1 + _offset(rng, accident_prone, 0.25, (3.0, 4.0)))
-    b.add(_Agent(lane=onc_lane, arc=arc2, speed=v2, cruise=v2, role=Role.COLLIDER, vid=110))
+    arc2 = timed_arc(cb, v2, t1 + start_offset(rng, accident_prone, 0.25, (3.0, 4.0)))
+    b.add(Agent(lane=onc_lane, arc=arc2, speed=v2, cruise=v2, role=Role.COLLIDER, vid=110))
     if background:
-        _followers(b, onc_lane, arc2, v2, 2, rng, spacing=(45.0, 60.0))
+        add_followers(b, onc_lane, arc2, v2, 2, rng, spacing=(45.0, 60.0))
     return 25.0
 
 
@@ -395,12 +186,12 @@ def _crossing(b, rng, accident_prone, background, paths, vids, speeds=None, offs
             continue
         ca, cb = conflict_arcs(b, lanes[lead], lanes[k])
         t = (ca - base) / speeds[lead]
-        off = offsets[k] if offsets else _offset(rng, accident_prone)
+        off = offsets[k] if offsets else start_offset(rng, accident_prone)
         arcs[k] = max(timed_arc(cb, speeds[k], t + off), 2.0)
     for k in range(len(paths)):
-        b.add(_focal(lanes[k], arcs[k], speeds[k], vids[k], cruise=speeds[k]))
+        b.add(focal_agent(lanes[k], arcs[k], speeds[k], vids[k], cruise=speeds[k]))
         if background:
-            _followers(b, lanes[k], arcs[k], speeds[k], 1, rng)
+            add_followers(b, lanes[k], arcs[k], speeds[k], 1, rng)
     return lanes
 
 
@@ -453,12 +244,12 @@ def ic_chaos(b, rng, accident_prone, background):
         centre = b.arc(lanes[k], (0.0, 0.0)) if paths[k][1] == "straight" else b.arc(
             lanes[k], intersection_path(paths[k][0], "straight", 1.75)[8])
         arc = max(timed_arc(centre, v, t0 + offsets[k]), 2.0)
-        b.add(_focal(lanes[k], arc, v, vids[k], cruise=v))
+        b.add(focal_agent(lanes[k], arc, v, vids[k], cruise=v))
         if k in bg_t:
             if accident_prone:
-                _followers(b, lanes[k], arc, v, 1, rng)
+                add_followers(b, lanes[k], arc, v, 1, rng)
             else:
-                b.add(_Agent(lane=lanes[k], arc=max(timed_arc(centre, v, t0 + bg_t[k]), 2.0), speed=v, cruise=v))
+                b.add(Agent(lane=lanes[k], arc=max(timed_arc(centre, v, t0 + bg_t[k]), 2.0), speed=v, cruise=v))
     return 70.0
 
 
@@ -475,7 +266,7 @@ def lc_right_straight(b, rng, accident_prone, background):
     v = 8.0
     a0 = 20.0 + rng.uniform(-2, 2)
     lc = a0 + 12.0
-    b.add(_focal(a_lane, a0, v, 201, cruise=v, goal_lane=r_lane, goal_arc=b.length(r_lane) - 10.0, lc_arc=lc,
+    b.add(focal_agent(a_lane, a0, v, 201, cruise=v, goal_lane=r_lane, goal_arc=b.length(r_lane) - 10.0, lc_arc=lc,
                  lc_end_arc=b.arc(a_lane, (1.75, -STOP - 6.0))))
     # B (same speed) is beside A's rear when A cuts in (accident-prone: centres 2.5-3.5 m
     # apart, just outside a silent glance's 2 m but overlapping bodies), or 24-32 m ahead
@@ -484,9 +275,9 @@ def lc_right_straight(b, rng, accident_prone, background):
         rel = -float(rng.uniform(2.5, 3.5))
     else:
         rel = float(rng.choice([-1.0, 1.0]) * v * rng.uniform(3.0, 4.0))
-    b.add(_focal(s_lane, max(a0 + rel, 1.0), v, 202, cruise=v))
+    b.add(focal_agent(s_lane, max(a0 + rel, 1.0), v, 202, cruise=v))
     if background:
-        _followers(b, s_lane, b.agents[-1].arc, v, 1, rng)
+        add_followers(b, s_lane, b.agents[-1].arc, v, 1, rng)
     return 60.0
 
 
@@ -508,7 +299,7 @@ def _merge(b, rng, accident_prone, background, vids, n_highway_egos=1):
     v1 = 9.0
     a1 = b.arc(ramp, (-100.0 + rng.uniform(-4, 4), -20.0))
     lc = b.arc(ramp, (-15.0, -LANE_W))
-    b.add(_focal(ramp, a1, v1, vids[0], cruise=v1, goal_lane=hw[0], goal_arc=b.arc(hw[0], (160.0, 0.0)), lc_arc=lc,
+    b.add(focal_agent(ramp, a1, v1, vids[0], cruise=v1, goal_lane=hw[0], goal_arc=b.arc(hw[0], (160.0, 0.0)), lc_arc=lc,
                  lc_end_arc=b.arc(ramp, (55.0, -LANE_W))))
     # the merger's lane change starts at lc (x = -15): the target-lane vehicle is then just
     # behind its shoulder (accident-prone) or well clear of it (safe)
@@ -520,13 +311,13 @@ def _merge(b, rng, accident_prone, background, vids, n_highway_egos=1):
             x2 = merge_x - v2 * t_cut - rng.uniform(2.5, 4.5) - 12.0 * k
         else:
             x2 = merge_x - v2 * t_cut + rng.choice([-1, 1]) * rng.uniform(35.0, 45.0) - 12.0 * k
-        b.add(_focal(hw[0], b.arc(hw[0], (x2, 0.0)), v2, vids[1 + k], cruise=v2,
+        b.add(focal_agent(hw[0], b.arc(hw[0], (x2, 0.0)), v2, vids[1 + k], cruise=v2,
                      goal_arc=b.arc(hw[0], (160.0, 0.0))))
     if background:
-        _followers(b, hw[0], b.agents[-1].arc, v2, 2, rng, spacing=(40.0, 55.0))
+        add_followers(b, hw[0], b.agents[-1].arc, v2, 2, rng, spacing=(40.0, 55.0))
         base = b.arc(hw[1], (-60.0 + rng.uniform(-10, 10), LANE_W))
-        b.add(_Agent(lane=hw[1], arc=base, speed=12.0, cruise=12.0))
-        _followers(b, hw[1], base, 12.0, 2, rng, spacing=(30.0, 45.0))
+        b.add(Agent(lane=hw[1], arc=base, speed=12.0, cruise=12.0))
+        add_followers(b, hw[1], base, 12.0, 2, rng, spacing=(30.0, 45.0))
     return hw, ramp
 
 
@@ -550,7 +341,7 @@ def tv_highway_exit(b, rng, accident_prone, background):
     v1 = 11.0
     a1 = b.arc(hw[1], (-80.0 + rng.uniform(-4, 4), LANE_W))
     lc = b.arc(hw[1], (-40.0, LANE_W))
-    b.add(_focal(hw[1], a1, v1, 120, cruise=v1, goal_lane=ex, goal_arc=b.length(ex) - 15.0, lc_arc=lc,
+    b.add(focal_agent(hw[1], a1, v1, 120, cruise=v1, goal_lane=ex, goal_arc=b.length(ex) - 15.0, lc_arc=lc,
                  lc_end_arc=b.arc(hw[1], (95.0, LANE_W))))
     t_cut = (lc - a1) / v1 + 1.5
     cut_x = -40.0 + v1 * 1.5
@@ -560,8 +351,8 @@ def tv_highway_exit(b, rng, accident_prone, background):
     else:
         x2 = cut_x - v2 * t_cut + rng.uniform(45.0, 60.0)
     # the flow in the right lane: car2 leads, background followers behind it
-    b.add(_focal(hw[0], b.arc(hw[0], (x2, 0.0)), v2, 121, cruise=v2, goal_arc=b.arc(hw[0], (200.0, 0.0))))
-    _followers(b, hw[0], b.agents[-1].arc, v2, 3 if background else 1, rng, spacing=(14.0, 18.0))
+    b.add(focal_agent(hw[0], b.arc(hw[0], (x2, 0.0)), v2, 121, cruise=v2, goal_arc=b.arc(hw[0], (200.0, 0.0))))
+    add_followers(b, hw[0], b.agents[-1].arc, v2, 3 if background else 1, rng, spacing=(14.0, 18.0))
     return 35.0
 
 
@@ -573,15 +364,15 @@ def lm_neighbour_lane(b, rng, accident_prone, background):
     v = 9.0
     a0 = b.arc(end, (-60.0 + rng.uniform(-3, 3), LANE_W))
     lc = b.arc(end, (-30.0, LANE_W))
-    b.add(_focal(end, a0, v, 201, cruise=v, goal_lane=hw[0], goal_arc=b.arc(hw[0], (150.0, 0.0)), lc_arc=lc,
+    b.add(focal_agent(end, a0, v, 201, cruise=v, goal_lane=hw[0], goal_arc=b.arc(hw[0], (150.0, 0.0)), lc_arc=lc,
                  lc_end_arc=b.arc(end, (55.0, LANE_W))))
     t_cut = (lc - a0) / v + 1.5
     v2 = 10.0
     cut_x = -30.0 + v * 1.5
     x2 = cut_x - v2 * t_cut - (rng.uniform(3.0, 6.0) if accident_prone else rng.choice([-1, 1]) * rng.uniform(35, 45))
-    b.add(_focal(hw[0], b.arc(hw[0], (x2, 0.0)), v2, 202, cruise=v2, goal_arc=b.arc(hw[0], (150.0, 0.0))))
+    b.add(focal_agent(hw[0], b.arc(hw[0], (x2, 0.0)), v2, 202, cruise=v2, goal_arc=b.arc(hw[0], (150.0, 0.0))))
     if background:
-        _followers(b, hw[0], b.agents[-1].arc, v2, 2, rng, spacing=(35.0, 50.0))
+        add_followers(b, hw[0], b.agents[-1].arc, v2, 2, rng, spacing=(35.0, 50.0))
     return 60.0
 
 
@@ -600,12 +391,12 @@ def lc_highway_change(b, rng, accident_prone, background):
             x = -100.0 - 12.0 * k + float(rng.uniform(-1.0, 1.0))
         goal = 1 if lane != 1 else int(rng.choice([0, 2]))
         a0 = b.arc(hw[lane], (x, lane * LANE_W))
-        b.add(_focal(hw[lane], a0, v, 201 + k, cruise=v, goal_lane=hw[goal],
+        b.add(focal_agent(hw[lane], a0, v, 201 + k, cruise=v, goal_lane=hw[goal],
                      goal_arc=b.arc(hw[goal], (150.0, goal * LANE_W)), lc_arc=a0 + 20.0,
                      lc_end_arc=b.arc(hw[lane], (120.0, 0.0))))
     if background:
         for lane in range(3):
-            b.add(_Agent(lane=hw[lane], arc=b.arc(hw[lane], (-20.0 + 10 * lane, lane * LANE_W)), speed=v, cruise=v))
+            b.add(Agent(lane=hw[lane], arc=b.arc(hw[lane], (-20.0 + 10 * lane, lane * LANE_W)), speed=v, cruise=v))
     return 60.0
 
 
@@ -626,7 +417,7 @@ def build(name: str, key, *, accident_prone: bool = True, background: bool = Fal
         subclass may map the lane paths elsewhere (e.g. onto a CARLA town's lanes).
     """
     family(name)
-    rng = _rng(key)
+    rng = rng_from_key(key)
     b = Builder(cfg) if builder is None else builder
     timeout = _BUILDERS[name](b, rng, bool(accident_prone), bool(background))
     return b.build(timeout=timeout, accident_prone=bool(accident_prone), scenario_id=SCENARIOS.index(name))
