@@ -155,7 +155,12 @@ class CompileClock:
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2."""
+    """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2.
+
+    Compiled programs persist across runs (:func:`jax_drive.compile_cache.enable_compile_cache`)."""
+    from jax_drive.compile_cache import enable_compile_cache
+
+    enable_compile_cache()
     try:
         return int(main(argv) or 0)
     except InputError as error:

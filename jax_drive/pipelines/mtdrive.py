@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.compile_cache import enable_compile_cache
 from jax_drive.data.builders import (
     BuildConfig,
     ConstantVelocityPredictor,
@@ -419,6 +420,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
       ValueError for an unknown stage or an image preset with ``engine_url``;
       :class:`jax_drive.pipelines.journal.RunDirError` when ``out_dir`` cannot be used as asked.
     """
+    enable_compile_cache()
     log = log or (lambda msg: print(msg, flush=True))
     unknown = set(evaluate) - set(STAGES)
     if unknown:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from jax_drive.compile_cache import enable_compile_cache
 from jax_drive.coop.agent import AgentConfig, LanguagePolicy
 from jax_drive.coop.distill import StudentConfig
 from jax_drive.coop.memory import MemoryBank
@@ -666,6 +667,7 @@ def table3_rows(results: dict[str, dict]) -> str:
 def run(preset: Preset, methods: Sequence[str], run_dir: str, *, progress: bool = True, force: bool = False,
         on_method: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     """Runs methods in order (sharing engines); returns {method: result}."""
+    enable_compile_cache()
     engines = Engines(preset)
     out = {}
     for method in methods:

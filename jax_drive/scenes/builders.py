@@ -126,6 +126,10 @@ class SceneSpec:
     history_poses: np.ndarray | None = None
     history_velocity: np.ndarray | None = None
     history_acceleration: np.ndarray | None = None
+    history_yaw_rate: np.ndarray | None = None
+    history_yaw_accel: np.ndarray | None = None
+    history_valid: bool = True
+    expert_valid: bool | None = None
 
     def build(self, scene_id: int = 0, sizes: SceneSizes = SceneSizes()) -> Scene:
         """Pads this spec into a Scene (no batch dims)."""
@@ -272,6 +276,14 @@ def history_from_motion_jax(speed, accel, yaw_rate):
     return poses, vel, acc
 
 
+def history_yaw_from_poses(history_poses: np.ndarray, dt: float = OBS_DT) -> tuple[np.ndarray, np.ndarray]:
+    """Per-state yaw rate and yaw acceleration (16,) as finite differences (``np.gradient``)
+    of the history's unwrapped headings: the stand-in when a log gives no dynamics."""
+    heading = np.unwrap(np.asarray(history_poses, np.float64)[:, 2])
+    yaw_rate = np.gradient(heading, dt)
+    return yaw_rate, np.gradient(yaw_rate, dt)
+
+
 def _constant_velocity_expert(velocity: np.ndarray) -> np.ndarray:
     t = (np.arange(NUM_OUTPUT_POSES) + 1) * OUTPUT_DT
     speed = float(np.hypot(*velocity))
@@ -294,6 +306,10 @@ def make_scene(
     history_poses=None,
     history_velocity=None,
     history_acceleration=None,
+    history_yaw_rate=None,
+    history_yaw_accel=None,
+    history_valid: bool = True,
+    expert_valid: bool | None = None,
     scene_id: int = 0,
     sizes: SceneSizes = SceneSizes(),
 ) -> Scene:
@@ -308,7 +324,11 @@ def make_scene(
       speed_limit: m/s; command: :class:`Command`.
       expert: (8, 3) future poses; default: constant velocity from the t0 velocity.
       history_*: (16, 3) / (16, 2) / (16, 2); default: consistent with the t0 speed and
-        longitudinal acceleration (straight motion).
+        longitudinal acceleration (straight motion). history_yaw_rate / history_yaw_accel
+        (16,): each state's logged yaw rate / acceleration (the last is t0's); default:
+        :func:`history_yaw_from_poses`. history_valid: False when the scene has no logged
+        past (the history is then a stand-in).
+      expert_valid: ``expert`` is the logged human trajectory; default: ``expert`` given.
     Raises:
       ValueError with the offending field when a shape, size or value is invalid.
     """
@@ -327,6 +347,13 @@ def make_scene(
     for name, arr in (("history_poses", hp), ("history_velocity", hv), ("history_acceleration", ha)):
         if arr.shape[0] != NUM_HISTORY_STEPS:
             raise ValueError(f"{name}: expected {NUM_HISTORY_STEPS} steps, got {arr.shape[0]}")
+    yaw_fd = history_yaw_from_poses(hp)
+    hyr = yaw_fd[0] if history_yaw_rate is None else _as_array("history_yaw_rate", history_yaw_rate)
+    hya = yaw_fd[1] if history_yaw_accel is None else _as_array("history_yaw_accel", history_yaw_accel)
+    for name, arr in (("history_yaw_rate", hyr), ("history_yaw_accel", hya)):
+        if arr.shape != (NUM_HISTORY_STEPS,):
+            raise ValueError(f"{name}: expected shape ({NUM_HISTORY_STEPS},), got {arr.shape}")
+    expert_valid = expert is not None if expert_valid is None else bool(expert_valid)
 
     # Agents ------------------------------------------------------------------------
     n, t_steps = sizes.num_agents, NUM_OBS_STEPS
@@ -394,6 +421,9 @@ def make_scene(
             history_poses=f32(hp),
             history_velocity=f32(hv),
             history_acceleration=f32(ha),
+            history_yaw_rate=f32(hyr),
+            history_yaw_accel=f32(hya),
+            history_valid=jnp.asarray(bool(history_valid)),
         ),
         agents=Agents(
             x=f32(ax), y=f32(ay), z=f32(az), heading=f32(ah), vx=f32(avx), vy=f32(avy),
@@ -417,6 +447,7 @@ def make_scene(
         route=Route(points=f32(rp), valid=jnp.asarray(rvalid)),
         command=jnp.asarray(int(command), jnp.int32),
         expert=f32(exp),
+        expert_valid=jnp.asarray(expert_valid),
         scene_id=jnp.asarray(int(scene_id), jnp.int32),
     )
 

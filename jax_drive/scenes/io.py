@@ -20,7 +20,9 @@ SCENE (global frame: metres, e.g. UTM; radians from +x towards +y; seconds)::
              "history": {"dt": 0.1,              # optional: logged past states, oldest first,
                          "poses": [[x, y, heading], ...],     # the last one at t0 (= pose),
                          "velocity": [[vx, vy], ...],         # covering at least 1.5 s;
-                         "acceleration": [[ax, ay], ...]}},   # body frames
+                         "acceleration": [[ax, ay], ...],     # body frames;
+                         "yaw_rate": [w, ...],                # optional, rad/s, and
+                         "yaw_acceleration": [dw, ...]}},     # optional, rad/s^2 per state
      "observation": {"dt": 0.1,                   # 0.1 (41 or 51 frames) or 0.5 (9 or 11 frames)
                      "frames": [[BOX, ...], ...]},  # frame k at t0 + k dt, up to 4 or 5 s
      "map": {"polygons": [POLYGON, ...],
@@ -55,7 +57,10 @@ until the next annotation. Expert and PDM-Closed trajectories at any spacing cov
 are resampled like NAVSIM's interpolated trajectories (the t0 pose in front; x, y linear,
 heading on the unwrapped sequence) to 8 poses at 0.5 s and 40 poses at 0.1 s.
 Without a history, one consistent with the t0 speed and acceleration (driving straight)
-is used and noted; without an expert, constant velocity.
+stands in, marked ``history_valid`` False (NAVSIM v2's history comfort is then 1) and noted;
+without per-state yaw rates / accelerations, finite differences of the history headings;
+without an expert (NAVSIM's synthetic scenes), constant velocity stands in, marked
+``expert_valid`` False (NAVSIM v2's human penalty filter then does not apply).
 
 Errors raise :class:`SceneFileError` naming the file, the scene (index and token) and the
 field, e.g. ``scenes.json: scenes[3] (token 'a1b2'): observation.frames[12][0].length: must
@@ -86,6 +91,7 @@ from jax_drive.scenes.builders import (
     spec_sizes,
     stack_scenes,
 )
+from jax_drive.scenes.records import LAYER_OF_KIND, scene_record, wrap_angles  # noqa: F401
 from jax_drive.types import (
     AGENT_TYPE_NAMES,
     COMMAND_TEXT,
@@ -116,8 +122,6 @@ DROPPED_LAYERS = frozenset({
     "ROADBLOCK_CONNECTOR", "CROSSWALK", "WALKWAYS", "STOP_LINE", "TURN_STOP", "YIELD", "TRAFFIC_LIGHT",
     "STOP_SIGN", "PUDO", "EXTENDED_PUDO", "SPEED_BUMP", "BASELINE_PATHS", "BOUNDARIES", "LANE_GROUP_CONNECTOR",
 })
-LAYER_OF_KIND = {int(PolygonType.ROADBLOCK): "ROADBLOCK", int(PolygonType.INTERSECTION): "INTERSECTION",
-                 int(PolygonType.CARPARK): "CARPARK_AREA"}
 TYPE_OF_NAME = {name: int(kind) for kind, name in AGENT_TYPE_NAMES.items()}
 COMMAND_OF_TEXT = {text: int(c) for c, text in COMMAND_TEXT.items()}
 
@@ -255,10 +259,6 @@ def _dt(value: Any, field: str, where: _Where, allowed=None) -> float:
 # frames
 
 
-def _wrap(a):
-    return (np.asarray(a) + np.pi) % (2.0 * np.pi) - np.pi
-
-
 class _Frame:
     """The t0 ego pose: global <-> ego-frame conversion in float64."""
 
@@ -271,7 +271,7 @@ class _Frame:
         return np.stack([self.c * dx + self.s * dy, -self.s * dx + self.c * dy], -1)
 
     def poses(self, p: np.ndarray) -> np.ndarray:
-        return np.concatenate([self.points(p[..., :2]), _wrap(p[..., 2:3] - self.h)], -1)
+        return np.concatenate([self.points(p[..., :2]), wrap_angles(p[..., 2:3] - self.h)], -1)
 
     def vectors(self, v: np.ndarray) -> np.ndarray:
         return np.stack([self.c * v[..., 0] + self.s * v[..., 1], -self.s * v[..., 0] + self.c * v[..., 1]], -1)
@@ -285,7 +285,7 @@ def resample_poses(poses: np.ndarray, dt: float, times: np.ndarray) -> np.ndarra
     heading = np.unwrap(knots[:, 2])
     out = np.stack([np.interp(times, knot_t, knots[:, 0]), np.interp(times, knot_t, knots[:, 1]),
                     np.interp(times, knot_t, heading)], -1)
-    out[:, 2] = _wrap(out[:, 2])
+    out[:, 2] = wrap_angles(out[:, 2])
     return out
 
 
@@ -318,15 +318,20 @@ class ParsedScene:
 def _history(ego: dict, frame: _Frame, where: _Where, velocity, acceleration, notes: list):
     hist = _get(ego, "history", "ego", where, None)
     if hist is None:
-        notes.append("no history: derived from the t0 speed and acceleration (straight)")
-        return history_from_motion(float(np.hypot(*velocity)), float(acceleration[0]))
+        notes.append("no history: derived from the t0 speed and acceleration (straight); history comfort is 1")
+        return history_from_motion(float(np.hypot(*velocity)), float(acceleration[0])) + (None, None, False)
     dt = _dt(_get(hist, "dt", "ego.history", where), "ego.history.dt", where)
     poses = _array(_get(hist, "poses", "ego.history", where), "ego.history.poses", where, 3, 2)
     vel = _array(_get(hist, "velocity", "ego.history", where), "ego.history.velocity", where, 2, 2)
     acc = _array(_get(hist, "acceleration", "ego.history", where), "ego.history.acceleration", where, 2, 2)
-    if not len(poses) == len(vel) == len(acc):
-        where.fail("ego.history", f"poses, velocity and acceleration differ in length "
-                                  f"({len(poses)}, {len(vel)}, {len(acc)})")
+    yaw = [None if _get(hist, key, "ego.history", where, None) is None
+           else _array(hist[key], f"ego.history.{key}", where, 0, 2) for key in ("yaw_rate", "yaw_acceleration")]
+    lengths = [len(a) for a in [poses, vel, acc] + [y for y in yaw if y is not None]]
+    if len(set(lengths)) > 1:
+        where.fail("ego.history", f"poses, velocity, acceleration (and yaw_rate / yaw_acceleration) differ in "
+                                  f"length ({', '.join(map(str, lengths))})")
+    if yaw[0] is None:
+        notes.append("history without yaw_rate: finite differences of the history headings")
     if (len(poses) - 1) * dt < HISTORY_SECONDS - 1e-9:
         where.fail("ego.history.poses", f"{len(poses)} states at {dt} s cover {(len(poses) - 1) * dt:g} s, "
                                         f"need {HISTORY_SECONDS:g} s")
@@ -338,9 +343,10 @@ def _history(ego: dict, frame: _Frame, where: _Where, velocity, acceleration, no
     heading = np.unwrap(local[:, 2])
     interp = lambda a: np.stack([np.interp(query, t, a[:, j]) for j in range(a.shape[1])], -1)  # noqa: E731
     out = interp(np.concatenate([local[:, :2], heading[:, None]], -1))
-    out[:, 2] = _wrap(out[:, 2])
+    out[:, 2] = wrap_angles(out[:, 2])
     out[-1] = 0.0
-    return out, interp(vel), interp(acc)
+    yaw = [None if y is None else interp(y[:, None])[:, 0] for y in yaw]
+    return out, interp(vel), interp(acc), yaw[0], yaw[1], True
 
 
 def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[AgentTrack], int, float]:
@@ -381,7 +387,7 @@ def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[A
             notes.append(f"object {token!r}: box size changes by up to "
                          f"{np.abs(states[:, 3:6] - first[3:6]).max():.3g} m; its first size is used (NAVSIM)")
         pos = frame.points(states[:, :2])
-        heading = _wrap(states[:, 2] - frame.h)
+        heading = wrap_angles(states[:, 2] - frame.h)
         vel = frame.vectors(states[:, 6:8])
         valid = np.zeros(NUM_OBS_STEPS, bool)
         out = np.zeros((NUM_OBS_STEPS, 5))
@@ -398,7 +404,7 @@ def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[A
             valid[inside] = True
             cols = np.concatenate([pos, np.unwrap(heading)[:, None], vel], -1)
             out[inside] = np.stack([np.interp(times[inside], t, cols[:, j]) for j in range(5)], -1)
-            out[:, 2] = _wrap(out[:, 2])
+            out[:, 2] = wrap_angles(out[:, 2])
         tracks.append(AgentTrack(x=out[:, 0], y=out[:, 1], heading=out[:, 2], vx=out[:, 3], vy=out[:, 4],
                                  length=float(first[3]), width=float(first[4]), height=float(first[5]),
                                  agent_type=kind, valid=valid, z=float(first[8])))
@@ -511,7 +517,8 @@ def parse_scene(record: Any, index: int = 0, source: str = "<records>") -> Parse
                      ego_steering=steering, agents=tracks, drivable=[p for _, p in drivable],
                      lanes=[lane for _, lane in lanes], speed_limit=speed, command=COMMAND_OF_TEXT[command],
                      expert=expert, history_poses=history[0], history_velocity=history[1],
-                     history_acceleration=history[2])
+                     history_acceleration=history[2], history_yaw_rate=history[3], history_yaw_accel=history[4],
+                     history_valid=history[5], expert_valid=expert is not None)
     try:  # the rings' checks (at least 3 vertices, non-zero area, holes), named as in the record
         spec_sizes(spec)
     except ValueError as e:
@@ -640,78 +647,3 @@ def load_scenes(source: str | Path | Sequence[dict]) -> SceneFile:
                      specs=tuple(p.spec for p in parsed), references=refs,
                      has_reference=np.asarray([p.reference is not None for p in parsed]),
                      notes=tuple(p.notes for p in parsed), dropped_layers=dropped, source=name)
-
-
-# ---------------------------------------------------------------------------------------
-# writing our own scenes
-
-
-def _global_points(xy: np.ndarray, origin: np.ndarray) -> np.ndarray:
-    c, s = math.cos(origin[2]), math.sin(origin[2])
-    return np.stack([origin[0] + c * xy[..., 0] - s * xy[..., 1], origin[1] + s * xy[..., 0] + c * xy[..., 1]], -1)
-
-
-def _global_poses(p: np.ndarray, origin: np.ndarray) -> np.ndarray:
-    return np.concatenate([_global_points(p[..., :2], origin), _wrap(p[..., 2:3] + origin[2])], -1)
-
-
-def scene_record(scene: Scene, origin, token: str, reference=None) -> dict:
-    """A version-1 record of one ego-frame Scene placed with its t0 rear axle at ``origin``
-    (global [x, y, heading], float64); ``reference``: optional (40, 3) PDM-Closed poses."""
-    sc = jax.tree.map(np.asarray, scene)
-    if np.shape(sc.command) != ():
-        raise ValueError(f"scene_record takes one scene (no batch dims), got batch shape {np.shape(sc.command)}")
-    origin = np.asarray(origin, np.float64)
-    lst = lambda a: np.asarray(a, np.float64).tolist()  # noqa: E731
-    ag = sc.agents
-    c, s = math.cos(origin[2]), math.sin(origin[2])
-    frames = []
-    for k in range(ag.valid.shape[1]):
-        boxes = []
-        for n in np.flatnonzero(ag.valid[:, k]):
-            x, y = _global_points(np.asarray([ag.x[n, k], ag.y[n, k]], np.float64), origin)
-            vx, vy = float(ag.vx[n, k]), float(ag.vy[n, k])
-            boxes.append({"token": f"object-{n}", "type": AGENT_TYPE_NAMES[AgentType(int(ag.agent_type[n]))],
-                          "x": float(x), "y": float(y), "heading": float(_wrap(float(ag.heading[n, k]) + origin[2])),
-                          "length": float(ag.length[n]), "width": float(ag.width[n]), "height": float(ag.height[n]),
-                          "vx": c * vx - s * vy, "vy": s * vx + c * vy, "z": float(ag.z[n, k])})
-        frames.append(boxes)
-    polygons, lights = [], []
-    drv = sc.map.drivable
-    for i in np.flatnonzero(drv.valid):
-        exterior, holes = polygon_rings(np.asarray(drv.vertices[i], np.float64))
-        polygons.append({"id": f"drivable-{i}", "layer": LAYER_OF_KIND[int(drv.kind[i])],
-                         "exterior": lst(_global_points(exterior, origin)),
-                         "holes": [lst(_global_points(h, origin)) for h in holes]})
-    lanes = sc.map.lanes
-    route_ids = []
-    for i in np.flatnonzero(lanes.valid):
-        exterior, holes = polygon_rings(np.asarray(lanes.vertices[i], np.float64))
-        entry = {"id": f"lane-{i}", "layer": "LANE_CONNECTOR" if int(lanes.kind[i]) == 1 else "LANE",
-                 "exterior": lst(_global_points(exterior, origin)),
-                 "holes": [lst(_global_points(h, origin)) for h in holes]}
-        ok = sc.map.lane_centerline_valid[i]
-        if ok.sum() >= 2:
-            entry["centerline"] = lst(_global_points(np.asarray(sc.map.lane_centerlines[i][ok], np.float64), origin))
-        polygons.append(entry)
-        if lanes.on_route[i]:
-            route_ids.append(f"lane-{i}")
-        if sc.map.red_light[i].any():
-            lights.append({"lane_id": f"lane-{i}", "red": [bool(v) for v in sc.map.red_light[i]]})
-    ego = sc.ego
-    record = {
-        "token": token,
-        "ego": {"pose": lst(origin), "velocity": lst(ego.velocity), "acceleration": lst(ego.acceleration),
-                "steering_angle": float(ego.steering_angle),
-                "history": {"dt": OBS_DT, "poses": lst(_global_poses(np.asarray(ego.history_poses, np.float64), origin)),
-                            "velocity": lst(ego.history_velocity), "acceleration": lst(ego.history_acceleration)}},
-        "observation": {"dt": OBS_DT, "frames": frames},
-        "map": {"polygons": polygons, "route_lane_ids": route_ids,
-                "route": lst(_global_points(np.asarray(sc.route.points[sc.route.valid], np.float64), origin)),
-                "traffic_lights": lights, "speed_limit": float(sc.map.speed_limit)},
-        "command": COMMAND_TEXT[Command(int(sc.command))],
-        "expert": {"dt": OUTPUT_DT, "poses": lst(_global_poses(np.asarray(sc.expert, np.float64), origin))},
-    }
-    if reference is not None:
-        record["pdm_closed"] = {"dt": OBS_DT, "poses": lst(_global_poses(np.asarray(reference, np.float64), origin))}
-    return record
