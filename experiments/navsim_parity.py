@@ -328,7 +328,7 @@ def _add_extended_comfort(rows: list, states: list) -> None:
 
 # ----------------------------------------------------------------------------- step 3
 def run_compare(args) -> int:
-    from jax_drive.pdm_reference.navsim_parity import compare, parity_cases, score_cases
+    from jax_drive.pdm_reference.navsim_parity import compare, parity_cases, same_cases, score_cases
 
     outputs = [read_json(Path(p)) for p in args.navsim]
     report = {"meta": run_metadata(script="experiments/navsim_parity.py compare"), "versions": {}}
@@ -339,20 +339,42 @@ def run_compare(args) -> int:
             cache[key] = parity_cases(*key)
         cases = cache[key]
         n = out["cases"]["scored_scenes"]
-        stale = [t for t, a, b in zip(out["tokens"], out["fingerprints"], cases.fingerprints[:n]) if a != b]
+        stale = [t for t, a, b in zip(out["tokens"], out["fingerprints"], cases.fingerprints[:n])
+                 if not same_cases(a, b)]
         ours = score_cases(cases, out["navsim_version"])
         ours = {k: v[:n] for k, v in ours.items()}
         table = compare(out["columns"], ours, out["tokens"])
-        report["versions"][out["navsim_version"]] = {
+        entry = {
             "cases": out["cases"], "proposals": int(np.size(next(iter(ours.values())))),
             "stale_scenes": stale, "navsim_seconds": out["seconds"], "columns": table,
             "all_equal": {c: r["equal"] == r["compared"] for c, r in table.items()},
         }
+        if out["navsim_version"].startswith("2"):
+            entry["rules_exercised"] = rule_sensitivity(cases, out, n)
+        report["versions"][out["navsim_version"]] = entry
         worst = {c: f"{r['equal']}/{r['compared']}" for c, r in table.items()}
         print(f"NAVSIM {out['navsim_version']}: {worst}")
     write_json(args.json, report)
     print(f"wrote {args.json}")
     return 0
+
+
+def rule_sensitivity(cases, out: dict, n: int) -> dict:
+    """Per NAVSIM v2 convention: on how many proposals the other choice (jax-drive's earlier
+    rule) would differ from NAVSIM in some column, and in which columns: how much each
+    rule is exercised by the cases."""
+    from jax_drive.pdm_reference.navsim_parity import OTHER_CONVENTION, compare, score_cases
+
+    result = {}
+    for name, value in OTHER_CONVENTION.items():
+        other = {k: v[:n] for k, v in score_cases(cases, out["navsim_version"], **{name: value}).items()}
+        table = compare(out["columns"], other, out["tokens"], max_listed=100_000)
+        rows = {(d["token"], d["proposal"]) for r in table.values() for d in r["differences"]}
+        result[name] = {"other_choice": value, "proposals_that_would_differ": len(rows),
+                        "columns": {c: r["compared"] - r["equal"] for c, r in table.items()
+                                    if r["equal"] < r["compared"]}}
+        print(f"  {name}={value!r}: {len(rows)} proposals would differ from NAVSIM")
+    return result
 
 
 def main(argv=None) -> int:

@@ -93,3 +93,118 @@ def enable_compile_cache(directory: str | os.PathLike | None = None, *,
         if jax is not None:
             jax.config.update(name, value)
     return str(path)
+
+
+def _source_fingerprint() -> str:
+    """A hash of every jax_drive source file (a stored executable is only reused by the code
+    that compiled it)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((_CHECKOUT / "jax_drive").rglob("*.py")):
+        digest.update(str(path.relative_to(_CHECKOUT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class ExecutableStore:
+    """Whole compiled executables on disk, keyed by everything that decides them, so a warm
+    process skips tracing, lowering and compiling (JAX's persistent cache alone still traces
+    and lowers every program to find its key, which for the PDM scorer costs about as much as
+    scoring a file).
+
+    Lives beside the persistent cache (``<cache dir>/jax_drive_executables``); off (plain
+    ``jit`` calls) when the persistent cache is off. The key hashes the program's name, its
+    static arguments, the shapes / dtypes / tree of its arguments, the JAX and jaxlib versions,
+    the backend and devices, ``XLA_FLAGS`` and the jax_drive sources. Files are written
+    atomically (a temp file, then ``os.replace``), so concurrent processes never read half a
+    file; at most ``max_files`` are kept (least recently used go first). Loaded executables
+    are kept in this object for its lifetime.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None = None, max_files: int = 64):
+        if directory is None and not opted_out():
+            jax = sys.modules.get("jax")
+            configured = jax.config.jax_compilation_cache_dir if jax is not None else None
+            directory = configured or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        self.directory = None if directory is None or opted_out() else Path(directory) / "jax_drive_executables"
+        self.max_files = max_files
+        self.loaded: dict[str, object] = {}
+        self.hits = 0
+        self.misses = 0
+        self.seconds = 0.0
+        self._fingerprint: str | None = None
+
+    def key(self, name: str, args: tuple, static: dict) -> str:
+        import hashlib
+
+        import jax
+        import jaxlib
+
+        if self._fingerprint is None:
+            self._fingerprint = _source_fingerprint()
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        parts = [name, repr(sorted(static.items())), str(tree),
+                 repr([(tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in leaves]),
+                 jax.__version__, jaxlib.__version__, jax.default_backend(),
+                 repr([d.device_kind for d in jax.devices()]),
+                 os.environ.get("XLA_FLAGS", ""), repr(jax.config.jax_enable_x64), self._fingerprint]
+        return f"{name}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:32]}"
+
+    def get(self, name: str, jitted, args: tuple, static: dict):
+        """A callable for ``jitted(*args, **static)`` taking ``args`` only: loaded from the
+        store, or compiled (through JAX's persistent cache) and stored."""
+        if self.directory is None:
+            return lambda *a: jitted(*a, **static)
+        import pickle
+        import time
+
+        from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+        key = self.key(name, args, static)
+        if key in self.loaded:
+            return self.loaded[key]
+        start = time.perf_counter()
+        path = self.directory / f"{key}.bin"
+        compiled = None
+        if path.is_file():
+            try:
+                payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+                compiled = deserialize_and_load(payload, in_tree, out_tree)
+                os.utime(path)
+                self.hits += 1
+            except Exception:  # a stale or damaged entry: compile afresh
+                compiled = None
+        if compiled is None:
+            import jax
+
+            # Compiled here, not loaded from JAX's cache: an XLA:CPU executable that JAX
+            # loaded from its cache serialises without its kernels and fails once reloaded.
+            enabled = jax.config.jax_enable_compilation_cache
+            jax.config.update("jax_enable_compilation_cache", False)
+            try:
+                compiled = jitted.lower(*args, **static).compile()
+            finally:
+                jax.config.update("jax_enable_compilation_cache", enabled)
+            self.misses += 1
+            try:
+                data = pickle.dumps(serialize(compiled))
+            except Exception:  # not every executable serialises: it is then compiled each time
+                data = None
+            if data is not None:
+                self._store(path, data)
+        self.seconds += time.perf_counter() - start
+        self.loaded[key] = compiled
+        return compiled
+
+    def _store(self, path: Path, data: bytes) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            files = sorted(path.parent.glob("*.bin"), key=lambda p: p.stat().st_mtime)
+            for old in files[: max(len(files) - self.max_files, 0)]:
+                old.unlink(missing_ok=True)
+        except OSError:  # a read-only or full cache directory only costs the next start
+            pass

@@ -18,7 +18,6 @@ import functools
 import chex
 import jax.numpy as jnp
 import numpy as np
-from scipy.signal import savgol_filter
 
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.interpolate import unwrap_angles
@@ -30,6 +29,8 @@ def savgol_matrix(length: int, window: int, poly: int, deriv: int = 0, delta: fl
 
     The window is clipped to ``length`` (NAVSIM passes ``min(window, n_time)``).
     """
+    from scipy.signal import savgol_filter  # only while tracing (a stored executable needs no scipy)
+
     window = min(window, length)
     if poly >= window:
         raise ValueError(f"savgol: poly order {poly} must be < window {window}")

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.compile_cache import ExecutableStore
 from jax_drive.parallel import MeshConfig, call_on_rows, make_mesh
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.interpolate import interpolate_poses, unwrap_angles
@@ -434,7 +435,8 @@ def _check_scene(scene) -> tuple[int, ...]:
 
 
 def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMConfig(), *,
-                    mesh: MeshConfig | None = None) -> PDMResult:
+                    budget: MapBudget | None = None, mesh: MeshConfig | None = None,
+                    executables: ExecutableStore | None = None) -> PDMResult:
     """Scores proposals against the PDM-Closed reference, one (reference, proposal) pair each.
 
     Args:
@@ -442,8 +444,14 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
       proposals: (..., P, 8, 3) poses at 0.5 .. 4.0 s in the t0 rear-axle frame.
       reference: (..., 40, 3) PDM-Closed poses at 0.1 .. 4.0 s.
       config: PDMConfig (static).
+      budget: a :class:`MapBudget` covering these scenes (e.g. the largest of several
+        batches', :func:`jax_drive.pdm.polygons.merge_budgets`, so that they share one
+        program); default: read off ``scene`` here.
       mesh: a ``jax_drive.parallel`` MeshConfig or Mesh: the scenes (first batch dim, at
         least one needed) are split over its devices, each scoring its own (default: one device).
+      executables: a :class:`jax_drive.compile_cache.ExecutableStore`: the compiled scoring
+        program is loaded from it (or compiled and stored there), skipping tracing in a
+        warm process (one device only).
     Returns: PDMResult with fields (..., P). A proposal's scores do not depend on the other
       proposals in the batch.
     Raises: TypeError / ValueError on a wrong scene type, wrong shapes, or (with
@@ -453,10 +461,16 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
     proposals = _check("proposals", proposals, shape, (None, NUM_OUTPUT_POSES, 3), config.check_finite)
     reference = _check("reference", reference, shape, (NUM_SCORE_STEPS - 1, 3), config.check_finite)
     # check_finite only acts here: normalise it so both settings share one compilation.
-    config, budget = (dataclasses.replace(config, check_finite=True),
-                      map_budget(scene, num_trajectories=proposals.shape[-3] + 1))
+    config = dataclasses.replace(config, check_finite=True)
+    if budget is None:
+        budget = map_budget(scene, num_trajectories=proposals.shape[-3] + 1 + int(config.human_penalty_filter))
+    mesh = _scene_mesh(mesh, shape)
+    if executables is not None and mesh is None:
+        args = (scene, proposals, reference)
+        fn = executables.get("score_proposals", _score_proposals_jit, args, {"config": config, "budget": budget})
+        return fn(*args)
     return call_on_rows(lambda s, p, r: _score_proposals_jit(s, p, r, config, budget),
-                        (scene, proposals, reference), _scene_mesh(mesh, shape))
+                        (scene, proposals, reference), mesh)
 
 
 def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig(), *,

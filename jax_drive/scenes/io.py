@@ -219,6 +219,12 @@ def _number(value: Any, field: str, where: _Where, positive: bool = False) -> fl
 
 def _array(value: Any, field: str, where: _Where, width: int, min_rows: int = 1) -> np.ndarray:
     """(K, width) finite float64 from a list of number lists (width 0: a flat (K,) list)."""
+    if isinstance(value, list) and len(value) >= min_rows:  # well-formed input, checked in bulk
+        rows_ok = not width or all(type(row) is list and len(row) == width for row in value)
+        if rows_ok and {type(v) for row in (value if width else [value]) for v in row} <= {int, float}:
+            arr = np.asarray(value, np.float64)
+            if np.isfinite(arr).all():
+                return arr
     if not isinstance(value, list):
         where.fail(field, f"expected a list, got {type(value).__name__}")
     rows = value if width else [value]
@@ -349,15 +355,14 @@ def _history(ego: dict, frame: _Frame, where: _Where, velocity, acceleration, no
     return out, interp(vel), interp(acc), yaw[0], yaw[1], True
 
 
-def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[AgentTrack], int, float]:
-    """Objects as 51-frame tracks; returns (tracks, observed frames, observation dt)."""
-    dt = _dt(_get(obs, "dt", "observation", where), "observation.dt", where, OBSERVATION_FRAMES)
-    frames = _get(obs, "frames", "observation", where)
-    if not isinstance(frames, list) or len(frames) not in OBSERVATION_FRAMES[dt]:
-        got = len(frames) if isinstance(frames, list) else type(frames).__name__
-        where.fail("observation.frames", f"expected {' or '.join(map(str, OBSERVATION_FRAMES[dt]))} frames "
-                                         f"at {dt} s (t0 .. 5 s or 4 s), got {got}")
-    seen: dict[str, list] = {}
+BOX_NUMBERS = ("x", "y", "heading", "length", "width", "height")
+BOX_OPTIONAL = ("vx", "vy", "z")  # default 0
+
+
+def _checked_boxes(frames: list, where: _Where) -> tuple[list, list, list, np.ndarray]:
+    """Every box of every frame, each field checked (the error names the box and field):
+    (tokens, frame indices, object types, (B, 9) x y h l w h vx vy z)."""
+    tokens, ks, kinds, rows = [], [], [], []
     for k, boxes in enumerate(frames):
         if not isinstance(boxes, list):
             where.fail(f"observation.frames[{k}]", "expected a list of boxes")
@@ -374,40 +379,87 @@ def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[A
             values = [_number(_get(box, key, f, where), f"{f}.{key}", where) for key in ("x", "y", "heading")]
             values += [_number(_get(box, key, f, where), f"{f}.{key}", where, positive=True)
                        for key in ("length", "width", "height")]
-            values += [_number(_get(box, key, f, where, 0.0), f"{f}.{key}", where) for key in ("vx", "vy", "z")]
-            seen.setdefault(token, []).append((k, TYPE_OF_NAME[kind.lower()], np.asarray(values)))
+            values += [_number(_get(box, key, f, where, 0.0), f"{f}.{key}", where) for key in BOX_OPTIONAL]
+            tokens.append(token)
+            ks.append(k)
+            kinds.append(TYPE_OF_NAME[kind.lower()])
+            rows.append(values)
+    return tokens, ks, kinds, np.asarray(rows, np.float64).reshape(-1, 9)
+
+
+def _fast_boxes(frames: list) -> tuple[list, list, list, np.ndarray] | None:
+    """:func:`_checked_boxes` for well-formed frames, checked in bulk; None at the first
+    doubt (the caller then runs the per-field checks, which name the problem)."""
+    tokens, ks, kinds, rows = [], [], [], []
+    try:
+        for k, boxes in enumerate(frames):
+            for b in boxes:
+                tokens.append(b["token"])
+                kinds.append(b["type"])
+                ks.append(k)
+                rows.append((b["x"], b["y"], b["heading"], b["length"], b["width"], b["height"],
+                             b.get("vx", 0.0), b.get("vy", 0.0), b.get("z", 0.0)))
+    except (KeyError, TypeError, AttributeError):
+        return None
+    if not (all(type(t) is str and t for t in tokens) and all(type(kind) is str for kind in kinds)
+            and {type(v) for r in rows for v in r} <= {int, float}):
+        return None
+    kind_of = {kind: TYPE_OF_NAME.get(kind.lower()) for kind in set(kinds)}
+    if None in kind_of.values() or len(set(zip(ks, tokens))) != len(tokens):
+        return None
+    arr = np.asarray(rows, np.float64).reshape(-1, 9)
+    if not (np.isfinite(arr).all() and (arr[:, 3:6] > 0).all()):
+        return None
+    return tokens, ks, [kind_of[kind] for kind in kinds], arr
+
+
+def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[AgentTrack], int, float]:
+    """Objects as 51-frame tracks; returns (tracks, observed frames, observation dt)."""
+    dt = _dt(_get(obs, "dt", "observation", where), "observation.dt", where, OBSERVATION_FRAMES)
+    frames = _get(obs, "frames", "observation", where)
+    if not isinstance(frames, list) or len(frames) not in OBSERVATION_FRAMES[dt]:
+        got = len(frames) if isinstance(frames, list) else type(frames).__name__
+        where.fail("observation.frames", f"expected {' or '.join(map(str, OBSERVATION_FRAMES[dt]))} frames "
+                                         f"at {dt} s (t0 .. 5 s or 4 s), got {got}")
+    boxes = _fast_boxes(frames) or _checked_boxes(frames, where)
+    tokens, ks, kinds, values = boxes
+    ks = np.asarray(ks, np.int64)
+    # every box in the ego frame at once: x y heading vx vy
+    local = np.concatenate([frame.points(values[:, :2]), wrap_angles(values[:, 2:3] - frame.h),
+                            frame.vectors(values[:, 6:8])], -1)
+    order: dict[str, list] = {}  # token -> box indices, in order of first appearance
+    for i, token in enumerate(tokens):
+        order.setdefault(token, []).append(i)
     times = np.arange(NUM_OBS_STEPS) * OBS_DT
     tracks = []
-    for token, entries in seen.items():
-        k0, kind, first = entries[0]
-        states = np.stack([e[2] for e in entries])  # (A, 9) x y h l w h vx vy z
-        if len({e[1] for e in entries}) > 1:
+    for token, idx in order.items():
+        first = values[idx[0]]
+        if len({kinds[i] for i in idx}) > 1:
             notes.append(f"object {token!r}: type changes; its first type is used (NAVSIM)")
-        if np.any(np.abs(states[:, 3:6] - first[3:6]) > 1e-6):
+        sizes = values[idx, 3:6]
+        if np.any(np.abs(sizes - first[3:6]) > 1e-6):
             notes.append(f"object {token!r}: box size changes by up to "
-                         f"{np.abs(states[:, 3:6] - first[3:6]).max():.3g} m; its first size is used (NAVSIM)")
-        pos = frame.points(states[:, :2])
-        heading = wrap_angles(states[:, 2] - frame.h)
-        vel = frame.vectors(states[:, 6:8])
+                         f"{np.abs(sizes - first[3:6]).max():.3g} m; its first size is used (NAVSIM)")
+        cols = local[idx]
         valid = np.zeros(NUM_OBS_STEPS, bool)
         out = np.zeros((NUM_OBS_STEPS, 5))
         if dt == OBS_DT:
-            idx = np.asarray([e[0] for e in entries])
-            valid[idx] = True
-            out[idx] = np.concatenate([pos, heading[:, None], vel], -1)
-        elif len(entries) == 1:  # annotated once: stands in every frame (NAVSIM)
+            valid[ks[idx]] = True
+            out[ks[idx]] = cols
+        elif len(idx) == 1:  # annotated once: stands in every frame (NAVSIM)
             valid[:] = True
-            out[:] = np.concatenate([pos[0], heading[:1], vel[0]])
+            out[:] = cols[0]
         else:
-            t = np.asarray([e[0] for e in entries]) * dt
+            t = ks[idx] * dt
             inside = (times >= t[0] - 1e-9) & (times <= t[-1] + 1e-9)
             valid[inside] = True
-            cols = np.concatenate([pos, np.unwrap(heading)[:, None], vel], -1)
+            cols = cols.copy()
+            cols[:, 2] = np.unwrap(cols[:, 2])
             out[inside] = np.stack([np.interp(times[inside], t, cols[:, j]) for j in range(5)], -1)
             out[:, 2] = wrap_angles(out[:, 2])
         tracks.append(AgentTrack(x=out[:, 0], y=out[:, 1], heading=out[:, 2], vx=out[:, 3], vy=out[:, 4],
                                  length=float(first[3]), width=float(first[4]), height=float(first[5]),
-                                 agent_type=kind, valid=valid, z=float(first[8])))
+                                 agent_type=kinds[idx[0]], valid=valid, z=float(first[8])))
     return tracks, len(frames), dt
 
 
@@ -595,16 +647,23 @@ class SceneFile:
             order.setdefault(s, []).append(i)
         return [(np.asarray(idx), s) for s, idx in order.items()]
 
+    def largest_sizes(self) -> SceneSizes:
+        """The largest bucketed capacities of the file: padding every scene to them gives one
+        shape (one compiled program) for the whole file, and similar files the same one."""
+        return _max_sizes(self.sizes())
+
     def build(self, indices: Sequence[int] | None = None, sizes: SceneSizes | None = None) -> Scene:
         """Scenes ``indices`` (default all) padded to ``sizes`` (default the largest of
-        their buckets), stacked: a Scene with batch dim (len(indices),); scene_id = index."""
+        their buckets), stacked: a Scene with batch dim (len(indices),) and numpy leaves
+        (built on the host; moved to the device by the first jitted call); scene_id = index."""
         indices = range(len(self)) if indices is None else [int(i) for i in indices]
         if sizes is None:
-            sizes = _max_sizes([self.sizes()[i] for i in indices])
+            every = self.sizes()
+            sizes = _max_sizes([every[i] for i in indices])
         built = []
         for i in indices:
             try:
-                built.append(self.specs[i].build(scene_id=i, sizes=sizes))
+                built.append(self.specs[i].build(scene_id=i, sizes=sizes, host=True))
             except ValueError as e:
                 raise SceneFileError(f"{self.source}: scenes[{i}] (token {self.tokens[i]!r}): {e}") from None
         return stack_scenes(built)
