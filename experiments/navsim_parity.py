@@ -29,6 +29,7 @@ import argparse
 import gzip
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -226,6 +227,7 @@ def run_navsim(args) -> int:
         v2 = True
     except ImportError:
         v2 = False
+    meta = run_metadata(script="experiments/navsim_parity.py navsim", python=sys.version.split()[0])
     cases_dir = Path(args.cases)
     records = read_json(cases_dir / "scenes.json.gz")["scenes"]
     props = read_json(cases_dir / "proposals.json")
@@ -271,7 +273,7 @@ def run_navsim(args) -> int:
         "tokens": [r["token"] for r in records], "variants": props["variants"][: len(records)],
         "fingerprints": props["fingerprints"][: len(records)], "columns": columns,
         "seconds": {"build_metric_caches": build_s, "score": score_s},
-        "meta": run_metadata(script="experiments/navsim_parity.py navsim", python=sys.version.split()[0]),
+        "meta": meta | {"load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
     }
     write_gz_json(Path(args.json), payload)
     print(f"wrote {args.json}: {len(records)} scenes, NAVSIM {payload['navsim_version']}, "
