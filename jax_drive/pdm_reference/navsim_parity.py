@@ -81,7 +81,7 @@ def same_cases(a, b) -> bool:
     return len(a) == len(b) and bool(np.allclose(a, b, rtol=1e-5, atol=1e-2))
 
 
-def _shift_left(poses: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def shift_left(poses: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Poses (8, 3) moved left by offsets (8,) metres, headings following the drift."""
     out = poses.copy()
     h = poses[:, 2]
@@ -104,21 +104,21 @@ def proposal_family(expert: np.ndarray, speed: float, rng: np.random.Generator, 
         p = expert.copy()
         if kind == "drift":
             p[:, :2] *= rng.uniform(0.7, 1.3)
-            p = _shift_left(p, rng.normal(0.0, 0.8) * (T8 / 4.0) ** 2)
+            p = shift_left(p, rng.normal(0.0, 0.8) * (T8 / 4.0) ** 2)
         elif kind == "noise":
             p[:, :2] += rng.normal(0.0, 0.25, size=(8, 2))
             p[:, 2] += rng.normal(0.0, 0.04, size=8)
         elif kind == "lane_change":
-            p = _shift_left(p, rng.choice([-1.0, 1.0]) * 3.5 * np.clip((T8 - 0.5) / 2.5, 0.0, 1.0))
+            p = shift_left(p, rng.choice([-1.0, 1.0]) * 3.5 * np.clip((T8 - 0.5) / 2.5, 0.0, 1.0))
         elif kind == "swerve":
-            p = _shift_left(p, rng.choice([-1.0, 1.0]) * rng.uniform(3.0, 9.0) * T8 / 4.0)
+            p = shift_left(p, rng.choice([-1.0, 1.0]) * rng.uniform(3.0, 9.0) * T8 / 4.0)
         elif kind == "stop":
             s = np.minimum(speed * T8 - 4.0 * T8 ** 2, speed ** 2 / 16.0)
             p = np.stack([np.maximum.accumulate(np.maximum(s, 0.0)), np.zeros(8), np.zeros(8)], -1)
         elif kind == "fast":
             p[:, :2] *= rng.uniform(1.6, 2.5)
         elif kind == "zigzag":
-            p = _shift_left(p, rng.uniform(0.8, 2.0) * np.sin(np.arange(8) * 2.2))
+            p = shift_left(p, rng.uniform(0.8, 2.0) * np.sin(np.arange(8) * 2.2))
         elif kind == "still":
             p = np.zeros((8, 3))
         else:
@@ -178,7 +178,7 @@ def parity_cases(num_scenes: int, seed: int = 0, proposals_per_scene: int = 8) -
             if rng.uniform() < 0.5:
                 bad[:, :2] *= rng.uniform(1.6, 2.2)  # rushes into whatever is ahead
             else:
-                bad = _shift_left(bad, rng.choice([-1.0, 1.0]) * rng.uniform(2.0, 6.0) * T8 / 4.0)
+                bad = shift_left(bad, rng.choice([-1.0, 1.0]) * rng.uniform(2.0, 6.0) * T8 / 4.0)
             scenes.expert[i] = bad
         elif variant == "t0_overlap":
             _t0_overlap_object(scenes.agents, i, rng)
