@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from jax_drive.pdm import PDMConfig, PDMResult, score_proposals
+from jax_drive.pdm.polygons import map_budget, merge_budgets
 from jax_drive.planners import constant_velocity, idm_planner, pdm_closed
 from jax_drive.planners.pdm_closed import PDMClosedConfig
 from jax_drive.types import NUM_OUTPUT_POSES, Scene, batch_shape
@@ -154,12 +155,15 @@ def evaluate_planner(
 
         chunks = tqdm(chunks, desc=f"scoring {name}", unit="batch")
     outs = []
+    # one map budget for every chunk (one compiled program): the whole batch's
+    per_scene = 1 if proposals is None or proposals.ndim == 3 else proposals.shape[1]
+    budget = map_budget(scenes, per_scene + 1 + int(config.human_penalty_filter))
     for c in chunks:
         start, stop = c * size, min(n, (c + 1) * size)
         idx = np.minimum(np.arange(start, start + size), stop - 1)
         sc = _slice(scenes, start, stop, size)
         res = _score_batch(name, sc, config, None if proposals is None else proposals[idx],
-                           None if references is None else np.asarray(references, np.float32)[idx])
+                           None if references is None else np.asarray(references, np.float32)[idx], budget)
         outs.append(jax.tree.map(lambda a: a[: stop - start], res))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
@@ -186,8 +190,6 @@ def evaluate_scene_file(
     our PDM-Closed.
     Returns: PDMResult with fields (S,) or (S, P), in file order.
     """
-    from jax_drive.pdm.polygons import map_budget, merge_budgets
-
     n = len(scene_file)
     proposals = _check_planner(name, proposals, n)
     config = _file_config(config, proposals)

@@ -167,7 +167,8 @@ def epdms(parts: dict, cfg, ec: float | None = None) -> float:
 
 class ReferenceScorerV2:
     """NAVSIM v2 scores of proposals of one scene (numpy Scene without batch dims, in the
-    frame in which ``origin`` is the t0 rear-axle pose); geometry built once per instance."""
+    frame in which ``origin`` is the t0 rear-axle pose); the geometry, the PDM-Closed plan's
+    and the human trajectory's metrics are computed once per instance."""
 
     def __init__(self, scene_np: Any, config=None, origin: np.ndarray | None = None):
         self.cfg = as_reference_config(config)
@@ -180,6 +181,8 @@ class ReferenceScorerV2:
             self.geo.valid[self.dropped] = False
         self.past = past_states(scene_np, self.origin, self.cfg)
         self.start = start_state(scene_np, self.origin, self.cfg)
+        self._reference: tuple[bytes, dict] | None = None  # the last PDM-Closed plan's metrics
+        self._human: dict | None = None
 
     def simulate(self, poses: np.ndarray, pose_dt: float) -> np.ndarray:
         """(41, 11) simulated states of ego-frame poses."""
@@ -193,6 +196,14 @@ class ReferenceScorerV2:
         return {"nc": ev["nc"]["score"], "dac": ev["dac"], "ddc": ev["ddc_v2"], "tlc": ev["tlc"],
                 "ttc": ev["ttc_v2"]["score"], "lk": ev["lk"], "hc": history_comfort(past, states, self.cfg),
                 "progress": ev["progress"]}
+
+    def _human_metrics(self) -> dict:
+        """The human trajectory scored alone, without its past (computed once per scene)."""
+        if self._human is None:
+            human = self.metrics(self.simulate(np.asarray(self.scene.expert, np.float64), self.cfg.output_dt), None)
+            human["ep"] = self._ep(human["progress"], human["progress"] * self._multiplier(human))
+            self._human = human
+        return self._human
 
     @staticmethod
     def _multiplier(m: dict) -> float:
@@ -209,15 +220,17 @@ class ReferenceScorerV2:
         the unfiltered ``epdms_unfiltered``, ``filtered`` (the metrics the human filter set to
         1) and ``states`` (41, 11)."""
         cfg = self.cfg
-        ref = self.metrics(self.simulate(reference, cfg.dt), self.past)
+        key = np.asarray(reference, np.float64).tobytes()
+        if self._reference is None or self._reference[0] != key:
+            self._reference = (key, self.metrics(self.simulate(reference, cfg.dt), self.past))
+        ref = self._reference[1]
         states = self.simulate(proposal, cfg.output_dt)
         prop = self.metrics(states, self.past)
         norm = max(prop["progress"] * self._multiplier(prop), ref["progress"] * self._multiplier(ref))
         prop["ep"] = self._ep(prop["progress"], norm)
         out = dict(prop, epdms_unfiltered=epdms(prop, cfg), states=states, filtered=[])
         if cfg.human_penalty_filter and bool(np.asarray(self.scene.expert_valid)):
-            human = self.metrics(self.simulate(np.asarray(self.scene.expert, np.float64), cfg.output_dt), None)
-            human["ep"] = self._ep(human["progress"], human["progress"] * self._multiplier(human))
+            human = self._human_metrics()
             for name in FILTERED:
                 if human[name] == 0.0:
                     out[name] = 1.0
