@@ -3,7 +3,7 @@
 tests/data/navsim/navsim_v*.json.gz hold NAVSIM's per-proposal sub-scores on the parity cases
 of ``jax_drive.pdm_reference.navsim_parity`` (generated scenes of every kind, hard ones
 included, with v2 variants: no history, no human trajectory, a failing human trajectory, an
-object overlapping the ego at t0), produced by ``experiments/navsim_parity.py navsim`` in a
+object overlapping the ego at t0, logged yaw dynamics at the history seam), produced by ``experiments/navsim_parity.py navsim`` in a
 NAVSIM environment (no NAVSIM code is in this repository). Here the cases are regenerated
 (each scene's fingerprint must match the one NAVSIM scored), scored with jax-drive, and
 compared column by column: discrete columns exactly, progress and the scores within 1e-4.
@@ -64,7 +64,7 @@ def test_the_cases_cover_every_kind_and_variant(outputs, cases):
     kind, hard = (np.asarray(a)[:n] for a in scene_labels(jax.random.PRNGKey(outputs["2.2"]["cases"]["seed"]),
                                                            outputs["2.2"]["cases"]["scenes"]))
     assert set(kind.tolist()) == {0, 1, 2, 3} and set(hard.tolist()) == {-1, 0, 1, 2, 3}
-    assert set(cases.variants[:n]) == {"plain", "no_history", "synthetic", "bad_human", "t0_overlap"}
+    assert set(cases.variants[:n]) == {"plain", "no_history", "synthetic", "bad_human", "t0_overlap", "yaw_seam"}
     assert sum(len(out["tokens"]) * len(out["columns"]["score"][0]) for out in outputs.values()) >= 4000
 
 
@@ -87,17 +87,17 @@ def test_jax_drive_matches_navsim(outputs, cases, version):
 
 
 def test_reference_v2_matches_navsim(outputs, cases):
-    """The independent numpy reference against NAVSIM v2.2 on one scene of each variant
-    (a few of every kind of rule; the reference is slow)."""
+    """The independent numpy reference against NAVSIM v2.2 on the first 12 scenes (two of
+    each variant; the reference is slow)."""
     out = outputs["2.2"]
-    loaded = load_scenes(cases.records[:10])
+    loaded = load_scenes(cases.records[:12])
     scenes = loaded.build()
     columns = {"no_at_fault_collisions": "nc", "drivable_area_compliance": "dac",
                "driving_direction_compliance": "ddc", "traffic_light_compliance": "tlc", "ego_progress": "ep",
                "time_to_collision_within_bound": "ttc", "lane_keeping": "lk", "history_comfort": "hc",
                "score": "epdms"}
     wrong = []
-    for s in range(10):
+    for s in range(12):
         scorer = ReferenceScorerV2(scene_to_numpy(scenes, s))
         for p in range(cases.proposals.shape[1]):
             mine = scorer.score(cases.proposals[s, p], loaded.references[s])

@@ -8,7 +8,9 @@ per-proposal outputs are committed as test data (``tests/data/navsim/``). Here:
   records at UTM-sized, rotated global poses, with variants that exercise NAVSIM v2's rules:
   a scene without a logged history (HC 1), a synthetic scene without a human trajectory (no
   human penalty filter), a human trajectory that fails a metric (the filter acts), an object
-  overlapping the ego's t0 box (v2 drops it); 8 proposals per scene from good to bad, and a
+  overlapping the ego's t0 box (v2 drops it), logged yaw rates / accelerations of the past
+  states that the headings' finite differences miss (history comfort at the seam); 8
+  proposals per scene from good to bad, and a
   PDM-Closed stand-in (the human trajectory resampled at 0.1 s, stretched in every 4th scene).
 * :func:`score_cases`: jax-drive's scores of the cases, read back through the scene-file
   loader (the same records NAVSIM read), per NAVSIM version.
@@ -28,7 +30,7 @@ import numpy as np
 
 T8 = np.arange(1, 9) * 0.5
 T40 = np.arange(1, 41) * 0.1
-VARIANTS = ("plain", "no_history", "synthetic", "bad_human", "t0_overlap")
+VARIANTS = ("plain", "no_history", "synthetic", "bad_human", "t0_overlap", "yaw_seam")
 # NAVSIM's columns -> jax-drive's PDMResult fields, per NAVSIM version (the v2 "score" is the
 # one-stage final score without a previous frame; "score_with_ec" adds the two-frame EC of
 # the pair (proposal p, previous = proposal (p + 1) % P), see ``ec_pairs``).
@@ -182,6 +184,11 @@ def parity_cases(num_scenes: int, seed: int = 0, proposals_per_scene: int = 8) -
             scenes.expert[i] = bad
         elif variant == "t0_overlap":
             _t0_overlap_object(scenes.agents, i, rng)
+        elif variant == "yaw_seam":  # logged yaw dynamics that finite differences of the headings miss
+            slope = float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5))
+            t = np.arange(scenes.ego.history_yaw_rate.shape[1]) * 0.1 - 1.5
+            scenes.ego.history_yaw_rate[i] = scenes.ego.history_yaw_rate[i, -1] + slope * t
+            scenes.ego.history_yaw_accel[i] = slope
         scene = jax.tree.map(lambda a: a[i], scenes)
         angle = float(rng.uniform(-math.pi, math.pi))
         origin = np.array([rng.uniform(3e5, 7e5), rng.uniform(4.0e6, 5.0e6), angle])
