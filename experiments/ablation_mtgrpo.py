@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import sys
@@ -30,14 +29,13 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from jax_drive.pipelines.journal import RunDirError  # noqa: E402
-from jax_drive.pipelines.mtdrive import run_mtdrive, sft_checkpoint_dir  # noqa: E402
-from jax_drive.pipelines.presets import PRESETS, rl_config, with_seed  # noqa: E402
-from jax_drive.pipelines.report import public  # noqa: E402
-from jax_drive.rl.atomic import atomic_write_json  # noqa: E402
-from jax_drive.rl.logging import jsonable  # noqa: E402
+from jax_drive.pipelines.journal import RunDirError
+from jax_drive.pipelines.mtdrive import run_mtdrive, sft_checkpoint_dir
+from jax_drive.pipelines.presets import PRESETS, rl_config, with_seed
+from jax_drive.pipelines.report import public
+from jax_drive.rl.atomic import atomic_write_json
+from jax_drive.rl.logging import jsonable
+from jax_drive.runinfo import add_output_args, command_line, require_min, run_main, run_metadata
 
 VARIANTS = ("grpo", "mtgrpo_intra", "mtgrpo_cross")
 METRICS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
@@ -72,13 +70,13 @@ def markdown_table(table: dict) -> str:
     return "\n".join(lines)
 
 
-def write(args, preset, per_seed: dict, runs: list, sources: dict, start: float, complete: bool) -> dict:
+def write(args, meta: dict, preset, per_seed: dict, runs: list, sources: dict, start: float, complete: bool) -> dict:
     """The summary; written to ``--json`` when given (also after each variant, ``complete``
     False until the last one)."""
     table = {name: combine(rows) for name, rows in per_seed.items() if rows}
     rl = rl_config(preset)
     out = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "meta": meta,
         "preset": args.preset,
         "complete": complete,
         "training_seeds": args.seeds,
@@ -104,7 +102,6 @@ def write(args, preset, per_seed: dict, runs: list, sources: dict, start: float,
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-demo")
-    parser.add_argument("--json", default=None, help="write the summary JSON here")
     parser.add_argument("--out", default="runs/ablation_mtgrpo", help="run directories (journals, checkpoints, metrics)")
     parser.add_argument("--resume", action="store_true", help="continue the runs in --out where they stopped")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
@@ -115,23 +112,26 @@ def main(argv=None) -> int:
                              "SFT row and the row of its advantage variant")
     parser.add_argument("--rl-steps", type=int, default=None, help="override the preset's RL steps")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--no-progress", action="store_true")
+    add_output_args(parser)
     args = parser.parse_args(argv)
+    require_min(1, rl_steps=args.rl_steps)
     if args.sft_from is not None and len(args.seeds) != 1:
         parser.error("--sft-from needs exactly one training seed")
     if args.from_results is not None and args.sft_from is None:
         parser.error("--from-results needs --sft-from (the run directory of that run)")
+    if args.from_results is not None and not os.path.isfile(args.from_results):
+        parser.error(f"--from-results {args.from_results}: no such file")
     previous = None
     if args.from_results is not None:
         with open(args.from_results) as f:
             previous = json.load(f)
     try:
-        return ablate(args, parser, previous)
+        return ablate(args, parser, previous, run_metadata(command=command_line(__file__, argv)))
     except RunDirError as error:
         parser.error(f"{error} (--resume continues it)")
 
 
-def ablate(args, parser, previous: dict | None) -> int:
+def ablate(args, parser, previous: dict | None, meta: dict) -> int:
     """Runs the SFT row and every variant of every training seed; prints and writes the table."""
     sources: dict[str, str] = {}
     start = time.perf_counter()
@@ -174,11 +174,11 @@ def ablate(args, parser, previous: dict | None) -> int:
             per_seed[variant].append(stage_row(results["stages"]["rl"]))
             runs.append({"seed": seed, "variant": variant, "timings_s": results["timings_s"],
                          "rl_history": public(results)["rl_history"], "rl_curation": results["rl_curation"]})
-            write(args, preset, per_seed, runs, sources, start, complete=False)
+            write(args, meta, preset, per_seed, runs, sources, start, complete=False)
             print(f"[ablation] seed {seed} {variant}: final PDMS {results['stages']['rl']['mean']['pdms_final']:.3f}",
                   flush=True)
 
-    out = write(args, preset, per_seed, runs, sources, start, complete=True)
+    out = write(args, meta, preset, per_seed, runs, sources, start, complete=True)
     table = out["table"]
     print(markdown_table(table))
     print((f"wrote {args.json}" if args.json else "done") + f" in {out['seconds']} s")
@@ -186,4 +186,4 @@ def ablate(args, parser, previous: dict | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

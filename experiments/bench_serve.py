@@ -10,8 +10,13 @@ calls after one untimed warm-up call (XLA compilation for JAX, model load for ll
 - ``jax_engine``: ``JaxEngine.generate`` in this process: one sampler call for the batch.
 - ``serve``: `jax-drive serve` in a subprocess on 127.0.0.1, driven by ``OpenAIEngine``
   (one HTTP request per row, ``--batch`` in flight, batched by the server into sampler
-  calls; its /health counts are reported as ``rows_per_engine_call``). The goal of issue 19
+  calls; its /health counts are reported as ``rows_per_engine_call``), with every limit
+  off (0) and no API key: the server as it was before limits existed. The goal of issue 19
   is ``serve_overhead`` = 1 - serve / jax_engine <= 0.15 at batch 8.
+- ``serve_limits``: the same server with its default limits and an API key (what a
+  deployment runs); ``limits_overhead`` = 1 - serve_limits / serve. Both servers parse off
+  the event loop and watch for hang-ups (not switchable), so this measures the limits and
+  the key check, not the thread pool.
 - ``llama_cpp``: llama-cpp-python's server (``--llama-threads`` threads) on the same GGUF
   (Q4_1 weights; ours dequantise them to float32), same client. It serves one request at a
   time (no batching), so its rate is per-stream.
@@ -74,9 +79,39 @@ def time_calls(generate, prompts, params, repeats: int, label: str, show_progres
     }
 
 
-def server_counts(base_url: str) -> dict:
-    with urllib.request.urlopen(base_url + "/health", timeout=10) as answer:
+def server_counts(base_url: str, api_key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with urllib.request.urlopen(urllib.request.Request(base_url + "/health", headers=headers), timeout=10) as answer:
         return json.loads(answer.read())
+
+
+LIMITS_OFF = ["--max-body-bytes", "0", "--max-request-rows", "0", "--max-prompt-tokens", "0",
+              "--max-tokens-limit", "0", "--request-timeout", "0", "--max-queued-rows", "0"]
+BENCH_KEY = "bench-serve-key"
+
+
+def time_server(args, source: str, tokenizer, prompts, params, label: str, extra: list[str],
+                api_key: str | None) -> dict:
+    """``time_calls`` through a `jax-drive serve` subprocess started with ``extra`` flags."""
+    from jax_drive.sampling import OpenAIEngine
+    from jax_drive.serve.launch import free_port, server_process
+
+    port = free_port()
+    command = [sys.executable, "-m", "jax_drive.cli", "serve", "--model", source,
+               "--served-model-name", "policy", "--port", str(port),
+               "--max-batch-rows", str(max(args.batch, 1)), "--max-wait-ms", str(args.max_wait_ms), *extra]
+    env = dict(os.environ, JAX_DRIVE_API_KEY=api_key) if api_key else {
+        k: v for k, v in os.environ.items() if k != "JAX_DRIVE_API_KEY"}
+    print(f"jax-drive serve ({label}) ...", file=sys.stderr)
+    with server_process(command, port, "policy", f"bench-{label}", env=env, api_key=api_key) as server:
+        client = OpenAIEngine(server.base_url, "policy", api_key, tokenizer=tokenizer,
+                              max_concurrency=args.batch, timeout_s=1800)
+        result = time_calls(client.generate, prompts, params, args.repeats, label, not args.no_progress)
+        counts = server_counts(server.base_url, api_key)
+    result["server_counts"] = counts
+    result["rows_per_engine_call"] = counts["rows"] / max(1, counts["engine_calls"])
+    result["server_flags"] = extra + (["JAX_DRIVE_API_KEY=<set>"] if api_key else [])
+    return result
 
 
 def tiny_checkpoint(out_dir: Path) -> str:
@@ -132,18 +167,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                                        args.repeats, "jax_engine", progress)
     del model
 
-    port = free_port()
-    command = [sys.executable, "-m", "jax_drive.cli", "serve", "--model", source,
-               "--served-model-name", "policy", "--port", str(port),
-               "--max-batch-rows", str(max(args.batch, 1)), "--max-wait-ms", str(args.max_wait_ms)]
-    print("jax-drive serve ...", file=sys.stderr)
-    with server_process(command, port, "policy", "bench-jax-drive-serve") as server:
-        client = OpenAIEngine(server.base_url, "policy", tokenizer=tokenizer,
-                              max_concurrency=args.batch, timeout_s=1800)
-        results["serve"] = time_calls(client.generate, prompts, params, args.repeats, "serve", progress)
-        counts = server_counts(server.base_url)
-        results["serve"]["server_counts"] = counts
-        results["serve"]["rows_per_engine_call"] = counts["rows"] / max(1, counts["engine_calls"])
+    results["serve"] = time_server(args, source, tokenizer, prompts, params, "serve", LIMITS_OFF, None)
+    results["serve_limits"] = time_server(args, source, tokenizer, prompts, params, "serve_limits", [], BENCH_KEY)
 
     gguf = None
     if not args.no_llama_cpp:
@@ -165,10 +190,13 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 
     jax_rate = results["jax_engine"]["tokens_per_s"]
     serve_rate = results["serve"]["tokens_per_s"]
+    limits_rate = results["serve_limits"]["tokens_per_s"]
     summary = {
         "serve_over_jax_engine": serve_rate / jax_rate,
         "serve_overhead": 1.0 - serve_rate / jax_rate,
         "goal_serve_overhead_at_most": 0.15,
+        "serve_limits_over_jax_engine": limits_rate / jax_rate,
+        "limits_overhead": 1.0 - limits_rate / serve_rate,
     }
     if "tokens_per_s" in results["llama_cpp"]:
         summary["serve_over_llama_cpp"] = serve_rate / results["llama_cpp"]["tokens_per_s"]

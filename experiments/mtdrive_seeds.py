@@ -9,9 +9,8 @@ error of that gain (paired across training seeds; for a single run across its he
 sets); RL above SFT (last-turn PDMS) by more than the combined standard error (root sum of
 squares of the two stages' sems; for a single run its sems across held-out sets).
 
-    python experiments/mtdrive_seeds.py experiments/results/mtdrive_cpu_demo \
-        experiments/results/mtdrive_cpu_demo_s1 experiments/results/mtdrive_cpu_demo_s2 \
-        --json experiments/results/mtdrive_cpu_demo_seeds.json
+    python experiments/mtdrive_seeds.py experiments/results/mtdrive_cpu_demo/s{0,1,2} \
+        --json experiments/results/mtdrive_cpu_demo/summary.json
 
 RL studies that start from the same SFT checkpoints may evaluate only the RL policy
 (``--evaluate rl``) and take the SFT row from an earlier study with ``--sft-baseline RUN ...``:
@@ -29,9 +28,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from jax_drive.pipelines.report import mean_sem, quality_goals  # noqa: E402
+from jax_drive.pipelines.report import mean_sem, quality_goals
+from jax_drive.runinfo import add_output_args, command_line, run_main, run_metadata, write_json
 
 KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
 
@@ -119,7 +117,7 @@ def table(summary: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", help="results JSON files or run directories (one per training seed)")
-    parser.add_argument("--json", default=None, help="write the summary here")
+    add_output_args(parser, progress=False)
     parser.add_argument("--sft-baseline", nargs="+", default=[], metavar="RUN",
                         help="runs (one per training seed) whose SFT evaluation stands in for runs evaluated "
                              "after RL only (same SFT policy and evaluation, checked)")
@@ -139,7 +137,7 @@ def main(argv=None) -> int:
         summary = summarise(runs)
     except ValueError as error:
         parser.error(str(error))
-    summary["dirs"] = args.dirs
+    summary = {"meta": run_metadata(command=command_line(__file__, argv)), **summary, "dirs": args.dirs}
     borrowed = {str(r["seed"]): r["sft_stage_from"] for r in runs if "sft_stage_from" in r}
     if borrowed:
         summary["sft_stage_from"] = borrowed
@@ -147,10 +145,10 @@ def main(argv=None) -> int:
     print(table(summary))
     print(json.dumps(summary["goals"], indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(args.json, summary)
         print(f"wrote {args.json}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

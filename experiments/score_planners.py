@@ -1,6 +1,6 @@
 """Score the rule-based planners side by side on generated scenes.
 
-    python experiments/score_planners.py --scenes 256 --seed 0 --json experiments/results/score_planners.json
+    python experiments/score_planners.py --scenes 128 --seed 0 --json experiments/results/score_planners.json
 
 For each planner (constant_velocity, idm, pdm_closed, expert) reports the mean PDMS / EPDMS
 and their parts, split into normal and hard scenes, plus wall time (the first call of each
@@ -10,16 +10,11 @@ planner includes compilation; ``--repeat`` times a second, warm pass).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
-import jax
-import numpy as np
-
-from jax_drive.evaluate import METRICS, evaluate_planner, summarize
-from jax_drive.scenes.generator import GeneratorConfig, generate_scenes, scene_labels
+from jax_drive.runinfo import (InputError, add_output_args, command_line, require_min, run_main, run_metadata,
+                               script_environment, write_json)
 
 PLANNERS = ("constant_velocity", "idm", "pdm_closed", "expert")
 
@@ -31,9 +26,19 @@ def main(argv=None) -> int:
     ap.add_argument("--hard-fraction", type=float, default=0.3)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--repeat", action="store_true", help="time a second (warm) pass of each planner")
-    ap.add_argument("--json", type=Path, default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    require_min(1, scenes=args.scenes, batch_size=args.batch_size)
+    if not 0.0 <= args.hard_fraction <= 1.0:
+        raise InputError(f"--hard-fraction must be in [0, 1], got {args.hard_fraction}")
+    script_environment()
+    import jax
+    import numpy as np
 
+    from jax_drive.evaluate import METRICS, evaluate_planner, summarize
+    from jax_drive.scenes.generator import GeneratorConfig, generate_scenes, scene_labels
+
+    meta = run_metadata(command=command_line(__file__, argv))
     cfg = GeneratorConfig(hard_fraction=args.hard_fraction)
     key = jax.random.PRNGKey(args.seed)
     t0 = time.perf_counter()
@@ -44,7 +49,7 @@ def main(argv=None) -> int:
     results = {}
     for name in PLANNERS:
         t0 = time.perf_counter()
-        res = evaluate_planner(name, scenes, batch_size=args.batch_size, progress=True)
+        res = evaluate_planner(name, scenes, batch_size=args.batch_size, progress=not args.no_progress)
         cold = time.perf_counter() - t0
         warm = None
         if args.repeat:
@@ -65,16 +70,14 @@ def main(argv=None) -> int:
         t = e["seconds_warm"] if e["seconds_warm"] is not None else e["seconds_cold"]
         print(f"{name:<18}{row}{e['all']['epdms']:>9.3f}{hard_pdms:>10.3f}{t:>9.1f}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "scenes": args.scenes, "seed": args.seed, "hard_fraction": args.hard_fraction,
+        write_json(args.json, {
+            "meta": meta, "scenes": args.scenes, "seed": args.seed, "hard_fraction": args.hard_fraction,
             "hard_share": float(hard.mean()), "generate_seconds": gen_s, "device": str(jax.devices()[0]),
             "planners": results,
-        }
-        args.json.write_text(json.dumps(payload, indent=1))
+        })
         print(f"wrote {args.json}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

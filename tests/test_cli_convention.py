@@ -84,7 +84,7 @@ def test_cli_argparse_errors_exit_2(capsys):
 # script -> arguments that are bad before anything heavy is imported, and the message.
 SCRIPTS = {
     "bench_ipss": (["--group", "0"], "--group must be >= 1, got 0"),
-    "bench_matmul": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    "diagnostics/bench_matmul": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "bench_negotiation": (["--groups", "0"], "--groups must be >= 1, got 0"),
     "interdrive": (["--engine", "openai"], "--engine openai needs --url"),
     "bench_mesh": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
@@ -96,7 +96,7 @@ SCRIPTS = {
     "bench_train": (["--length", "0"], "--length must be >= 1, got 0"),
     "bench_vlm": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "coop_baselines": (["--reuse-tv", "/nonexistent.json"], "--reuse-tv /nonexistent.json"),
-    "memory_logprob": (["--sections", "update,bogus"], "--sections must name some of"),
+    "diagnostics/memory_logprob": (["--sections", "update,bogus"], "--sections must name some of"),
     "bench_ray": (["--workers", "1,two"], "--workers wants comma-separated integers"),
     "bench_rollout": (["--group", "0"], "--group must be >= 1, got 0"),
     "bench_coop": (["--episodes", "0"], "--episodes must be >= 1, got 0"),

@@ -1,13 +1,8 @@
-"""The benchmarks' CPU-steal meter (experiments/cpu_steal.py)."""
-
-import sys
-from pathlib import Path
+"""The benchmarks' CPU-steal meter (jax_drive/cpu_steal.py)."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-
-import cpu_steal  # noqa: E402
+from jax_drive import cpu_steal
 
 
 def test_steal_share_is_the_stolen_fraction_of_elapsed_cpu_time():

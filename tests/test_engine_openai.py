@@ -1,4 +1,4 @@
-"""Tests of the OpenAI-compatible engine (jax_drive.sampling.openai_engine).
+"""Tests of the OpenAI-compatible engine (jax_drive.sampling.openai_engine and sampling/remote).
 
 Offline part: request builders and answer parsers per server dialect, and the retry /
 error policy of ``OpenAIEngine.request`` with an injected transport function.
@@ -20,32 +20,38 @@ import copy
 import json
 import math
 import os
+import re
 import urllib.error
 
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jax_drive.models import Tokenizer
 from jax_drive.sampling import Completion, Engine, OpenAIEngine, OpenAIEngineError, SamplingParams
 
 from jax_drive.models.tiny import byte_tokenizer
-from jax_drive.sampling.openai_engine import (
-    DIALECTS,
-    RemoteMetadata,
-    TokenPieces,
-    UnsupportedParameterError,
+from jax_drive.sampling.remote.dialects import DIALECTS, check_sampling_params, dialect_from_models
+from jax_drive.sampling.remote.errors import UnsupportedParameterError
+from jax_drive.sampling.remote.requests import (
     build_chat_request,
     build_completion_request,
-    check_sampling_params,
-    dialect_from_models,
     normalize_base_url,
-    parse_completion_choice,
-    parse_prompt_logprobs,
     row_seeds,
     seed_from_key,
-    urllib_transport,
 )
+from jax_drive.sampling.remote.responses import (
+    ParseFailure,
+    RemoteMetadata,
+    TokenPieces,
+    parse_completion_choice,
+    parse_prompt_logprobs,
+    read_completion,
+    read_prompt_logprobs,
+)
+from jax_drive.sampling.remote.transport import urllib_transport
 
 VLLM, LLAMA, JAXD, OPENAI = (DIALECTS[k] for k in ("vllm", "llama.cpp", "jax-drive", "openai"))
 # llama.cpp's Q4_1 matmuls quantise activations to 8 bits (and keep an f16 KV cache); our
@@ -239,6 +245,48 @@ def test_parse_rejects_malformed_answers(mutate, match):
     with pytest.raises(OpenAIEngineError, match=match):
         parse_completion_choice(answer, chat=False, dialect=VLLM, logprobs_mode="raw",
                                 prompt_ids=None, sent_token_ids=False)
+    # the reader below the engine's boundary returns the same problem as a value
+    failure = read_completion(answer, chat=False, dialect=VLLM, logprobs_mode="raw", prompt_ids=None,
+                              sent_token_ids=False)
+    assert isinstance(failure, ParseFailure) and failure.where == "completions"
+    assert re.search(match, str(failure))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12)
+_PATHS = [("choices",), ("choices", 0), ("choices", 0, "text"), ("choices", 0, "finish_reason"),
+          ("choices", 0, "logprobs"), ("choices", 0, "logprobs", "tokens"),
+          ("choices", 0, "logprobs", "tokens", 0), ("choices", 0, "logprobs", "token_logprobs"),
+          ("choices", 0, "logprobs", "token_logprobs", 1), ("choices", 0, "token_ids"),
+          ("choices", 0, "prompt_token_ids"), ("choices", 0, "message"), ("choices", 0, "prompt_logprobs"),
+          ("usage",), ("usage", "completion_tokens"), ("usage", "prompt_tokens"), ("error",)]
+
+
+def _set_path(answer, path, value):
+    for part in path[:-1]:
+        answer = answer[part]
+    answer[path[-1]] = value
+
+
+@settings(max_examples=300)
+@given(value=_JSON, path=st.sampled_from(_PATHS), whole=st.booleans(), chat=st.booleans(),
+       dialect=st.sampled_from(sorted(DIALECTS)), prompt_ids=st.sampled_from([None, (1, 2, 3)]))
+def test_readers_never_raise_on_any_server_output(tok, value, path, whole, chat, dialect, prompt_ids):
+    """Any JSON value as the whole answer, or in place of one field of a valid answer: the
+    readers return a Completion (or prompt log-probs) or a ParseFailure, never raise."""
+    answer = copy.deepcopy(VLLM_ANSWER)
+    if whole:
+        answer = value
+    else:
+        _set_path(answer, path, value)
+    result = read_completion(answer, chat=chat, dialect=DIALECTS[dialect], logprobs_mode="raw",
+                             prompt_ids=prompt_ids, sent_token_ids=False, tokenizer=tok, pieces=None)
+    assert isinstance(result, (Completion, ParseFailure))
+    scores = read_prompt_logprobs(answer, [1, 5, 9])
+    assert isinstance(scores, ParseFailure) or (isinstance(scores, list) and len(scores) == 2)
+    assert dialect_from_models(answer) in DIALECTS.values()
 
 
 def test_parse_chat_answer():

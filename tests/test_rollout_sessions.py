@@ -152,7 +152,7 @@ def test_use_sessions_false_never_starts_a_session(setup):
 def test_decode_weight_cache_hits_with_unmerged_lora():
     """Sessions keep their caches only while the engine's decode weights are the same object:
     an unmerged LoRA model must hit the cache until its arrays change."""
-    from jax_drive.sampling.sampler import DecodeWeightCache
+    from jax_drive.sampling.weights import DecodeWeightCache
 
     model, _, _ = tiny_policy(seed=0, lora_rank=4)
     cache = DecodeWeightCache()

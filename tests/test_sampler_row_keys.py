@@ -8,7 +8,7 @@ import pytest
 
 from jax_drive.models.tiny import peaked_tiny_model
 from jax_drive.sampling import JaxEngine, PromptLookup, SamplingParams, generate_tokens
-from jax_drive.sampling.sampler import row_keys
+from jax_drive.sampling.request import row_keys
 
 PROMPTS = [[5, 9, 2, 7], [3, 3, 8], [11, 4, 6, 1, 2, 9, 13], [5, 9, 2, 7]]
 

@@ -1,4 +1,4 @@
-"""Tests of the jitted KV-cache sampler (jax_drive.sampling.sampler) and JaxEngine.
+"""Tests of the jitted KV-cache sampler (jax_drive.sampling.sampler and its modules) and JaxEngine.
 
 References: a plain non-cached argmax loop over the same model, the model's own
 log-softmax on the full (teacher-forced) sequence, and numpy re-implementations of
@@ -28,8 +28,10 @@ from jax_drive.sampling import (
     SamplingParams,
     generate_tokens,
 )
-from jax_drive.sampling import sampler as sampler_mod
-from jax_drive.sampling.sampler import bucket_size, left_pad
+from jax_drive.sampling.compiles import CompileCounter
+from jax_drive.sampling.sampler import compiled_programs
+from jax_drive.sampling.shapes import bucket_size, left_pad
+from jax_drive.sampling.weights import DecodeWeightCache, unrolled_weights
 from jax_drive.sampling.selection import NEG_INF, categorical_rows, filter_logits, select_tokens
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [42]]
@@ -202,22 +204,32 @@ def test_same_key_same_output_different_key_different_output(model):
 
 
 # ------------------------------------------------------------------------- bucketing
+def _compiled(*calls) -> dict[str, int]:
+    """The sampler programs (prefill, decode) compiled while running ``calls`` (counted from
+    jax.monitoring's compile events)."""
+    with CompileCounter() as compiles:
+        for call in calls:
+            call()
+    return compiled_programs(compiles)
+
+
+NONE_NEW = {"prefill": 0, "decode": 0}
+
+
 def test_compile_count_constant_within_buckets(model):
     cfg = SamplerConfig(prompt_buckets=(8, 24), gen_buckets=(12,), pack_prompts=False)  # packing: below
     key = jax.random.key(0)
     generate_tokens(model, [[1] * 9, [2] * 10], key, max_new_tokens=12, temperature=0.0, config=cfg)
-    before = sampler_mod.compiled_program_counts()
     # other prompt lengths, batch sizes within the same power of two, generation lengths,
     # stop ids, min lengths, pad id and keys are all dynamic: no new trace
-    generate_tokens(model, [[3] * 17, [4]], key, max_new_tokens=5, temperature=0.0, config=cfg)
-    generate_tokens(model, [[4] * 24, [5] * 3], jax.random.key(1), max_new_tokens=12, temperature=0.0,
-                    stop_token_ids=[3, 4, 5], min_new_tokens=2, pad_id=1, config=cfg)
-    assert sampler_mod.compiled_program_counts() == before
+    assert _compiled(
+        lambda: generate_tokens(model, [[3] * 17, [4]], key, max_new_tokens=5, temperature=0.0, config=cfg),
+        lambda: generate_tokens(model, [[4] * 24, [5] * 3], jax.random.key(1), max_new_tokens=12, temperature=0.0,
+                                stop_token_ids=[3, 4, 5], min_new_tokens=2, pad_id=1, config=cfg),
+    ) == NONE_NEW
     # a new prompt bucket compiles exactly one new prefill and one new decode program
-    generate_tokens(model, [[1] * 5, [2] * 6], key, max_new_tokens=12, temperature=0.0, config=cfg)
-    after = sampler_mod.compiled_program_counts()
-    assert after["prefill"] == before["prefill"] + 1
-    assert after["decode"] == before["decode"] + 1
+    assert _compiled(lambda: generate_tokens(model, [[1] * 5, [2] * 6], key, max_new_tokens=12, temperature=0.0,
+                                             config=cfg)) == {"prefill": 1, "decode": 1}
 
 
 def test_packed_prefills_keep_the_decode_program(model):
@@ -227,16 +239,15 @@ def test_packed_prefills_keep_the_decode_program(model):
     key = jax.random.key(0)
     generate_tokens(model, [[r] * 40 for r in range(1, 5)], key, max_new_tokens=8, temperature=0.0,
                     config=cfg)  # 4 parts of 39 tokens do not pack into less than 3/4 of 4 x 63 columns
-    plain = sampler_mod.compiled_program_counts()
-    generate_tokens(model, [[1] * 40, [2] * 5, [3] * 6, [4] * 7], key, max_new_tokens=8, temperature=0.0, config=cfg)
-    first = sampler_mod.compiled_program_counts()
-    assert first == {"prefill": plain["prefill"] + 1, "decode": plain["decode"]}  # same buckets: the packing's
+    assert _compiled(lambda: generate_tokens(model, [[1] * 40, [2] * 5, [3] * 6, [4] * 7], key, max_new_tokens=8,
+                                             temperature=0.0, config=cfg)
+                     ) == {"prefill": 1, "decode": 0}  # same buckets: the packing's
     # parts of 39, 6, 5, 4 tokens, then of 37, 7, 5, 3: one bin of 64 each time -> the same programs
-    generate_tokens(model, [[5] * 38, [6] * 4, [7] * 6, [8] * 8], key, max_new_tokens=8, temperature=0.0, config=cfg)
-    assert sampler_mod.compiled_program_counts() == first
-    generate_tokens(model, [[5] * 60, [6] * 4, [7] * 6, [8] * 8], key, max_new_tokens=8, temperature=0.0,
-                    config=cfg)  # one bin of 96: a new prefill
-    assert sampler_mod.compiled_program_counts() == {"prefill": first["prefill"] + 1, "decode": first["decode"]}
+    assert _compiled(lambda: generate_tokens(model, [[5] * 38, [6] * 4, [7] * 6, [8] * 8], key, max_new_tokens=8,
+                                             temperature=0.0, config=cfg)) == NONE_NEW
+    assert _compiled(lambda: generate_tokens(model, [[5] * 60, [6] * 4, [7] * 6, [8] * 8], key, max_new_tokens=8,
+                                             temperature=0.0, config=cfg)
+                     ) == {"prefill": 1, "decode": 0}  # one bin of 96: a new prefill
 
 
 def test_common_prefixes_keep_the_decode_program(model):
@@ -246,16 +257,13 @@ def test_common_prefixes_keep_the_decode_program(model):
     key = jax.random.key(0)
     system = [5, 9, 2, 7] * 8  # 32 ids
     generate_tokens(model, [[1] * 9, [2] * 10], key, max_new_tokens=8, temperature=0.0, config=cfg)
-    plain = sampler_mod.compiled_program_counts()
-    generate_tokens(model, [system[:16] + [1, 2], system[:16] + [3]], key, max_new_tokens=8, temperature=0.0,
-                    config=cfg)
-    first = sampler_mod.compiled_program_counts()
-    assert first == {"prefill": plain["prefill"] + 1, "decode": plain["decode"]}
-    generate_tokens(model, [system[:20] + [4] * 30, system[:21] + [6]], key, max_new_tokens=8, temperature=0.0,
-                    config=cfg)  # common prefix 20 -> 16 on the grid: same program
-    assert sampler_mod.compiled_program_counts() == first
-    generate_tokens(model, [system + [1], system + [2]], key, max_new_tokens=8, temperature=0.0, config=cfg)
-    assert sampler_mod.compiled_program_counts() == {"prefill": first["prefill"] + 1, "decode": first["decode"]}
+    assert _compiled(lambda: generate_tokens(model, [system[:16] + [1, 2], system[:16] + [3]], key, max_new_tokens=8,
+                                             temperature=0.0, config=cfg)) == {"prefill": 1, "decode": 0}
+    assert _compiled(lambda: generate_tokens(model, [system[:20] + [4] * 30, system[:21] + [6]], key,
+                                             max_new_tokens=8, temperature=0.0, config=cfg)
+                     ) == NONE_NEW  # common prefix 20 -> 16 on the grid: same program
+    assert _compiled(lambda: generate_tokens(model, [system + [1], system + [2]], key, max_new_tokens=8,
+                                             temperature=0.0, config=cfg)) == {"prefill": 1, "decode": 0}
     with pytest.raises(ValueError, match="exceeds the largest bucket"):  # the bucket still bounds the prompt
         generate_tokens(model, [system + [1] * 40, system + [2]], key, max_new_tokens=8, config=cfg)
 
@@ -301,7 +309,7 @@ def test_unrolled_decode_path_equals_model_call_path(model, which):
     np.testing.assert_array_equal(fast.tokens, slow.tokens)
     np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-4)
     if which == "qwen2_lora":  # adapters are folded into the fused per-layer kernels
-        layer = sampler_mod.unrolled_weights(m)["layers"][1]
+        layer = unrolled_weights(m)["layers"][1]
         q = m.layers.q_proj
         merged = q.kernel[...][1] + (q.lora_a[...][1] @ q.lora_b[...][1]) * q.lora_scale
         qd = m.config.num_heads * m.config.head_dim
@@ -312,7 +320,7 @@ def test_unrolled_decode_path_equals_model_call_path(model, which):
 
 def test_decode_weights_cached_until_weights_change():
     m = peaked_tiny_model("llama", seed=5)
-    cache = sampler_mod.DecodeWeightCache()
+    cache = DecodeWeightCache()
     first = cache.get(m)
     assert cache.get(m) is first
     assert len(first["layers"]) == m.config.num_layers

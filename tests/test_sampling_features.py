@@ -34,8 +34,10 @@ from jax_drive.sampling import (
     generate_tokens,
     supports_sessions,
 )
-from jax_drive.sampling import sampler as sampler_mod
-from jax_drive.sampling.sampler import common_prefix_length, count_bucket, pack_prompt_parts
+from jax_drive.sampling import plan as plan_mod
+from jax_drive.sampling.packing import pack_prompt_parts
+from jax_drive.sampling.plan import common_prefix_length
+from jax_drive.sampling.shapes import count_bucket
 from jax_drive.sampling.speculative import accept_drafts, lookup_drafts
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 5, 6], [42, 43]]
@@ -79,8 +81,8 @@ def _stop_token(model, rows=PROMPTS[:1], key=jax.random.key(0), at=3, **kw) -> i
 
 def _spy_packing(monkeypatch) -> list:
     """Records what each ``pack_prompt_parts`` call of the sampler returns (None: not packed)."""
-    packs, pack = [], sampler_mod.pack_prompt_parts
-    monkeypatch.setattr(sampler_mod, "pack_prompt_parts", lambda *a: packs.append(pack(*a)) or packs[-1])
+    packs, pack = [], plan_mod.pack_prompt_parts
+    monkeypatch.setattr(plan_mod, "pack_prompt_parts", lambda *a: packs.append(pack(*a)) or packs[-1])
     return packs
 
 

@@ -42,6 +42,7 @@ from jax_drive.serve.launch import free_port, server_process
 from servers import inprocess_server
 
 MODEL = "tiny-policy"
+KEY = "test-serve-key"  # the in-process server's API key (admin endpoints need one)
 
 
 def tiny_model(seed: int = 0, scale: float = 6.0) -> CausalLM:
@@ -73,17 +74,20 @@ def base_model():
 
 
 @pytest.fixture(scope="module")
-def served(base_model, tokenizer):
-    """(base_url, PolicyServer) of an in-process server on 127.0.0.1 (batch wait 50 ms)."""
+def served(base_model, tokenizer, tmp_path_factory):
+    """(base_url, PolicyServer) of an in-process server on 127.0.0.1 (batch wait 50 ms, the
+    default limits, API key KEY, loads allowed from the tests' temporary directories)."""
     registry = PolicyRegistry(base_model, tokenizer, MODEL)
-    server = PolicyServer(registry, ServeConfig(BatcherConfig(max_batch_rows=16, max_wait_s=0.05)))
+    config = ServeConfig(BatcherConfig(max_batch_rows=16, max_wait_s=0.05), api_key=KEY,
+                         allowed_weights_dirs=(str(tmp_path_factory.getbasetemp()),))
+    server = PolicyServer(registry, config)
     with inprocess_server(server) as url:
         yield url, server
 
 
 @pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 # ------------------------------------------------------------------------ request models
@@ -156,7 +160,7 @@ def test_batcher_merges_concurrent_jobs_into_one_engine_call():
         results = [f.result(timeout=30) for f in futures]
     finally:
         batcher.stop()
-    assert len(engine.calls) == 1 and batcher.batch_sizes == [4]
+    assert len(engine.calls) == 1 and list(batcher.batch_sizes) == [4]
     for i, result in enumerate(results):  # every request gets its own rows back
         assert [c.prompt_token_ids for c in result] == [tuple([i + 1] * (i + 1))]
 
@@ -309,9 +313,15 @@ def test_openai_client_errors(client):
         client.completions.create(model=MODEL, prompt="x", stream=True)
 
 
+def sizes_since(batcher, before: int) -> list[int]:
+    """Rows of the engine calls made after the batcher had made ``before``."""
+    new = batcher.engine_calls - before
+    return list(batcher.batch_sizes)[-new:] if new else []
+
+
 def test_concurrent_http_requests_share_one_sampler_call(served, client):
     _, server = served
-    before = len(server.batcher.batch_sizes)
+    before = server.batcher.engine_calls
 
     def ask(i):
         return client.completions.create(model=MODEL, prompt=[i + 3, 7], max_tokens=4, seed=i)
@@ -319,7 +329,7 @@ def test_concurrent_http_requests_share_one_sampler_call(served, client):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(ask, range(4)))
     assert all(len(a.choices) == 1 for a in answers)
-    sizes = server.batcher.batch_sizes[before:]
+    sizes = sizes_since(server.batcher, before)
     assert sum(sizes) == 4 and max(sizes) >= 2, sizes  # at least two requests were merged
 
 
@@ -327,7 +337,7 @@ def test_seeded_requests_follow_their_own_seed_when_batched(served, client, base
     """Concurrent seeded requests (different prompts, lengths and n) merged into one sampler
     call each sample exactly what their seed gives in process."""
     _, server = served
-    before = len(server.batcher.batch_sizes)
+    before = server.batcher.engine_calls
     asks = [([4, 9, 2], 2, 21), ([7, 7, 1, 3, 5], 1, 22), ([30, 31], 1, 23), ([4, 9, 2], 1, 24)]
 
     def ask(item):
@@ -337,7 +347,7 @@ def test_seeded_requests_follow_their_own_seed_when_batched(served, client, base
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(ask, asks))
-    assert max(server.batcher.batch_sizes[before:]) >= 2  # some requests shared a call
+    assert max(sizes_since(server.batcher, before)) >= 2  # some requests shared a call
     local = JaxEngine(base_model, tokenizer)
     for (prompt, n, seed), answer in zip(asks, answers):
         ref = local.generate([prompt], SamplingParams(max_new_tokens=6, n=n), request_keys(seed, n))
@@ -350,7 +360,7 @@ def test_seeded_requests_follow_their_own_seed_when_batched(served, client, base
 def test_openai_engine_against_serve(served, base_model, tokenizer):
     url, _ = served
     # each row is its own seeded request, replayable in process from its seed
-    engine = OpenAIEngine(url, MODEL, tokenizer=tokenizer, require_token_logprobs=True,
+    engine = OpenAIEngine(url, MODEL, KEY, tokenizer=tokenizer, require_token_logprobs=True,
                           max_concurrency=1)
     assert engine.dialect.name == "jax-drive"
     params = SamplingParams(max_new_tokens=5, temperature=0.8, top_k=20, n=2,
@@ -371,7 +381,7 @@ def test_openai_engine_against_serve(served, base_model, tokenizer):
 
 def test_lora_adapters_pushed_over_http_are_sampled(served, base_model, tokenizer, tmp_path):
     url, _ = served
-    engine = OpenAIEngine(url, MODEL, tokenizer=tokenizer, max_concurrency=1)
+    engine = OpenAIEngine(url, MODEL, KEY, tokenizer=tokenizer, max_concurrency=1)
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     key = jax.random.key(7)
     prompt = [[10, 11, 12]]

@@ -35,7 +35,7 @@ from jax_drive.rollout import RolloutConfig
 from jax_drive.sampling import OpenAIEngine, SamplingParams
 from jax_drive.sampling.openai_engine import OpenAIEngineError, UnsupportedParameterError
 from jax_drive.scenes import stack_scenes, straight_road_scene
-from jax_drive.serve import PolicyRegistry, PolicyServer
+from jax_drive.serve import PolicyRegistry, PolicyServer, ServeConfig
 from jax_drive.serve.launch import free_port, server_process
 from jax_drive.serve.protocol import InvalidRequest
 from servers import inprocess_server
@@ -43,6 +43,7 @@ from servers import inprocess_server
 from test_rl_e2e import SPEED, ForcingEngine
 
 SERVED = "tiny"
+KEY = "test-weight-sync-key"  # the servers' API key: pushing weights needs one
 PROBES = [[60, 61, 62, 63], [70, 71]]  # token-id prompts for the log-prob comparison
 
 
@@ -56,16 +57,18 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def subprocess_server(checkpoint):
+def subprocess_server(checkpoint, tmp_path_factory):
     port = free_port()
     command = [sys.executable, "-m", "jax_drive.cli", "serve", "--model", str(checkpoint),
-               "--served-model-name", SERVED, "--port", str(port), "--max-wait-ms", "50"]
-    # the server reuses the tests' persistent XLA cache (conftest.py)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+               "--served-model-name", SERVED, "--port", str(port), "--max-wait-ms", "50",
+               "--allowed-weights-dir", str(tmp_path_factory.getbasetemp())]
+    # the server reuses the tests' persistent XLA cache (conftest.py); the key from the environment
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DRIVE_API_KEY=KEY)
     if jax.config.jax_compilation_cache_dir:
         env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1")
-    with server_process(command, port, SERVED, "jax-drive-serve-sync", timeout_s=180, env=env) as server:
+    with server_process(command, port, SERVED, "jax-drive-serve-sync", timeout_s=180, env=env,
+                        api_key=KEY) as server:
         yield server
 
 
@@ -110,7 +113,7 @@ def _train_against_server(model, tokenizer, engine, sync_config, trainable, lr):
 def test_lora_rl_against_jax_drive_serve_samples_the_trainers_policy(subprocess_server, checkpoint, tmp_path):
     model, _, tokenizer = load_pretrained(str(checkpoint))
     apply_lora(model, rank=4, alpha=8.0, rngs=nnx.Rngs(1))
-    engine = OpenAIEngine(subprocess_server.base_url, SERVED, tokenizer=tokenizer, require_token_logprobs=True)
+    engine = OpenAIEngine(subprocess_server.base_url, SERVED, KEY, tokenizer=tokenizer, require_token_logprobs=True)
     sync, gaps, fixed = _train_against_server(
         model, tokenizer, engine, WeightSyncConfig(directory=str(tmp_path / "sync")), "lora", 5e-2)
     # after every step's push, the server samples the trainer's policy
@@ -131,7 +134,7 @@ def test_lora_rl_against_jax_drive_serve_samples_the_trainers_policy(subprocess_
 @pytest.mark.slow
 def test_full_fine_tuning_against_jax_drive_serve_reloads_weights(subprocess_server, checkpoint, tmp_path):
     model, _, tokenizer = load_pretrained(str(checkpoint))
-    engine = OpenAIEngine(subprocess_server.base_url, SERVED, tokenizer=tokenizer, require_token_logprobs=True)
+    engine = OpenAIEngine(subprocess_server.base_url, SERVED, KEY, tokenizer=tokenizer, require_token_logprobs=True)
     try:
         sync, gaps, fixed = _train_against_server(
             model, tokenizer, engine, WeightSyncConfig(mode="full", directory=str(tmp_path / "sync")),
@@ -150,10 +153,14 @@ def test_full_fine_tuning_against_jax_drive_serve_reloads_weights(subprocess_ser
 
 # ----------------------------------------------------------------- in-process server
 @pytest.fixture()
-def local_server(checkpoint):
+def local_server(checkpoint, tmp_path_factory, monkeypatch):
+    """An in-process server with API key KEY, which the trainer's side reads from
+    $JAX_DRIVE_API_KEY (set here) when not given."""
     model, _, tokenizer = load_pretrained(str(checkpoint))
     registry = PolicyRegistry(model, tokenizer, SERVED)
-    with inprocess_server(PolicyServer(registry)) as url:
+    config = ServeConfig(api_key=KEY, allowed_weights_dirs=(str(tmp_path_factory.getbasetemp()),))
+    monkeypatch.setenv("JAX_DRIVE_API_KEY", KEY)
+    with inprocess_server(PolicyServer(registry, config)) as url:
         yield url, registry, tokenizer
 
 
@@ -169,7 +176,7 @@ def test_registry_reloads_weights_and_reapplies_adapters(local_server, checkpoin
     registry.load_adapter("a", export_peft(model, tmp_path / "adapter"))
     new_base, _, _ = tiny_policy(seed=5, lora_rank=None)
     save_safetensors(new_base, tmp_path / "new")
-    engine = OpenAIEngine(url, SERVED, tokenizer=tokenizer)
+    engine = OpenAIEngine(url, SERVED, KEY, tokenizer=tokenizer)
     engine.update_weights_from_disk(str(tmp_path / "new"))
     assert served_logprob_gap(engine, new_base, PROBES, jax.random.key(0))["max_abs"] < 1e-4
     # the adapter is applied again, on the new base
@@ -192,7 +199,7 @@ def test_unversioned_sync_reloads_one_name_and_prunes_exports(local_server, chec
     url, registry, tokenizer = local_server
     model, _, _ = load_pretrained(str(checkpoint))
     apply_lora(model, rank=2, alpha=4.0, rngs=nnx.Rngs(0))
-    engine = OpenAIEngine(url, SERVED, tokenizer=tokenizer)
+    engine = OpenAIEngine(url, SERVED, KEY, tokenizer=tokenizer)
     sync = WeightSync(engine, model, WeightSyncConfig(directory=str(tmp_path / "a"), versioned=False, keep=1,
                                                       verify_tolerance=1e-4))
     for step in range(3):

@@ -635,7 +635,9 @@ class CausalLM(nnx.Module):
     """Decoder-only language model.
 
     `model(input_ids, positions, attention_mask, cache=None, cache_index=0)` returns
-    `(logits (B, L, V) float32, cache or None)`; see `__call__`.
+    `(logits (B, L, V) float32, cache or None)`; see `__call__`. Implements the sampler's
+    model contract, `jax_drive.models.protocol.DecoderLM` (`config`, `__call__`, `prefill`,
+    `arrays`; checked in tests/test_sampling_plan.py).
     """
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs | None = None):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import time
 import warnings
@@ -236,15 +237,23 @@ class WeightSync:
         return self.engine().generate_chat(conversations, params, key)
 
 
-def served_base_model(url: str, served_model: str | None = None) -> str:
+def server_api_key(api_key: str | None = None) -> str | None:
+    """``api_key``, else ``$JAX_DRIVE_API_KEY`` (the variable `jax-drive serve` reads too), else None."""
+    from jax_drive.serve.security import API_KEY_ENV
+
+    return api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+
+
+def served_base_model(url: str, served_model: str | None = None, api_key: str | None = None) -> str:
     """The server's name of the base model to train against: ``served_model`` once checked
-    to be served, or (None) the first model the server lists.
+    to be served, or (None) the first model the server lists. ``api_key``: see
+    ``server_api_key``.
 
     Raises:
       OpenAIEngineError: the server cannot be reached (after the engine's retries), serves
         nothing, or does not serve ``served_model``.
     """
-    names = OpenAIEngine(url, "unset", check_model=False).list_models()
+    names = OpenAIEngine(url, "unset", server_api_key(api_key), check_model=False).list_models()
     if not names:
         raise OpenAIEngineError(f"{url} serves no model")
     if served_model is None:
@@ -255,7 +264,8 @@ def served_base_model(url: str, served_model: str | None = None) -> str:
 
 
 def connect_trainer(url: str, model, tokenizer, trainable: str, directory: str | None = None,
-                    served_model: str | None = None, verify_tolerance: float | None = 1e-3) -> WeightSync:
+                    served_model: str | None = None, verify_tolerance: float | None = 1e-3,
+                    api_key: str | None = None) -> WeightSync:
     """A :class:`WeightSync` for training ``model`` against the server at ``url``.
 
     Args:
@@ -267,9 +277,12 @@ def connect_trainer(url: str, model, tokenizer, trainable: str, directory: str |
       served_model: the server's name of the base model (default: the first model it lists).
       verify_tolerance: see ``WeightSyncConfig`` (default 1e-3: warn when the server's
         log-probs are further from the trainer's).
+      api_key: the server's API key (default ``$JAX_DRIVE_API_KEY``; pushing weights to
+        `jax-drive serve` needs one).
     """
-    served_model = served_base_model(url, served_model)
-    engine = OpenAIEngine(url, served_model, tokenizer=tokenizer, require_token_logprobs=True)
+    api_key = server_api_key(api_key)
+    served_model = served_base_model(url, served_model, api_key)
+    engine = OpenAIEngine(url, served_model, api_key, tokenizer=tokenizer, require_token_logprobs=True)
     config = WeightSyncConfig(mode="lora" if trainable == "lora" else "full", directory=directory,
                               verify_tolerance=verify_tolerance)
     return WeightSync(engine, model, config)

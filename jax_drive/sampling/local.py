@@ -1,5 +1,6 @@
 """``JaxEngine``: the ``Engine`` interface over a local ``CausalLM`` and our jitted sampler,
-with multi-turn sessions that keep the KV caches between turns (``start`` / ``Session``)."""
+with multi-turn sessions that keep the KV caches between turns (``start`` / ``Session``) and
+chunked generation for streaming and cancellation (``stream`` / ``DecodeStream``)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,16 @@ from jax_drive.sampling.engine import (
     validate_conversations,
     validate_prompts,
 )
+from jax_drive.sampling.decode import decode
+from jax_drive.sampling.outputs import SamplerOutput
 from jax_drive.sampling.params import SamplingParams
-from jax_drive.sampling.sampler import (
-    DecodeWeightCache,
-    Request,
-    SamplerConfig,
-    SamplerOutput,
-    check_token_ids,
-    decode,
-    row_keys,
-    start_decode,
-)
+from jax_drive.sampling.request import Request, check_token_ids, row_keys
+from jax_drive.sampling.sampler import check_model, start_decode
 from jax_drive.sampling.session import Session, SessionGroup
+from jax_drive.sampling.shapes import SamplerConfig
 from jax_drive.sampling.speculative import PromptLookup
+from jax_drive.sampling.stream import DecodeRun, DecodeStream
+from jax_drive.sampling.weights import DecodeWeightCache
 
 
 class JaxEngine:
@@ -62,6 +60,7 @@ class JaxEngine:
     ):
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        check_model(model)
         self.model = model
         self.tokenizer = tokenizer
         self.sampler_config = sampler_config
@@ -115,10 +114,9 @@ class JaxEngine:
             finish_reason="stop" if bool(output.stopped[i]) else "length",
         )
 
-    def _run(self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array,
-             keep_caches: bool, images=None):
-        """First-turn generation: (completions, rows, session groups, decode steps, the
-        unrolled weights used or None, per kept row its RoPE position shift (see Session))."""
+    def _rows(self, prompts: Sequence[Prompt], params: SamplingParams, images=None):
+        """The completion rows of a request (prompt-major, ``params.n`` per prompt) as token
+        ids, with their images (None without)."""
         prompts = validate_prompts(prompts)
         rows = [ids for ids in self._encode(prompts) for _ in range(params.n)]
         check_token_ids(rows, self.model.config.vocab_size)
@@ -126,6 +124,25 @@ class JaxEngine:
             if len(images) != len(prompts):
                 raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
             images = [row for row in images for _ in range(params.n)]
+        return rows, images
+
+    def _calls(self, rows: list[list[int]], key: jax.Array):
+        """The sampler calls of ``rows`` (``max_batch_size`` rows each): (first row, rows, key)
+        with each call's key: its rows' own keys, or ``key`` folded with the call's index."""
+        chunk = self.max_batch_size or len(rows)
+        keys = row_keys(key, len(rows))
+        for c, start in enumerate(range(0, len(rows), chunk)):
+            if keys is not None:
+                part_key = keys[start : start + chunk]
+            else:
+                part_key = jax.random.fold_in(key, c) if chunk < len(rows) else key
+            yield start, rows[start : start + chunk], part_key
+
+    def _run(self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array,
+             keep_caches: bool, images=None):
+        """First-turn generation: (completions, rows, session groups, decode steps, the
+        unrolled weights used or None, per kept row its RoPE position shift (see Session))."""
+        rows, images = self._rows(prompts, params, images)
         request = self.request(params)
         config = self.sampler_config
         weights = None
@@ -134,20 +151,13 @@ class JaxEngine:
             if keep_caches and weights is None:
                 raise TypeError("sessions need a CausalLM-like model (with arrays())")
         graph_and_state = nnx.split(self.model)
-        chunk = self.max_batch_size or len(rows)
-        keys = row_keys(key, len(rows))
         completions: list[Completion] = []
         groups: list[SessionGroup] = []
         shift: list[int] = []  # per row, the last prompt token's position minus its index
         steps = 0
-        for c, start in enumerate(range(0, len(rows), chunk)):
-            part = rows[start : start + chunk]
-            if keys is not None:
-                part_key = keys[start : start + chunk]
-            else:
-                part_key = jax.random.fold_in(key, c) if chunk < len(rows) else key
+        for start, part, part_key in self._calls(rows, key):
             loop, n, plen = start_decode(self.model, part, part_key, request, config, graph_and_state, weights,
-                                         None if images is None else images[start : start + chunk])
+                                         None if images is None else images[start : start + len(part)])
             if keep_caches:
                 last = np.asarray(loop.position)[:n] if images is not None else [len(p) - 1 for p in part]
                 shift.extend(int(pos) - (len(p) - 1) for pos, p in zip(last, part))
@@ -185,6 +195,27 @@ class JaxEngine:
                                                                      images=images)
         contexts = [list(r) + list(c.token_ids) for r, c in zip(rows, completions)]
         return Session(self, contexts, groups, weights, steps, shift), completions
+
+    def stream(
+        self, prompts: Sequence[Prompt], params: SamplingParams, key: jax.Array, *,
+        chunk_steps: int = 16, images=None
+    ) -> DecodeStream:
+        """Like ``generate`` (same key conventions, same completions in the end), run
+        ``chunk_steps`` decode-loop iterations at a time: iterate the returned
+        ``DecodeStream`` for each chunk's new tokens per row, ``cancel`` rows between chunks,
+        ``completions()`` for the final completions. The prefills run here; chunks reuse the
+        one-call decode program (no extra compilation)."""
+        rows, images = self._rows(prompts, params, images)
+        request = self.request(params)
+        config = self.sampler_config
+        weights = self.decode_weights.get(self.model) if config.unroll_layers else None
+        graph_and_state = nnx.split(self.model)
+        runs = []
+        for start, part, part_key in self._calls(rows, key):
+            loop, n, _ = start_decode(self.model, part, part_key, request, config, graph_and_state, weights,
+                                      None if images is None else images[start : start + len(part)])
+            runs.append((start, DecodeRun(self.model, weights, loop, n, request, config, graph_and_state), part))
+        return DecodeStream(self, runs, request, chunk_steps, params.skip_special_tokens)
 
     def generate_chat(
         self, conversations: Sequence[Sequence[Message]], params: SamplingParams, key: jax.Array

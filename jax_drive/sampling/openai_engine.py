@@ -1,62 +1,41 @@
 """``OpenAIEngine``: the ``Engine`` interface over an OpenAI-compatible HTTP server.
 
 Servers differ in what they accept and return, so the engine first learns which *dialect*
-it talks to (from ``GET /v1/models``: vLLM's entries are ``owned_by: "vllm"``,
-llama-cpp-python's ``"me"``, ``jax-drive serve``'s ``"jax-drive"``; anything else is treated
-as a plain OpenAI server) and then:
+it talks to (``remote.dialects``, from ``GET /v1/models``) and then:
 
 - sends token-id prompts where the server accepts them (vLLM, jax-drive), otherwise text
   (token-id prompts are decoded with the local tokenizer, special tokens kept);
 - sends one request per completion row (prompt x sample), each with its own seed from the
-  caller's key: a server that ignores ``n`` (llama.cpp) still yields ``n`` samples, and the
-  G rollouts of a group never share a seed (vLLM seeds every prompt of a request alike,
-  which would make identical prompts sample identical completions);
+  caller's key (``remote.requests.row_seeds``): a server that ignores ``n`` (llama.cpp) still
+  yields ``n`` samples, and the G rollouts of a group never share a seed (vLLM seeds every
+  prompt of a request alike, which would make identical prompts sample identical completions);
 - always sends neutral values for the sampling knobs ``SamplingParams`` has no field for
-  (``min_p`` 0, repetition penalty 1, presence/frequency penalty 0, mirostat off, and
-  ``top_k`` 0 when unset) so server defaults (llama.cpp: top_k 40, min_p 0.05, repeat
-  penalty 1.1) or a model's ``generation_config.json`` cannot change the distribution;
-- refuses, with ``UnsupportedParameterError``, what the server cannot honour: ``top_k`` /
-  ``min_new_tokens`` on a plain OpenAI server, ``stop_token_ids`` other than the model's
-  EOS on llama.cpp, and a ``logprobs_mode`` that differs from the server's (vLLM fixes it
-  per server with ``--logprobs-mode``: declare it with ``server_logprobs_mode``; llama.cpp
-  reports raw log-probs; jax-drive serve takes it per request). ``processed`` on a raw-only
-  server is accepted only where the two coincide (temperature 1, no top-k/top-p, no
-  minimum length). ``skip_special_tokens`` is honoured by vLLM and jax-drive; llama.cpp's
-  text never has special tokens.
-- recovers generated token ids when the server reports only token texts (llama.cpp keys
-  log-probs by token text): each text is mapped to the vocabulary id that prints it
-  (``TokenPieces``: exact when no token ends inside a UTF-8 character, "pieces");
-  otherwise the completion text is re-tokenized with the local tokenizer ("retokenized":
-  not guaranteed to be the sampled ids, log-probs unavailable). Where ids
-  came from and whether the log-probs belong to them is in ``Completion.metadata``
-  (a ``RemoteMetadata``).
-  With ``require_token_logprobs=True`` (RL training) any completion whose ids or log-probs
-  are not exact raises instead.
+  (``remote.requests``);
+- refuses, with ``UnsupportedParameterError``, what the server cannot honour
+  (``remote.dialects.check_sampling_params``): ``top_k`` / ``min_new_tokens`` on a plain
+  OpenAI server, ``stop_token_ids`` other than the model's EOS on llama.cpp, and a
+  ``logprobs_mode`` that differs from the server's (vLLM fixes it per server with
+  ``--logprobs-mode``: declare it with ``server_logprobs_mode``; llama.cpp reports raw
+  log-probs; jax-drive serve takes it per request). ``processed`` on a raw-only server is
+  accepted only where the two coincide (temperature 1, no top-k/top-p, no minimum length).
+  ``skip_special_tokens`` is honoured by vLLM and jax-drive; llama.cpp's text never has
+  special tokens;
+- reads each answer with ``remote.responses`` (generated ids recovered from token texts
+  where the server reports only those; where ids and log-probs came from is in
+  ``Completion.metadata``). With ``require_token_logprobs=True`` (RL training) any completion
+  whose ids or log-probs are not exact raises instead.
 
-Failures: HTTP 429 / 502 / 503 / 504 and connection errors (refused, reset, connect
-timeout) are retried with exponential backoff; everything else fails at once with the
-server's message (400 / 422 validation errors, and llama.cpp's validation errors, which it
-answers as HTTP 500). A read timeout is not retried (the server may still be generating).
+Failures (``remote.transport``): connection errors and HTTP 429 / 502 / 503 / 504 are
+retried with exponential backoff, everything else fails at once with the server's message.
 An unknown model name is an error (llama.cpp would silently serve its default model).
-
-The pure functions (``build_completion_request``, ``parse_completion_choice``, ...) hold the
-protocol logic; ``OpenAIEngine`` adds HTTP, concurrency, retries and the checks.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
-import http.client
-import json
-import math
-import re
-import time
-import urllib.error
-import urllib.request
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 
@@ -68,561 +47,34 @@ from jax_drive.sampling.engine import (
     validate_prompts,
 )
 from jax_drive.sampling.params import SamplingParams
+from jax_drive.sampling.remote.dialects import (
+    DIALECTS,
+    ServerDialect,
+    check_sampling_params,
+    dialect_from_models,
+    logprobs_equivalent,
+)
+from jax_drive.sampling.remote.errors import OpenAIEngineError, UnsupportedParameterError
+from jax_drive.sampling.remote.requests import (
+    build_chat_request,
+    build_completion_request,
+    build_prompt_logprobs_request,
+    normalize_base_url,
+    row_seeds,
+)
+from jax_drive.sampling.remote.responses import (
+    RemoteMetadata,
+    TokenPieces,
+    parse_completion_choice,
+    parse_prompt_logprobs,
+)
+from jax_drive.sampling.remote.transport import RetryPolicy, Transport, send, urllib_transport
+
+__all__ = [  # the engine, and the names its callers catch or inspect
+    "OpenAIEngine", "OpenAIEngineError", "RemoteMetadata", "ServerDialect", "UnsupportedParameterError",
+]
 
-# (method, url, body or None, headers, timeout_s) -> (HTTP status, response body bytes)
-Transport = Callable[[str, str, "bytes | None", dict, float], "tuple[int, bytes]"]
 
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-_TOKEN_ID_RE = re.compile(r"^token_id:(\d+)$")
-_SEED_MODULUS = 2**31 - 1  # prime, so seeds base + i * step are distinct for i < modulus
-_SEED_STEP = 0x9E3779B1
-
-
-class OpenAIEngineError(RuntimeError):
-    """A request to the OpenAI-compatible server failed or its answer was unusable."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status
-
-
-class UnsupportedParameterError(OpenAIEngineError, ValueError):
-    """The server cannot honour a sampling parameter or feature that was asked for."""
-
-
-# ------------------------------------------------------------------------------ dialects
-@dataclasses.dataclass(frozen=True)
-class ServerDialect:
-    """What one kind of OpenAI-compatible server accepts and returns.
-
-    Attributes:
-      name: 'vllm', 'llama.cpp', 'jax-drive' or 'openai' (any other server).
-      token_id_prompts: ``prompt`` may be a list of token ids.
-      returns_token_ids: answers carry the generated ids (vLLM's ``return_token_ids`` /
-        ``return_tokens_as_token_ids``, jax-drive's ``token_ids``).
-      logprobs_per_request: the ``logprobs_mode`` field selects raw / processed per request.
-      stop_token_ids: ``stop_token_ids`` + ``ignore_eos`` are honoured.
-      min_tokens: ``min_tokens`` is honoured.
-      top_k: ``top_k`` is honoured.
-      vllm_fields: send vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids``.
-      skip_special_tokens: ``skip_special_tokens`` is honoured (else the text is the
-        server's; llama.cpp never prints special tokens).
-      neutral: fields sent on every request so server defaults cannot filter or penalise.
-      lora_endpoints: ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` may exist.
-      prompt_logprobs: the completions endpoint accepts ``prompt_logprobs``.
-      stop_token_in_output: a stop token that ended a completion is part of its ids.
-    """
-
-    name: str
-    token_id_prompts: bool
-    returns_token_ids: bool
-    logprobs_per_request: bool
-    stop_token_ids: bool
-    min_tokens: bool
-    top_k: bool
-    vllm_fields: bool
-    skip_special_tokens: bool
-    neutral: Mapping[str, Any]
-    lora_endpoints: bool
-    prompt_logprobs: bool
-    stop_token_in_output: bool
-
-
-_PENALTIES_OFF = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
-DIALECTS: dict[str, ServerDialect] = {
-    "vllm": ServerDialect(
-        "vllm", True, True, False, True, True, True, True, True,
-        {"min_p": 0.0, "repetition_penalty": 1.0, **_PENALTIES_OFF}, True, True, True,
-    ),
-    "jax-drive": ServerDialect(
-        "jax-drive", True, True, True, True, True, True, False, True,
-        {"min_p": 0.0, "repetition_penalty": 1.0, **_PENALTIES_OFF}, True, False, True,
-    ),
-    # llama-cpp-python's server: text prompts only, log-probs keyed by token text, raw
-    # log-probs, EOS never part of the output, n ignored, unknown fields ignored silently.
-    "llama.cpp": ServerDialect(
-        "llama.cpp", False, False, False, False, True, True, False, False,
-        {"min_p": 0.0, "repeat_penalty": 1.0, "mirostat_mode": 0, **_PENALTIES_OFF},
-        False, False, False,
-    ),
-    "openai": ServerDialect(
-        "openai", False, False, False, False, False, False, False, False, dict(_PENALTIES_OFF),
-        False, False, False,
-    ),
-}
-_OWNED_BY = {"vllm": "vllm", "me": "llama.cpp", "jax-drive": "jax-drive"}
-
-
-def dialect_from_models(answer: Any) -> ServerDialect:
-    """The dialect of a server from its ``GET /v1/models`` answer (``owned_by`` field)."""
-    owners = set()
-    for entry in (answer or {}).get("data") or []:
-        if isinstance(entry, dict):
-            owners.add(entry.get("owned_by"))
-    for owner in owners:
-        if owner in _OWNED_BY:
-            return DIALECTS[_OWNED_BY[owner]]
-    return DIALECTS["openai"]
-
-
-# ------------------------------------------------------------------------- completions
-@dataclasses.dataclass(frozen=True)
-class RemoteMetadata:
-    """Where a remote completion's ids and log-probs came from.
-
-    Attributes:
-      server: dialect name.
-      token_ids_source: 'server' (reported by the server), 'pieces' (each returned token
-        text mapped to its unique vocabulary id: exact), 'retokenized' (the text encoded
-        with the local tokenizer: possibly not the sampled ids) or 'none' (no tokenizer).
-      logprobs_source: 'server' (the sampled tokens' log-probs, aligned with the ids) or
-        'none' (unavailable: ``logprobs`` holds NaN).
-      logprobs_mode: 'raw' / 'processed' as the server computed them, None if unavailable.
-      stop_token_included: a stop token that ended the completion is the last id (False
-        on llama.cpp, which never returns it).
-      prompt_tokens_match: the server saw the prompt as our token ids (True), saw a
-        different count of tokens (False), or we cannot tell (None).
-      seed: the seed sent with the request.
-    """
-
-    server: str
-    token_ids_source: Literal["server", "pieces", "retokenized", "none"]
-    logprobs_source: Literal["server", "none"]
-    logprobs_mode: str | None
-    stop_token_included: bool
-    prompt_tokens_match: bool | None
-    seed: int | None
-
-    @property
-    def exact(self) -> bool:
-        """Ids are the sampled ids and log-probs are theirs: usable for training."""
-        return (
-            self.token_ids_source in ("server", "pieces")
-            and self.logprobs_source == "server"
-            and self.prompt_tokens_match is not False
-        )
-
-
-# ------------------------------------------------------------------ protocol (pure)
-def normalize_base_url(base_url: str) -> str:
-    """'http://host:8000', 'http://host:8000/' or 'http://host:8000/v1' -> 'http://host:8000/v1'."""
-    if not isinstance(base_url, str) or not re.match(r"^https?://[^/]+", base_url):
-        raise ValueError(f"base_url must look like http://host:port, got {base_url!r}")
-    url = base_url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
-
-
-def seed_from_key(key: jax.Array) -> int:
-    """A non-negative 31-bit integer seed derived from a JAX PRNG key."""
-    return int(jax.random.randint(key, (), 0, _SEED_MODULUS))
-
-
-def row_seeds(key: jax.Array, count: int) -> list[int]:
-    """``count`` distinct 31-bit seeds from one key: base + i * step modulo a prime.
-
-    Distinct by construction (step is not a multiple of the prime modulus), so no two
-    rows of a call, e.g. the G rollouts of one group, ever share a seed.
-    """
-    base = seed_from_key(key)
-    return [(base + i * _SEED_STEP) % _SEED_MODULUS for i in range(count)]
-
-
-def logprobs_equivalent(params: SamplingParams) -> bool:
-    """Processed log-probs equal raw ones: temperature 1, no top-k/top-p, no minimum length."""
-    return (
-        params.temperature == 1.0
-        and params.top_k == 0
-        and params.top_p == 1.0
-        and params.min_new_tokens == 0
-    )
-
-
-def check_sampling_params(
-    params: SamplingParams,
-    dialect: ServerDialect,
-    server_logprobs_mode: str,
-    eos_token_ids: Sequence[int] | None,
-) -> None:
-    """Raises ``UnsupportedParameterError`` for what ``dialect`` cannot honour.
-
-    Args:
-      params: the request's sampling settings.
-      dialect: the server's dialect.
-      server_logprobs_mode: the log-prob mode of a server that fixes it ('raw' /
-        'processed'); ignored by dialects with per-request modes.
-      eos_token_ids: the local tokenizer's EOS ids (None: unknown).
-    """
-    name = dialect.name
-    if params.top_k > 0 and not dialect.top_k:
-        raise UnsupportedParameterError(f"the {name} server has no top_k (asked top_k={params.top_k})")
-    if params.min_new_tokens > 0 and not dialect.min_tokens:
-        raise UnsupportedParameterError(
-            f"the {name} server has no min_tokens (asked min_new_tokens={params.min_new_tokens})"
-        )
-    if params.stop_token_ids is not None and not dialect.stop_token_ids:
-        same_as_eos = eos_token_ids is not None and set(params.stop_token_ids) == set(eos_token_ids)
-        if not same_as_eos:
-            raise UnsupportedParameterError(
-                f"the {name} server cannot stop on token ids {params.stop_token_ids}: it stops "
-                "on the model's end-of-generation tokens only (use stop_token_ids=None)"
-            )
-    if not dialect.logprobs_per_request and params.logprobs_mode != server_logprobs_mode:
-        if not (params.logprobs_mode == "processed" and logprobs_equivalent(params)):
-            raise UnsupportedParameterError(
-                f"logprobs_mode={params.logprobs_mode!r} but the {name} server reports "
-                f"{server_logprobs_mode!r} log-probs (vLLM: --logprobs-mode; declare it with "
-                "OpenAIEngine(server_logprobs_mode=...)); processed and raw coincide only at "
-                "temperature 1 without top-k/top-p/min_new_tokens"
-            )
-
-
-def _sampling_fields(params: SamplingParams, seed: int | None, dialect: ServerDialect) -> dict:
-    body: dict[str, Any] = dict(dialect.neutral)
-    body.update(
-        max_tokens=params.max_new_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        n=1,
-    )
-    if seed is not None:
-        body["seed"] = int(seed)
-    if dialect.top_k:
-        body["top_k"] = params.top_k
-    if dialect.min_tokens:
-        body["min_tokens"] = params.min_new_tokens
-    if dialect.stop_token_ids and params.stop_token_ids is not None:
-        # exactly these ids stop generation (the model's own EOS only if listed)
-        body["stop_token_ids"] = list(params.stop_token_ids)
-        body["ignore_eos"] = True
-    if dialect.logprobs_per_request:
-        body["logprobs_mode"] = params.logprobs_mode
-    if dialect.skip_special_tokens:
-        body["skip_special_tokens"] = params.skip_special_tokens
-    if dialect.vllm_fields:
-        body["return_tokens_as_token_ids"] = True
-        body["return_token_ids"] = True
-    return body
-
-
-def build_completion_request(
-    prompt: Prompt,
-    params: SamplingParams,
-    model: str,
-    seed: int | None,
-    dialect: ServerDialect,
-) -> dict:
-    """JSON body of a POST /v1/completions for one completion row of one prompt.
-
-    ``prompt`` is text or token ids; ids are only valid for dialects that accept them.
-    """
-    if isinstance(prompt, str):
-        prompt_field: Any = prompt
-    else:
-        if not dialect.token_id_prompts:
-            raise UnsupportedParameterError(f"the {dialect.name} server takes text prompts only")
-        prompt_field = [int(t) for t in prompt]
-    body = {"model": model, "prompt": prompt_field, "logprobs": 1, "echo": False}
-    body.update(_sampling_fields(params, seed, dialect))
-    return body
-
-
-def build_chat_request(
-    messages: Sequence[Message],
-    params: SamplingParams,
-    model: str,
-    seed: int | None,
-    dialect: ServerDialect,
-) -> dict:
-    """JSON body of a POST /v1/chat/completions for one completion row of a conversation."""
-    body = {
-        "model": model,
-        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-        "logprobs": True,
-        "top_logprobs": 1,
-    }
-    body.update(_sampling_fields(params, seed, dialect))
-    return body
-
-
-# ---------------------------------------------------------------- token-text mapping
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2 byte-level BPE: the printable character standing for each byte value."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("\xa1"), ord("\xac") + 1))
-        + list(range(ord("\xae"), ord("\xff") + 1))
-    )
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-class TokenPieces:
-    """Maps the per-token texts a server reports back to vocabulary ids.
-
-    llama.cpp prints each generated token as its bytes decoded as UTF-8 with invalid bytes
-    dropped (special tokens as ''). A token whose bytes are valid UTF-8 by themselves prints
-    exactly its text, and byte-level BPE gives every byte string one id, so such a "whole"
-    piece names one id. When the pieces put together equal the completion text, no token
-    ended inside a UTF-8 character (that would drop bytes from the pieces which the text
-    keeps), so every piece is a whole token. The one case this cannot see: bytes that never
-    form valid UTF-8, which the text drops as well.
-
-    Built once from the local tokenizer (byte-level BPE: each token's exact bytes; other
-    tokenizers: their own one-token decode).
-    """
-
-    def __init__(self, tokenizer):
-        specials: set[int] = set()
-        added = getattr(getattr(tokenizer, "backend", None), "get_added_tokens_decoder", None)
-        if added is not None:
-            specials = {int(i) for i, tok in added().items() if getattr(tok, "special", False)}
-        decoder = _byte_decoder()
-        whole: dict[str, int | None] = {}
-        for idx in range(int(tokenizer.vocab_size)):
-            text = None if idx in specials else self._whole_text(tokenizer, idx, decoder)
-            if text:
-                whole[text] = None if text in whole else idx  # None: two ids print alike
-        self._whole = whole
-
-    @staticmethod
-    def _whole_text(tokenizer, idx: int, decoder: dict[str, int]) -> str | None:
-        """The token's text when its bytes are valid UTF-8 by themselves, else None."""
-        token = tokenizer.id_to_token(idx)
-        if token is None:
-            return None
-        if all(c in decoder for c in token):
-            try:
-                return bytes(decoder[c] for c in token).decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-        text = tokenizer.decode([idx], skip_special_tokens=False)
-        return None if "\ufffd" in text else text
-
-    def id_for(self, piece: str) -> int | None:
-        """The id of a whole token printed as ``piece`` (None: none or ambiguous)."""
-        return self._whole.get(piece)
-
-    def ids_for_pieces(self, pieces: Sequence[str], text: str) -> list[int] | None:
-        """Ids of a completion's token texts, or None when they cannot be named exactly."""
-        if "".join(pieces) != text:
-            return None
-        ids = [self.id_for(piece) for piece in pieces]
-        return None if any(i is None for i in ids) else ids  # type: ignore[return-value]
-
-
-def _finish_reason(value: Any, where: str) -> str:
-    if value in ("stop", "length"):
-        return value
-    raise OpenAIEngineError(f"{where}: unexpected finish_reason {value!r}")
-
-
-def _single_choice(answer: Any, where: str) -> dict:
-    if not isinstance(answer, dict):
-        raise OpenAIEngineError(f"{where}: answer is not a JSON object")
-    if "error" in answer and "choices" not in answer:
-        raise OpenAIEngineError(f"{where}: server error: {answer['error']}")
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-        got = len(choices) if isinstance(choices, list) else type(choices).__name__
-        raise OpenAIEngineError(f"{where}: expected 1 choice, got {got}")
-    return choices[0]
-
-
-def _as_logprob(value: Any, where: str) -> float:
-    if value is None:
-        return float("nan")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise OpenAIEngineError(f"{where}: log-prob {value!r} is not a number") from None
-
-
-def _token_id(token: Any) -> int | None:
-    if isinstance(token, str):
-        m = _TOKEN_ID_RE.match(token)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def _recover_ids(
-    choice: dict,
-    tokens: Sequence[Any],
-    logprobs: Sequence[float],
-    text: str,
-    tokenizer,
-    pieces: TokenPieces | None,
-    completion_tokens: int | None,
-    where: str,
-) -> tuple[tuple[int, ...], tuple[float, ...], str, str]:
-    """(ids, logprobs, token_ids_source, logprobs_source) for one choice."""
-    server_ids = choice.get("token_ids")
-    if server_ids is None and tokens:
-        parsed = [_token_id(t) for t in tokens]
-        if all(i is not None for i in parsed):
-            server_ids = parsed
-    if server_ids is not None:
-        try:
-            ids = tuple(int(i) for i in server_ids)
-        except (TypeError, ValueError):
-            raise OpenAIEngineError(f"{where}: malformed token_ids") from None
-        if logprobs and len(logprobs) != len(ids):
-            raise OpenAIEngineError(f"{where}: {len(ids)} token ids but {len(logprobs)} log-probs")
-        if logprobs:
-            return ids, tuple(logprobs), "server", "server"
-        return ids, tuple(float("nan") for _ in ids), "server", "none"
-    if tokens and len(tokens) != len(logprobs):
-        raise OpenAIEngineError(f"{where}: {len(tokens)} tokens but {len(logprobs)} log-probs")
-    complete = completion_tokens is None or completion_tokens == len(tokens)
-    if tokens and complete and pieces is not None and all(isinstance(t, str) for t in tokens):
-        ids = pieces.ids_for_pieces(tokens, text)
-        if ids is not None:
-            return tuple(ids), tuple(logprobs), "pieces", "server"
-    if tokenizer is None:
-        return (), (), "none", "none"
-    ids = tuple(int(i) for i in tokenizer.encode(text)) if text else ()
-    return ids, tuple(float("nan") for _ in ids), "retokenized", "none"
-
-
-def parse_completion_choice(
-    answer: Any,
-    *,
-    chat: bool,
-    dialect: ServerDialect,
-    logprobs_mode: str | None,
-    prompt_ids: Sequence[int] | None,
-    sent_token_ids: bool,
-    tokenizer=None,
-    pieces: TokenPieces | None = None,
-    seed: int | None = None,
-) -> Completion:
-    """The completion in a one-choice answer of /v1/completions (``chat=False``) or
-    /v1/chat/completions (``chat=True``).
-
-    Args:
-      answer: decoded JSON body.
-      dialect: the server's dialect.
-      logprobs_mode: the mode the server computed log-probs in.
-      prompt_ids: our token ids of the prompt (None: unknown locally).
-      sent_token_ids: the prompt went out as token ids (so the server saw exactly them).
-      tokenizer, pieces: local tokenizer and its ``TokenPieces`` to recover ids.
-      seed: the request's seed (recorded in the metadata).
-    Raises:
-      OpenAIEngineError: not one choice, malformed fields, unknown finish reason.
-    """
-    where = "chat/completions" if chat else "completions"
-    choice = _single_choice(answer, where)
-    lp = choice.get("logprobs") or {}
-    if not isinstance(lp, dict):
-        raise OpenAIEngineError(f"{where}: logprobs is not an object")
-    if chat:
-        content = lp.get("content") or []
-        if not all(isinstance(c, dict) for c in content):
-            raise OpenAIEngineError(f"{where}: malformed logprobs.content")
-        tokens = [c.get("token") for c in content]
-        raw_lps = [c.get("logprob") for c in content]
-        text = str((choice.get("message") or {}).get("content") or "")
-    else:
-        tokens = list(lp.get("tokens") or [])
-        raw_lps = list(lp.get("token_logprobs") or [])
-        text = str(choice.get("text") or "")
-    logprobs = [_as_logprob(x, where) for x in raw_lps]
-    usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
-    completion_tokens = usage.get("completion_tokens")
-    ids, lps, ids_source, lp_source = _recover_ids(
-        choice, tokens, logprobs, text, tokenizer, pieces,
-        int(completion_tokens) if isinstance(completion_tokens, int) else None, where,
-    )
-    if lp_source == "server" and any(math.isnan(x) for x in lps):
-        lp_source = "none"
-    server_prompt = choice.get("prompt_token_ids") or answer.get("prompt_token_ids")
-    if prompt_ids is not None:
-        pids = tuple(int(t) for t in prompt_ids)
-        if sent_token_ids:
-            match: bool | None = True
-        elif server_prompt is not None:
-            match = tuple(int(t) for t in server_prompt) == pids
-        elif isinstance(usage.get("prompt_tokens"), int):
-            match = usage["prompt_tokens"] == len(pids)
-        else:
-            match = None
-    else:
-        pids = tuple(int(t) for t in (server_prompt or ()))
-        match = None
-    finish = _finish_reason(choice.get("finish_reason"), where)
-    metadata = RemoteMetadata(
-        server=dialect.name,
-        token_ids_source=ids_source,
-        logprobs_source=lp_source,
-        logprobs_mode=logprobs_mode if lp_source == "server" else None,
-        stop_token_included=dialect.stop_token_in_output and finish == "stop" and bool(ids),
-        prompt_tokens_match=match,
-        seed=seed,
-    )
-    return Completion(pids, ids, text, lps, finish, metadata)
-
-
-def parse_prompt_logprobs(answer: Any, prompt_ids: Sequence[int]) -> list[float]:
-    """Log-probs of prompt tokens 1.. from a vLLM answer with ``prompt_logprobs``
-    (entries keyed by token id, the first one None): len(prompt_ids) - 1 floats."""
-    choice = _single_choice(answer, "completions")
-    entries = choice.get("prompt_logprobs") or answer.get("prompt_logprobs")
-    if not isinstance(entries, list) or len(entries) != len(prompt_ids):
-        raise OpenAIEngineError("completions: prompt_logprobs missing or of the wrong length")
-    out = []
-    for token, entry in zip(list(prompt_ids)[1:], entries[1:]):
-        if not isinstance(entry, dict):
-            raise OpenAIEngineError("completions: malformed prompt_logprobs entry")
-        value = entry.get(str(int(token)), entry.get(f"token_id:{int(token)}"))
-        if isinstance(value, dict):
-            value = value.get("logprob")
-        if value is None:
-            raise OpenAIEngineError(f"completions: no prompt log-prob for token {token}")
-        out.append(float(value))
-    return out
-
-
-# ---------------------------------------------------------------------------- transport
-def urllib_transport(
-    method: str, url: str, body: bytes | None, headers: dict, timeout_s: float
-) -> tuple[int, bytes]:
-    """Sends one HTTP request with the standard library; returns (status, body).
-
-    HTTP error statuses are returned, not raised; network failures raise OSError
-    (``urllib.error.URLError`` for connection failures, ``TimeoutError`` for a read
-    timeout) or ``http.client.HTTPException``.
-    """
-    request = urllib.request.Request(url, data=body, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read() or b""
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-        err = data.get("error", data.get("detail", data)) if isinstance(data, dict) else data
-        if isinstance(err, dict):
-            return str(err.get("message") or err)
-        return str(err)
-    except (ValueError, UnicodeDecodeError):
-        return body[:500].decode("utf-8", "replace")
-
-
-def _is_validation_500(message: str) -> bool:
-    """llama-cpp-python answers request-validation failures as HTTP 500."""
-    return "validation error" in message.lower()
-
-
-# ------------------------------------------------------------------------------ engine
 class OpenAIEngine:
     """Generates with an OpenAI-compatible server (vLLM, llama.cpp, jax-drive serve, ...).
 
@@ -670,8 +122,7 @@ class OpenAIEngine:
     ):
         if not model or not isinstance(model, str):
             raise ValueError("model must be a non-empty string (served model or LoRA name)")
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
-            raise ValueError("timeout_s must be > 0, max_retries and backoff_s >= 0")
+        RetryPolicy(timeout_s, max_retries, backoff_s)  # validates them
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         if server != "auto" and server not in DIALECTS:
@@ -704,52 +155,19 @@ class OpenAIEngine:
 
     def request(self, method: str, path: str, payload: dict | None = None,
                 expect_json: bool = True, root: bool = False) -> Any:
-        """Sends one JSON request with retries; returns the decoded JSON answer (the text
-        of a 2xx answer when ``expect_json`` is False: vLLM's LoRA endpoints answer text).
-        ``path`` is under ``/v1``, or under the server root with ``root=True``.
+        """Sends one JSON request with retries (``remote.transport.send``); returns the decoded
+        JSON answer (the text of a 2xx answer when ``expect_json`` is False: vLLM's LoRA
+        endpoints answer text). ``path`` is under ``/v1``, or under the server root with
+        ``root=True``.
 
         Raises:
           OpenAIEngineError: a non-retryable status (with the server's message), a read
             timeout, retries exhausted, or a non-JSON body.
         """
         base = self.base_url[: -len("/v1")] if root else self.base_url
-        url = f"{base}/{path.lstrip('/')}"
-        body = None if payload is None else json.dumps(payload).encode("utf-8")
-        last = ""
-        status: int | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                status, raw = self.transport(method, url, body, self._headers(), self.timeout_s)
-            except (urllib.error.URLError, ConnectionError, http.client.HTTPException) as error:
-                status, last = None, f"{type(error).__name__}: {error}"  # connection: retry
-                continue
-            except TimeoutError as error:
-                raise OpenAIEngineError(
-                    f"{method} {url}: no answer within {self.timeout_s:g} s ({error}); not "
-                    "retried, the server may still be working on it: raise timeout_s"
-                ) from None
-            if 200 <= status < 300:
-                if not expect_json:
-                    return raw.decode("utf-8", "replace")
-                try:
-                    return json.loads(raw) if raw else {}
-                except ValueError:
-                    raise OpenAIEngineError(
-                        f"{method} {url}: answer is not JSON: {raw[:200]!r}", status
-                    ) from None
-            message = _error_message(raw)
-            last = f"HTTP {status}: {message}"
-            if status not in RETRY_STATUSES:
-                if status in (400, 422) or (status == 500 and _is_validation_500(message)):
-                    raise OpenAIEngineError(
-                        f"{method} {url}: the server rejected the request as invalid ({last})", status
-                    )
-                raise OpenAIEngineError(f"{method} {url} failed: {last}", status)
-        raise OpenAIEngineError(
-            f"{method} {url} failed after {self.max_retries + 1} attempts: {last}", status
-        )
+        policy = RetryPolicy(self.timeout_s, self.max_retries, self.backoff_s)
+        return send(self.transport, method, f"{base}/{path.lstrip('/')}", payload, self._headers(), policy,
+                    expect_json)
 
     # ------------------------------------------------------------ capabilities
     def _fetch_models(self) -> Any:
@@ -860,8 +278,7 @@ class OpenAIEngine:
         prompts = [[int(t) for t in p] for p in validate_prompts(prompts)]
 
         def run(prompt):
-            body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-                    "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
+            body = build_prompt_logprobs_request(prompt, self.model)
             return parse_prompt_logprobs(self.request("POST", "completions", body), prompt)
 
         return self._map(run, prompts)

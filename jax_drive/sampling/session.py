@@ -22,27 +22,17 @@ Memory: a group holds B x S cache slots per layer (2 x Nk x D values each; SmolL
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jax_drive.models.transformer import LayerCache, forward_hidden
-from jax_drive.sampling.sampler import (
-    Request,
-    SamplerConfig,
-    SamplerOutput,
-    bucket_size,
-    check_token_ids,
-    decode,
-    generation_slots,
-    new_decode_state,
-    next_power_of_two,
-    right_pad,
-    row_keys,
-)
+from jax_drive.models.transformer import LayerCache
+from jax_drive.sampling.cache import continue_state
+from jax_drive.sampling.decode import decode
+from jax_drive.sampling.outputs import SamplerOutput
+from jax_drive.sampling.plan import plan_continuation
+from jax_drive.sampling.request import Request, check_token_ids, row_keys
 
 
 @dataclasses.dataclass
@@ -56,20 +46,6 @@ class SessionGroup:
     rows: list[int]
     cache: LayerCache
     slot: np.ndarray
-
-
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("slots",))
-def _continue_rows(config, weights: dict, cache: LayerCache, take, chunk, chunk_len, index,
-                   position, *, slots: int) -> LayerCache:
-    """Rows ``take`` (B,) of ``cache`` resized to ``slots`` slots, with ``chunk`` (B, A)
-    (right-padded, ``chunk_len`` (B,) real tokens, the first at RoPE ``position`` (B,)) written
-    at each row's slot ``index`` (B,)."""
-    cache = cache.select_rows(take).resize(slots)
-    if chunk.shape[1]:
-        offsets = jnp.arange(chunk.shape[1])
-        _, cache = forward_hidden(weights, config, chunk, position[:, None] + offsets,
-                                  offsets < chunk_len[:, None], cache, index)
-    return cache
 
 
 class Session:
@@ -165,50 +141,20 @@ class Session:
 
     def _extend_group(self, group: SessionGroup, new_rows: dict, request: Request, weights, key):
         engine = self._engine
-        config: SamplerConfig = engine.sampler_config
         keep = [i for i, r in enumerate(group.rows) if r in new_rows]
         rows = [group.rows[i] for i in keep]
-        batch = config.batch_size(len(rows))
-        extras = [new_rows[r] for r in rows]
-        # cache [pending] + extra[:-1] from the pending token's slot on; extra[-1] is pending next
-        chunks = [[self.contexts[r][-1]] + extra[:-1] if extra else [] for r, extra in zip(rows, extras)]
-        width = max(len(c) for c in chunks)
-        width = bucket_size(width, None, config.min_prompt_bucket, "appended tokens") if width else 0
-        chunk, chunk_len = right_pad(chunks, width, batch, request.pad_id)
-        slot = np.zeros((batch,), np.int64)
-        slot[:len(rows)] = group.slot[keep]
-        position = np.zeros((batch,), np.int64)
-        position[:len(rows)] = [len(self.contexts[r]) - 1 + self._position_shift[r] for r in rows]
-        for r, extra in zip(rows, extras):
-            self.contexts[r] = self.contexts[r] + extra
-        start = slot + chunk_len
-        needed = max(int((slot + width).max()), generation_slots(int(start.max()), request))
-        slots = bucket_size(needed, None, 16, "cache slots")
-        take = np.zeros((batch,), np.int32)
-        take[:len(rows)] = keep
-        cache = _continue_rows(engine.model.config, weights, group.cache, jnp.asarray(take),
-                               jnp.asarray(chunk), jnp.asarray(chunk_len), jnp.asarray(slot, jnp.int32),
-                               jnp.asarray(position, jnp.int32), slots=slots)
-        pending = np.full((batch,), request.pad_id, np.int32)
-        pending[:len(rows)] = [self.contexts[r][-1] for r in rows]
-        history = history_len = None
-        nbucket = bucket_size(request.max_new_tokens, config.gen_buckets, config.min_gen_bucket,
-                              "max_new_tokens")
-        k = request.draft_len
-        if k:
-            longest = max(len(self.contexts[r]) for r in rows)
-            history, history_len = (jnp.asarray(x) for x in right_pad(
-                [self.contexts[r] for r in rows], next_power_of_two(longest) + nbucket + k + 1, batch,
-                request.pad_id))
-        loop = new_decode_state(cache, jnp.asarray(pending), jnp.asarray(position + chunk_len, jnp.int32),
-                                jnp.asarray(start, jnp.int32), jnp.asarray(np.arange(batch) < len(rows)),
-                                key, nbucket + (k + 1 if k else 0), history, history_len)
-        out = decode(engine.model, weights, loop, request, config)
+        plan = plan_continuation([self.contexts[r] for r in rows], [new_rows[r] for r in rows], keep,
+                                 group.slot[keep], [self._position_shift[r] for r in rows], request,
+                                 engine.sampler_config)
+        for r in rows:
+            self.contexts[r] = self.contexts[r] + new_rows[r]
+        loop = continue_state(engine.model.config, weights, group.cache, plan, key)
+        out = decode(engine.model, weights, loop, request, engine.sampler_config)
         output = SamplerOutput.from_state(out, len(rows), request)
         completions = []
         for i, r in enumerate(rows):
             completions.append((r, engine.completion(self.contexts[r], output, i, request)))
             ids, _ = output.row(i)
             self.contexts[r] = self.contexts[r] + ids
-        group = SessionGroup(rows=rows, cache=out.cache, slot=start[:len(rows)] + output.lengths)
+        group = SessionGroup(rows=rows, cache=out.cache, slot=plan.start[:len(rows)] + output.lengths)
         return completions, group, output.steps

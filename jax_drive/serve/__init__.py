@@ -2,21 +2,30 @@
 
 Public API:
   PolicyRegistry       base model + named LoRA adapters (hot-swappable)
-  RequestBatcher, BatcherConfig, GenerationJob   concurrent requests -> one engine call
-  PolicyServer, ServeConfig, create_app, run      the HTTP layer (FastAPI + uvicorn)
+  RequestBatcher, BatcherConfig, GenerationJob, QueueFull   concurrent requests -> one engine call
+  PolicyServer, ServeConfig                      request -> rows -> answer (no HTTP)
+  ServeLimits                                    per-request limits (body, rows, tokens, time)
+  create_app, bind_socket, run                   the HTTP layer (FastAPI + uvicorn)
+Imported lazily, so the limits, errors and security modules (standard library only) load
+without the model stack (the `jax-drive serve` parser reads its defaults from them).
 """
 
-from jax_drive.serve.app import PolicyServer, ServeConfig, create_app, run
-from jax_drive.serve.batcher import BatcherConfig, GenerationJob, RequestBatcher
-from jax_drive.serve.policies import PolicyRegistry
+_LAZY = {
+    "create_app": "app", "bind_socket": "app", "run": "app",
+    "BatcherConfig": "batcher", "GenerationJob": "batcher", "QueueFull": "batcher",
+    "RequestBatcher": "batcher",
+    "ServeLimits": "limits",
+    "PolicyRegistry": "policies",
+    "PolicyServer": "server", "ServeConfig": "server",
+}
 
-__all__ = [
-    "BatcherConfig",
-    "GenerationJob",
-    "PolicyRegistry",
-    "PolicyServer",
-    "RequestBatcher",
-    "ServeConfig",
-    "create_app",
-    "run",
-]
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"jax_drive.serve.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'jax_drive.serve' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

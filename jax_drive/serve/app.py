@@ -1,4 +1,4 @@
-"""``jax-drive serve``: an OpenAI-compatible HTTP server over our Flax policy.
+"""``jax-drive serve``: the HTTP layer (FastAPI + uvicorn) over a ``PolicyServer``.
 
 Endpoints (vLLM's paths and bodies):
   GET  /v1/models                  base model + loaded LoRA adapters (``owned_by: jax-drive``)
@@ -6,261 +6,264 @@ Endpoints (vLLM's paths and bodies):
                                    strings, stop_token_ids / ignore_eos, min_tokens, top_k,
                                    logprobs (0/1), logprobs_mode ('raw' | 'processed')
   POST /v1/chat/completions        chat template of the served tokenizer, same settings
-  POST /v1/load_lora_adapter       {lora_name, lora_path, load_inplace} (PEFT directory)
-  POST /v1/unload_lora_adapter     {lora_name}
-  POST /update_weights_from_disk   {model_path}: reload the base weights from an HF directory
-                                   (SGLang's endpoint; for full fine-tuning trainers)
-  GET  /health                     200 when up, with the batcher's counts (engine calls, rows)
-                                   and where the base weights were last reloaded from
+  POST /v1/load_lora_adapter       {lora_name, lora_path, load_inplace} (PEFT directory)   admin
+  POST /v1/unload_lora_adapter     {lora_name}                                             admin
+  POST /update_weights_from_disk   {model_path}: reload the base weights from an HF        admin
+                                   directory (SGLang's endpoint; for full fine-tuning)
+  GET  /health                     200 when up; with the key (or on a server without one)
+                                   also the batcher's counts and the weights' directory
 
-Every answer choice carries ``token_ids`` (and completions ``prompt_token_ids``), as vLLM's
-``return_token_ids`` does. Concurrent requests are batched into one sampler call
-(``RequestBatcher``). Errors use OpenAI's layout: 400 for requests the server cannot honour
-(validation included), 404 for unknown models / adapters, 500 for internal failures.
+With an API key every path but ``/health`` needs ``Authorization: Bearer KEY`` (401
+otherwise); the admin endpoints need a key to exist at all (403 on a server without one)
+and load only from the allowed directories (``PolicyServer``).
+
+Every request is bounded (``ServeLimits``): the body is read up to ``max_body_bytes`` (413),
+and the whole request (body, parsing, queue, generation) must end within
+``request_timeout_s`` (408; its job is cancelled). A client that disconnects while its
+request waits cancels the job too. Answers use OpenAI's error layout: 400 for requests the
+server cannot honour, 401 / 403 / 404 / 408 / 413 / 429 as named above, 500 for internal
+failures with a generic message (the exception is logged, never sent).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
+import json
+import logging
+import socket
 import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
 
-from jax_drive.sampling import Completion, SamplingParams
-from jax_drive.serve.batcher import BatcherConfig, GenerationJob, RequestBatcher
-from jax_drive.serve.policies import PolicyRegistry
-from jax_drive.serve.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    InvalidRequest,
-    LoadLoRARequest,
-    UnloadLoRARequest,
-    UpdateWeightsRequest,
-    answer,
-    chat_choice,
-    completion_choice,
-    error_body,
-    token_strings,
-    truncate_at_stop,
-)
+from jax_drive.serve.limits import ServeLimits, timeout_error
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+
+from jax_drive.serve.errors import TOO_MANY_REQUESTS, InvalidRequest, error_body
+from jax_drive.serve.protocol import validation_message
+from jax_drive.serve.security import PUBLIC_PATHS, bearer_matches
+from jax_drive.serve.server import PolicyServer
+
+log = logging.getLogger("jax_drive.serve")
+
+CLIENT_CLOSED = 499  # nginx's status for "the client went away" (recorded, never received)
+RETRY_AFTER_S = "1"
 
 
-@dataclasses.dataclass(frozen=True)
-class ServeConfig:
-    """Server settings.
+class GuardMiddleware:
+    """ASGI middleware: the API key check (all paths but ``PUBLIC_PATHS``) and a count of
+    answers by status (``PolicyServer.status_counts``)."""
 
-    Attributes:
-      batcher: request batching (rows per engine call, max wait).
-      default_max_tokens: ``max_tokens`` of a request that gives none (16, as OpenAI).
-      seed: seeds the keys of requests without a seed.
+    def __init__(self, app, api_key: str | None, status_counts: Counter):
+        self.app = app
+        self.api_key = api_key
+        self.status_counts = status_counts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.status_counts[int(message["status"])] += 1
+            await send(message)
+
+        if self.api_key is not None and scope["path"] not in PUBLIC_PATHS:
+            headers = dict(scope.get("headers") or ())
+            header = headers.get(b"authorization", b"").decode("latin-1")
+            if not bearer_matches(header, self.api_key):
+                return await _send_json(counting_send, 401, error_body(
+                    "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                    "invalid_request_error", code="invalid_api_key"),
+                    [(b"www-authenticate", b"Bearer")])
+        return await self.app(scope, receive, counting_send)
+
+
+async def _send_json(send, status: int, body: dict, headers: list | None = None) -> None:
+    payload = json.dumps(body).encode("utf-8")
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())] + (headers or [])})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer."""
+
+
+async def read_body(request: Request, limits: ServeLimits) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed the limit (from
+    Content-Length before reading, or while reading a chunked body).
+
+    Raises:
+      InvalidRequest: 413, or 400 for a malformed Content-Length.
+      ClientGone: the client disconnected mid-body.
     """
-
-    batcher: BatcherConfig = BatcherConfig()
-    default_max_tokens: int = 16
-    seed: int = 0
-
-
-class PolicyServer:
-    """The server's state: policies, the batcher, request -> jobs -> answers.
-
-    Args:
-      registry: the served base model and adapters.
-      config: ServeConfig.
-    """
-
-    def __init__(self, registry: PolicyRegistry, config: ServeConfig = ServeConfig()):
-        self.registry = registry
-        self.config = config
-        self.tokenizer = registry.tokenizer
-        self.batcher = RequestBatcher(registry.engine, config.batcher, config.seed)
-
-    # ------------------------------------------------------------------ helpers
-    def _eos_ids(self) -> tuple[int, ...]:
-        return tuple(int(i) for i in getattr(self.tokenizer, "eos_token_ids", ()) or ())
-
-    def _encode(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            ids = list(self.tokenizer.encode(prompt))
-            if not ids:
-                raise InvalidRequest("a prompt encodes to no tokens", "prompt")
-            return ids
-        vocab = int(self.registry.model.config.vocab_size)
-        if any(not (0 <= int(t) < vocab) for t in prompt):
-            raise InvalidRequest(f"prompt token ids must lie in [0, {vocab})", "prompt")
-        return [int(t) for t in prompt]
-
-    def _check_length(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        limit = self.registry.max_model_len
-        longest = max(len(p) for p in prompts)
-        if longest + params.max_new_tokens > limit:
-            raise InvalidRequest(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{longest + params.max_new_tokens} tokens ({longest} in the prompt, "
-                f"{params.max_new_tokens} for the completion).", "max_tokens")
-
-    def _decode(self, ids, skip_special_tokens: bool) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def _decode_one(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    async def _generate(self, model: str, prompts: list[list[int]], params: SamplingParams,
-                        n: int, seed: int | None) -> list[Completion]:
-        self.registry.engine(model)  # 404 before queueing
-        rows = [p for p in prompts for _ in range(n)]
-        job = GenerationJob(model, rows, params, seed)
-        future = self.batcher.submit(job)
+    declared = request.headers.get("content-length")
+    if declared is not None:
         try:
-            return await asyncio.wrap_future(future)
-        except InvalidRequest:
-            raise
-        except ValueError as error:  # bad values the checks above did not catch
-            raise InvalidRequest(str(error)) from None
+            size = int(declared)
+        except ValueError:
+            raise InvalidRequest("malformed Content-Length header") from None
+        limits.check_body(size)
+    chunks, total = [], 0
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            limits.check_body(total)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None
+    return b"".join(chunks)
 
-    def _finish(self, completion: Completion, stops: list[str], skip: bool):
-        if not stops:
-            return completion.token_ids, completion.logprobs, completion.text, completion.finish_reason
-        return truncate_at_stop(completion, stops, lambda ids: self._decode(ids, skip))
 
-    # ---------------------------------------------------------------- endpoints
-    def models(self) -> dict:
-        created = int(time.time())
-        base = self.registry.base_name
-        data = [{"id": base, "object": "model", "created": created, "owned_by": "jax-drive",
-                 "root": base, "parent": None, "max_model_len": self.registry.max_model_len}]
-        for name, path in self.registry.adapters().items():
-            data.append({"id": name, "object": "model", "created": created,
-                         "owned_by": "jax-drive", "root": path, "parent": base,
-                         "max_model_len": self.registry.max_model_len})
-        return {"object": "list", "data": data}
+async def until_disconnect(receive) -> None:
+    """Returns when the client disconnects (call only after the body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
-    async def completions(self, request: CompletionRequest) -> dict:
-        params = request.sampling_params(self.config.default_max_tokens, self._eos_ids())
-        stops = request.stop_strings()
-        prompts = [self._encode(p) for p in request.prompt_list()]
-        self._check_length(prompts, params)
-        completions = await self._generate(request.model, prompts, params, request.n, request.seed)
-        choices, generated = [], 0
-        for i, c in enumerate(completions):
-            ids, lps, text, finish = self._finish(c, stops, params.skip_special_tokens)
-            tokens = None
-            if request.logprobs is not None:
-                tokens = token_strings(ids, self._decode_one, request.return_tokens_as_token_ids)
-            choices.append(completion_choice(i, ids, lps, text, finish, c.prompt_token_ids, tokens))
-            generated += len(ids)
-        return answer("text_completion", request.model, choices,
-                      sum(len(p) for p in prompts) * request.n, generated)
 
-    async def chat(self, request: ChatCompletionRequest) -> dict:
-        params = request.sampling_params(self.config.default_max_tokens, self._eos_ids())
-        stops = request.stop_strings()
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        prompt = self._encode(text)
-        self._check_length([prompt], params)
-        completions = await self._generate(request.model, [prompt], params, request.n, request.seed)
-        choices, generated = [], 0
-        for i, c in enumerate(completions):
-            ids, lps, content, finish = self._finish(c, stops, params.skip_special_tokens)
-            tokens = None
-            if request.logprobs:
-                tokens = token_strings(ids, self._decode_one, request.return_tokens_as_token_ids)
-            choices.append(chat_choice(i, ids, lps, content, finish, tokens))
-            generated += len(ids)
-        return answer("chat.completion", request.model, choices, len(prompt) * request.n,
-                      generated, prompt_token_ids=prompt)
+async def answer_request(request: Request, limits: ServeLimits, work: Callable[[bytes], Awaitable[dict]]) -> dict:
+    """Reads the body and runs ``work(body)`` within the request's time limit, cancelling it
+    when the client disconnects or the time is up.
 
-    async def load_lora(self, request: LoadLoRARequest) -> dict:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.load_adapter, request.lora_name,
-                                   request.lora_path, request.load_inplace)
-        return {"status": "ok", "message": f"Success: LoRA adapter '{request.lora_name}' added successfully."}
+    Raises:
+      InvalidRequest: from ``read_body`` or ``work``; 408 when time ran out.
+      ClientGone: the client disconnected.
+    """
+    timeout = limits.request_timeout_s
+    deadline = None if timeout is None else time.monotonic() + timeout
 
-    async def unload_lora(self, request: UnloadLoRARequest) -> dict:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.unload_adapter, request.lora_name)
-        return {"status": "ok", "message": f"Success: LoRA adapter '{request.lora_name}' removed successfully."}
+    def remaining() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    async def update_weights(self, request: UpdateWeightsRequest) -> dict:
-        """Reloads the base weights; requests answered after this returns use them (a batch
-        already running finishes on the old ones)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.load_weights, request.model_path)
-        return {"success": True, "message": f"Succeeded to update model weights from {request.model_path}."}
+    try:
+        body = await asyncio.wait_for(read_body(request, limits), remaining())
+    except asyncio.TimeoutError:
+        raise timeout_error(timeout) from None
+    task = asyncio.ensure_future(work(body))
+    watcher = asyncio.ensure_future(until_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, timeout=remaining(), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # cancels the batcher job (PolicyServer.generate)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    if watcher.done() and not watcher.cancelled():
+        raise ClientGone()
+    raise timeout_error(timeout)
 
 
 def create_app(server: PolicyServer):
-    """The FastAPI application over ``server``; the batcher runs while the app is up."""
-    import contextlib
-
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    """The FastAPI application over ``server``; the batcher and parse pool run while the
+    app is up."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        server.batcher.start()
+        server.start()
         try:
             yield
         finally:
-            server.batcher.stop()
+            server.stop()
 
     app = FastAPI(title="jax-drive serve", lifespan=lifespan)
+    app.add_middleware(GuardMiddleware, api_key=server.config.api_key, status_counts=server.status_counts)
+
+    def refusal(error: InvalidRequest) -> JSONResponse:
+        kind = "NotFoundError" if error.status == 404 else "invalid_request_error"
+        headers = {"Retry-After": RETRY_AFTER_S} if error.status == TOO_MANY_REQUESTS else None
+        return JSONResponse(error_body(str(error), kind, error.param, error.code),
+                            status_code=error.status, headers=headers)
+
+    def internal(error: BaseException) -> JSONResponse:
+        incident = uuid.uuid4().hex[:12]
+        log.error("internal error %s", incident, exc_info=error)
+        return JSONResponse(error_body(f"internal server error (incident {incident}; the server "
+                                       "log has the details)", "internal_server_error"), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, error: RequestValidationError):
-        parts = []
-        for e in error.errors():
-            where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-            parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
-        return JSONResponse(error_body("; ".join(parts) or "invalid request"), status_code=400)
+        return refusal(InvalidRequest(validation_message(error.errors())))
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(request: Request, error: InvalidRequest):
-        kind = "NotFoundError" if error.status == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(error), kind, error.param, error.code),
-                            status_code=error.status)
+        return refusal(error)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, error: Exception):
-        return JSONResponse(error_body(f"{type(error).__name__}: {error}", "internal_server_error"),
-                            status_code=500)
+        return internal(error)
+
+    async def handle(request: Request, work: Callable[[bytes], Awaitable[dict]]):
+        try:
+            return await answer_request(request, server.limits, work)
+        except InvalidRequest as error:
+            return refusal(error)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        except Exception as error:  # noqa: BLE001 - answered generically, logged in full
+            return internal(error)
 
     @app.get("/health")
-    async def health():
-        sizes = list(server.batcher.batch_sizes)
-        return {"status": "ok", "engine_calls": len(sizes), "rows": int(sum(sizes)),
-                "weights_path": server.registry.weights_path}
+    async def health(request: Request):
+        key = server.config.api_key
+        detailed = key is None or bearer_matches(request.headers.get("authorization"), key)
+        return server.health(detailed)
 
     @app.get("/v1/models")
     async def models():
         return server.models()
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest):
-        return await server.completions(request)
+    async def completions(request: Request):
+        return await handle(request, server.completions)
 
     @app.post("/v1/chat/completions")
-    async def chat(request: ChatCompletionRequest):
-        return await server.chat(request)
+    async def chat(request: Request):
+        return await handle(request, server.chat)
 
     @app.post("/v1/load_lora_adapter")
-    async def load_lora(request: LoadLoRARequest):
-        return await server.load_lora(request)
+    async def load_lora(request: Request):
+        return await handle(request, server.load_lora)
 
     @app.post("/v1/unload_lora_adapter")
-    async def unload_lora(request: UnloadLoRARequest):
-        return await server.unload_lora(request)
+    async def unload_lora(request: Request):
+        return await handle(request, server.unload_lora)
 
     @app.post("/update_weights_from_disk")
-    async def update_weights(request: UpdateWeightsRequest):
-        return await server.update_weights(request)
+    async def update_weights(request: Request):
+        return await handle(request, server.update_weights)
 
     return app
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not listening yet: connections are refused until the
+    server starts). Raises OSError when the address is taken or cannot be bound."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT only
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def run(server: PolicyServer, host: str = "127.0.0.1", port: int = 8000,
-        log_level: str = "warning") -> None:
-    """Serves until interrupted (SIGINT / SIGTERM)."""
+        log_level: str = "warning", sock: socket.socket | None = None) -> None:
+    """Serves until interrupted (SIGINT / SIGTERM) on ``sock`` (from ``bind_socket``) or a
+    socket bound here to host:port."""
     import uvicorn
 
-    uvicorn.run(create_app(server), host=host, port=port, log_level=log_level)
+    sock = sock if sock is not None else bind_socket(host, port)
+    config = uvicorn.Config(create_app(server), host=host, port=port, log_level=log_level)
+    uvicorn.Server(config).run(sockets=[sock])

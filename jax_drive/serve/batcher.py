@@ -7,6 +7,15 @@ and runs one ``engine.generate`` per group, so concurrent RL rollout requests wi
 settings share one jitted sampler call. The worker is the only caller of the engines, so
 nothing else touches the models while they sample.
 
+Back pressure: with ``max_queued_rows`` set, a job that would raise the rows waiting for a
+batch above it is refused at once (``QueueFull``, the server's 429), so a flood of requests
+cannot queue more work than the worker will reach in reasonable time.
+
+Cancellation: each job carries a ``cancelled`` event. ``GenerationJob.cancel()`` (a client
+that went away, a request past its timeout) sets it and cancels the job's future; a job
+cancelled before its batch starts is dropped from the batch. A running engine call is not
+interrupted (the engines decode a call to the end).
+
 Seeds: every row gets its own PRNG key (the engines take one key per row, as
 ``JaxEngine`` does): the rows of a request with seed s use ``request_keys(s, rows)``, those
 of an unseeded request keys drawn from the batcher's generator. A row samples only from its
@@ -16,6 +25,7 @@ own key, so a seeded request gives the same completions alone or batched with an
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import queue
@@ -24,10 +34,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.sampling import Completion, Engine, SamplingParams
+
+
+RECENT_CALLS = 1024  # engine calls whose row counts the batcher keeps (batch_sizes)
 
 
 @dataclasses.dataclass
@@ -40,6 +52,7 @@ class GenerationJob:
       params: sampling settings with n == 1.
       seed: the request's seed or None.
       future: receives the completions (row order) or the exception.
+      cancelled: set when nobody waits for the answer any more (see ``cancel``).
     """
 
     model: str
@@ -47,10 +60,21 @@ class GenerationJob:
     params: SamplingParams
     seed: int | None = None
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     @property
     def rows(self) -> int:
         return len(self.prompts)
+
+    def cancel(self) -> None:
+        """Nobody waits for this job any more: flags it and cancels its future (which drops
+        it from its batch unless the batch is already running)."""
+        self.cancelled.set()
+        self.future.cancel()
+
+
+class QueueFull(RuntimeError):
+    """The batcher's queue holds ``max_queued_rows`` rows already (retry later)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +86,19 @@ class BatcherConfig:
         with more rows runs alone.
       max_wait_s: how long the first request of a batch waits for companions (default
         0.01 s; 0 = take only what is already queued).
+      max_queued_rows: most rows waiting for a batch (the running batch not counted); a job
+        that would exceed it is refused with ``QueueFull``. None = unbounded (default).
     """
 
     max_batch_rows: int = 32
     max_wait_s: float = 0.01
+    max_queued_rows: int | None = None
 
     def __post_init__(self):
-        if self.max_batch_rows < 1 or self.max_wait_s < 0:
-            raise ValueError("max_batch_rows must be >= 1 and max_wait_s >= 0")
+        if self.max_batch_rows < 1 or not 0 <= self.max_wait_s < float("inf"):
+            raise ValueError("max_batch_rows must be >= 1 and max_wait_s a finite number >= 0")
+        if self.max_queued_rows is not None and self.max_queued_rows < 1:
+            raise ValueError("max_queued_rows must be >= 1 or None")
 
 
 def group_jobs(jobs: Sequence[GenerationJob]) -> list[list[GenerationJob]]:
@@ -92,7 +121,11 @@ def batch_keys(jobs: Sequence[GenerationJob], rng: np.random.Generator) -> jax.A
     docstring); unseeded jobs draw a seed from ``rng``."""
     parts = [request_keys(int(rng.integers(0, 2**31 - 1)) if job.seed is None else job.seed, job.rows)
              for job in jobs]
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+    if len(parts) == 1:
+        return parts[0]
+    # joined on the host: a jitted concatenate would compile once per mix of request sizes
+    data = np.concatenate([np.asarray(jax.random.key_data(p)) for p in parts])
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(parts[0]))
 
 
 class RequestBatcher:
@@ -113,7 +146,19 @@ class RequestBatcher:
         self._queue: queue.Queue[GenerationJob | None] = queue.Queue()
         self._carry: GenerationJob | None = None
         self._thread: threading.Thread | None = None
-        self.batch_sizes: list[int] = []  # rows of every engine call, for stats and tests
+        self._queued_rows = 0  # rows submitted and not yet taken into a batch
+        self._count_lock = threading.Lock()
+        # rows of the latest engine calls (bounded: a server runs for weeks), and running totals
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=RECENT_CALLS)
+        self.engine_calls = 0
+        self.rows_generated = 0
+        self.cancelled_rows = 0  # rows of jobs dropped because they were cancelled while queued
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting for a batch (not counting the running one)."""
+        with self._count_lock:
+            return self._queued_rows
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> "RequestBatcher":
@@ -134,16 +179,31 @@ class RequestBatcher:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
+            if job is not None and job.future.set_running_or_notify_cancel():
                 job.future.set_exception(RuntimeError("the server is shutting down"))
 
     def submit(self, job: GenerationJob) -> concurrent.futures.Future:
+        """Queues ``job``; its future gets the completions.
+
+        Raises:
+          QueueFull: ``max_queued_rows`` would be exceeded (nothing is queued).
+        """
         if self._thread is None:
             raise RuntimeError("the batcher is not running")
         if job.rows < 1 or job.params.n != 1:
             raise ValueError("a job needs >= 1 rows and params.n == 1")
+        limit = self.config.max_queued_rows
+        with self._count_lock:
+            if limit is not None and self._queued_rows + job.rows > limit:
+                raise QueueFull(f"{self._queued_rows} rows are waiting already; this request's "
+                                f"{job.rows} would exceed the queue bound of {limit} (--max-queued-rows)")
+            self._queued_rows += job.rows
         self._queue.put(job)
         return job.future
+
+    def _taken(self, jobs: Sequence[GenerationJob]) -> None:
+        with self._count_lock:
+            self._queued_rows -= sum(job.rows for job in jobs)
 
     # ------------------------------------------------------------------- worker
     def _collect(self, first: GenerationJob) -> tuple[list[GenerationJob], bool]:
@@ -166,7 +226,13 @@ class RequestBatcher:
         return jobs, False
 
     def _run_group(self, jobs: list[GenerationJob]) -> None:
-        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        live = []
+        for job in jobs:
+            if job.cancelled.is_set():
+                job.future.cancel()
+            if job.future.set_running_or_notify_cancel():
+                live.append(job)
+        self.cancelled_rows += sum(job.rows for job in jobs) - sum(job.rows for job in live)
         if not live:
             return
         try:
@@ -174,6 +240,8 @@ class RequestBatcher:
             prompts = [row for job in live for row in job.prompts]
             key = batch_keys(live, self._rng)
             self.batch_sizes.append(len(prompts))
+            self.engine_calls += 1
+            self.rows_generated += len(prompts)
             completions: list[Completion] = engine.generate(prompts, live[0].params, key)
             if len(completions) != len(prompts):
                 raise RuntimeError(f"engine returned {len(completions)} completions for {len(prompts)} rows")
@@ -194,5 +262,6 @@ class RequestBatcher:
             if first is None:
                 break
             jobs, stopping = self._collect(first)
+            self._taken(jobs)
             for group in group_jobs(jobs):
                 self._run_group(group)

@@ -51,9 +51,12 @@ def _log_tail(path: str, chars: int = 3000) -> str:
         return "(no log)"
 
 
-def wait_until_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path: str) -> None:
-    """Polls GET url until it answers 200; fails if the process exits or time runs out."""
+def wait_until_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path: str,
+                     api_key: str | None = None) -> None:
+    """Polls GET url (with ``api_key`` as a bearer token when given) until it answers 200;
+    fails if the process exits or time runs out."""
     deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(
@@ -61,7 +64,7 @@ def wait_until_ready(process: subprocess.Popen, url: str, timeout_s: float, log_
                 f"{_log_tail(log_path)}"
             )
         try:
-            with urllib.request.urlopen(url, timeout=2.0) as answer:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2.0) as answer:
                 if answer.status == 200:
                     json.loads(answer.read())
                     return
@@ -88,9 +91,10 @@ def stop_process_group(process: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def server_process(
     command: Sequence[str], port: int, model: str, name: str,
-    timeout_s: float = STARTUP_TIMEOUT_S, env: dict | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S, env: dict | None = None, api_key: str | None = None,
 ) -> Iterator[RunningServer]:
-    """Runs ``command`` (which must serve http://127.0.0.1:port/v1/models) while in the block."""
+    """Runs ``command`` (which must serve http://127.0.0.1:port/v1/models, with ``api_key``
+    when given) while in the block."""
     log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
     process = subprocess.Popen(
         list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -98,7 +102,7 @@ def server_process(
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(process, base_url + "/v1/models", timeout_s, log.name)
+        wait_until_ready(process, base_url + "/v1/models", timeout_s, log.name, api_key)
         yield RunningServer(base_url, model, log.name, process.pid)
     finally:
         stop_process_group(process)

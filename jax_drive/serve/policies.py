@@ -25,7 +25,7 @@ from pathlib import Path
 from flax import nnx
 
 from jax_drive.sampling import Engine, JaxEngine
-from jax_drive.serve.protocol import InvalidRequest
+from jax_drive.serve.errors import InvalidRequest
 
 
 class PolicyRegistry:

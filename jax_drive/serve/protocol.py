@@ -18,25 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jax_drive.sampling.engine import Completion
 from jax_drive.sampling.params import SamplingParams
+from jax_drive.serve.errors import InvalidRequest, error_body  # noqa: F401 - re-exported
 
 TokenIds = list[int]
 
 
-class InvalidRequest(ValueError):
-    """A request the server refuses (HTTP 400 unless ``status`` says otherwise)."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None):
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.code = code
-
-
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    """OpenAI's error layout."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+def validation_message(errors: Sequence[dict]) -> str:
+    """One line from pydantic's (or FastAPI's) validation errors: 'field.path: message; ...'
+    (the offending input values are left out)."""
+    parts = []
+    for e in errors:
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
+    return "; ".join(parts) or "invalid request"
 
 
 class _Sampling(BaseModel):
@@ -51,7 +45,7 @@ class _Sampling(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1)
     min_p: float = 0.0
-    n: int = Field(default=1, ge=1, le=256)
+    n: int = Field(default=1, ge=1)  # the server's --max-request-rows bounds prompts x n
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
@@ -225,6 +219,9 @@ def truncate_at_stop(
     Returns:
       (ids, logprobs, text, finish_reason): ids up to the token that completes the first
       stop string, the text before that string, finish 'stop'; unchanged without a match.
+
+    The token is found by bisection over prefix lengths (O(log n) decodes, as the decoded
+    length of a prefix grows with the prefix).
     """
     text = completion.text
     hits = [(text.find(s), s) for s in stops if s and s in text]
@@ -233,10 +230,14 @@ def truncate_at_stop(
     start, stop = min(hits)
     end = start + len(stop)
     ids = completion.token_ids
-    for k in range(1, len(ids) + 1):
-        if len(decode(ids[:k])) >= end:
-            return ids[:k], completion.logprobs[:k], text[:start], "stop"
-    return ids, completion.logprobs, text[:start], "stop"
+    low, high = 1, len(ids)  # the answer lies in [low, high]: the whole completion covers it
+    while low < high:
+        mid = (low + high) // 2
+        if len(decode(ids[:mid])) >= end:
+            high = mid
+        else:
+            low = mid + 1
+    return ids[:low], completion.logprobs[:low], text[:start], "stop"
 
 
 def token_strings(ids: Sequence[int], decode_one, as_ids: bool) -> list[str]:

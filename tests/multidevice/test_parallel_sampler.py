@@ -16,7 +16,9 @@ import pytest
 from jax_drive import parallel
 from jax_drive.models.tiny import peaked_tiny_model
 from jax_drive.sampling import JaxEngine, SamplerConfig, SamplingParams, generate_tokens
-from jax_drive.sampling.sampler import Request, decode, start_decode
+from jax_drive.sampling.decode import decode
+from jax_drive.sampling.request import Request
+from jax_drive.sampling.sampler import start_decode
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 5, 6], [42, 43], [1, 2, 3, 4, 1, 2, 3], [9] * 12]
 MESH = parallel.MeshConfig(data=4, fsdp=2)

@@ -111,7 +111,8 @@ class Qwen2_5_VL(CausalLM):
     """Qwen2.5-VL-Instruct (Qwen2_5_VLForConditionalGeneration's numerics).
 
     `model(input_ids, positions, attention_mask, cache=None, cache_index=0, vision=None)`
-    returns `(logits (B, L, V) float32, cache or None)`.
+    returns `(logits (B, L, V) float32, cache or None)`. Implements
+    `jax_drive.models.protocol.VisionLM` (a `DecoderLM` with `multimodal_inputs`).
     """
 
     def __init__(self, config: VLMConfig, rngs: nnx.Rngs | None = None):
