@@ -62,7 +62,7 @@ from cpu_steal import cpu_times, screened, steal_share  # noqa: E402  (sibling s
 from tqdm import tqdm  # noqa: E402
 
 from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy  # noqa: E402
-from jax_drive.runinfo import run_main, run_metadata, write_json  # noqa: E402
+from jax_drive.runinfo import command_line, run_main, run_metadata, write_json  # noqa: E402
 
 T8 = np.arange(1, 9) * 0.5
 T40 = np.arange(1, 41) * 0.1
@@ -418,7 +418,7 @@ def main(argv=None) -> int:
     config = pdm.PDMConfig(check_finite=False)
     result = {
         "benchmark": "pdm_scorer",
-        "meta": run_metadata(argv=sys.argv[1:] if argv is None else list(argv), device=str(jax.devices()[0]),
+        "meta": run_metadata(command=command_line(__file__, argv), device=str(jax.devices()[0]),
                              note_load=("load_average: the machine is shared by other sessions; compare it "
                                         "with the CPU count before reading a figure")),
         "repeats": args.repeats,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_drive.runinfo import add_output_args, run_main, run_metadata, write_json
+from jax_drive.runinfo import add_output_args, command_line, run_main, run_metadata, write_json
 
 
 # ----------------------------------------------------------------------------- files
@@ -209,7 +209,7 @@ class NavsimCases:
             map_parameters=MapParameters(map_root="", map_version="", map_name="parity"))
 
 
-def run_navsim(args) -> int:
+def run_navsim(args, argv=None) -> int:
     try:
         import navsim  # noqa: F401
     except ImportError:
@@ -227,7 +227,7 @@ def run_navsim(args) -> int:
         v2 = True
     except ImportError:
         v2 = False
-    meta = run_metadata(script="experiments/navsim_parity.py navsim", python=sys.version.split()[0])
+    meta = run_metadata(command=command_line(__file__, argv))
     cases_dir = Path(args.cases)
     records = read_json(cases_dir / "scenes.json.gz")["scenes"]
     props = read_json(cases_dir / "proposals.json")
@@ -329,11 +329,11 @@ def _add_extended_comfort(rows: list, states: list) -> None:
 
 
 # ----------------------------------------------------------------------------- step 3
-def run_compare(args) -> int:
+def run_compare(args, argv=None) -> int:
     from jax_drive.pdm_reference.navsim_parity import compare, parity_cases, same_cases, score_cases
 
     outputs = [read_json(Path(p)) for p in args.navsim]
-    report = {"meta": run_metadata(script="experiments/navsim_parity.py compare"), "versions": {}}
+    report = {"meta": run_metadata(command=command_line(__file__, argv)), "versions": {}}
     cache: dict = {}
     for out in outputs:
         key = (out["cases"]["scenes"], out["cases"]["seed"])
@@ -396,7 +396,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "scenes", 1) < 1:
         parser.error("--scenes must be >= 1")
-    return {"cases": make_cases, "navsim": run_navsim, "compare": run_compare}[args.step](args)
+    if args.step == "cases":
+        return make_cases(args)
+    return {"navsim": run_navsim, "compare": run_compare}[args.step](args, argv)
 
 
 if __name__ == "__main__":
