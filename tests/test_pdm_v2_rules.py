@@ -18,7 +18,7 @@ from pdm_scenes import braking_poses, moving_agent, road_scene, straight_poses
 
 from jax_drive.pdm import PDMConfig, score_proposals, two_frame_extended_comfort, with_extended_comfort
 from jax_drive.pdm.comfort import is_comfortable_v2
-from jax_drive.pdm_reference import scene_to_numpy
+from jax_drive.pdm_reference import as_reference_config, scene_to_numpy
 from jax_drive.pdm_reference.v2 import ReferenceScorerV2
 from jax_drive.pdm_reference.v2 import two_frame_extended_comfort as reference_ec
 from jax_drive.scenes.builders import history_from_motion, stack_scenes
@@ -38,11 +38,14 @@ def _parked(x, y, agent_type=AgentType.VEHICLE, length=4.5, width=2.0):
     return moving_agent(x, y, length=length, width=width, agent_type=agent_type)
 
 
-def _history(ax=0.0, yaw_rate=0.0):
-    """A straight past at 10 m/s with the given logged acceleration and yaw rate."""
+def _history(ax=0.0, yaw_rate=0.0, t0_yaw_rate=None):
+    """A straight past at 10 m/s with the given logged acceleration and past yaw rate (t0's
+    ``t0_yaw_rate``, default the same)."""
     poses, velocity, _ = history_from_motion(10.0, 0.0)
+    rate = np.full(H, yaw_rate)
+    rate[-1] = yaw_rate if t0_yaw_rate is None else t0_yaw_rate
     return {"history_poses": poses, "history_velocity": velocity, "history_acceleration": np.tile([ax, 0.0], (H, 1)),
-            "history_yaw_rate": np.full(H, yaw_rate), "history_yaw_accel": np.zeros(H)}
+            "history_yaw_rate": rate, "history_yaw_accel": np.zeros(H)}
 
 
 SCENES = {
@@ -51,9 +54,10 @@ SCENES = {
     # every past state accelerates at 3.5 m/s^2 > 2.40: history comfort fails
     "bad_history": _history(ax=3.5),
     "no_history": dict(_history(ax=3.5), history_valid=False),
-    # straight past (finite differences: yaw rate 0) but logged yaw rate 1.2 rad/s:
-    # shifted a_x = 0.5 + 1.461 * 1.2^2 = 2.604 > 2.40 (rigid body / 0 yaw rate: 0.5)
-    "logged_yaw": _history(ax=0.5, yaw_rate=1.2),
+    # straight past (finite differences: yaw rate 0) whose states log 1.2 rad/s (t0: 0): read,
+    # the shifted a_x would be 0.5 + 1.461 * 1.2^2 = 2.604 > 2.40; NAVSIM's interpolated past
+    # states carry no yaw rate, so it reads 0.5 (test_past_yaw_dynamics_by_hand)
+    "logged_yaw": _history(ax=0.5, yaw_rate=1.2, t0_yaw_rate=0.0),
     # a parked car 30 m ahead in the lane; the human drives straight into it
     "human_hits_car": dict(agents=[_parked(30.0, 0.0)], expert=STRAIGHT, expert_valid=True),
     "synthetic": dict(agents=[_parked(30.0, 0.0)], expert=STRAIGHT, expert_valid=False),
@@ -90,7 +94,7 @@ EXPECTED = {
     ("bad_history", "other"): {"hc": 0.0, "epdms": 14 / 16},  # EC = 1: (5 + 5 + 2 + 0 + 2) / 16
     ("no_history", "v2"): {"hc": 1.0, "epdms": 1.0},
     ("no_history", "other"): {"hc": 1.0, "epdms": 1.0},
-    ("logged_yaw", "v2"): {"hc": 0.0, "epdms": 12 / 14},
+    ("logged_yaw", "v2"): {"hc": 1.0, "epdms": 1.0},
     ("logged_yaw", "other"): {"hc": 1.0, "epdms": 1.0},
     ("human_hits_car", "v2"): {"nc": 1.0, "ttc_v2": 1.0, "epdms": 1.0},  # both filtered
     ("human_hits_car", "other"): {"nc": 0.0, "epdms": 0.0},
@@ -134,6 +138,27 @@ def test_braking_before_the_car(results):
     for cfg in (V2, OTHER):
         row = _row(results[cfg], "human_hits_car", proposal=1)
         assert row["nc"] == 1.0 and row["ep_v2"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("dynamics, past, start", [
+    ("navsim", 0.0, 0.7),  # the past states' 0, t0's logged
+    ("logged", 1.2, 0.7),  # every state's logged value
+    ("finite_difference", 0.0, 0.0),  # gradient of the (straight) past headings, t0's 0
+])
+def test_past_yaw_dynamics_by_hand(dynamics, past, start):
+    """The yaw rates history comfort shifts the past accelerations with, and the one the
+    simulation starts from, for a straight past logging 1.2 rad/s and t0 logging 0.7 rad/s."""
+    from jax_drive.pdm.scorer import _history_states, _simulation_scene
+    from jax_drive.pdm.tracker import initial_state
+    from jax_drive.pdm_reference.v2 import past_states, start_state
+
+    scene = road_scene(**_history(ax=0.5, yaw_rate=1.2, t0_yaw_rate=0.7))
+    cfg = PDMConfig(navsim_version="2", hc_history_dynamics=dynamics)
+    np.testing.assert_allclose(np.asarray(_history_states(scene, cfg)["yaw_rate"]), past, atol=1e-6)
+    assert float(initial_state(_simulation_scene(scene, cfg), ())["yaw_rate"]) == pytest.approx(start)
+    numpy_scene, reference_cfg = scene_to_numpy(scene), as_reference_config(cfg)
+    np.testing.assert_allclose(past_states(numpy_scene, np.zeros(3), reference_cfg)[:, 9], past, atol=1e-12)
+    assert start_state(numpy_scene, np.zeros(3), reference_cfg)[9] == pytest.approx(start)
 
 
 def test_shifted_acceleration_by_hand():

@@ -20,7 +20,7 @@ VERSION_DEFAULTS = {
     "1.1": {"t0_overlap": "keep", "human_penalty_filter": False, "hc_acceleration": "rigid_body",
             "hc_history_dynamics": "finite_difference", "ec_without_previous": "one"},
     "2": {"t0_overlap": "drop", "human_penalty_filter": True, "hc_acceleration": "shifted",
-          "hc_history_dynamics": "logged", "ec_without_previous": "drop"},
+          "hc_history_dynamics": "navsim", "ec_without_previous": "drop"},
 }
 
 
@@ -54,11 +54,14 @@ class PDMConfig:
         displacement d along x): longitudinal ``a_x + d (w^2 + alpha)``, lateral ``a_y``
         unchanged, the jerk magnitude from the unshifted rear-axle acceleration. "rigid_body"
         (v1.1 default): the rigid-body transfer ``(a_x - w^2 d, a_y + alpha d)`` for all three.
-      hc_history_dynamics: where history comfort's yaw rate / yaw acceleration come from.
-        "logged" (v2 default, NAVSIM v2): each history state's own (``EgoState.history_yaw_rate``
-        / ``history_yaw_accel``), the t0 ones also starting the simulation.
-        "finite_difference" (v1.1 default): ``np.gradient`` of the history headings, t0's
-        taken as 0.
+      hc_history_dynamics: the yaw rate / yaw acceleration history comfort uses to move the
+        past states' accelerations to the box centre, and the t0 ones the simulation starts
+        from. "navsim" (v2 default): the past states' are 0 (NAVSIM reads the past from an
+        ``InterpolatedTrajectory``, and nuPlan's ``EgoState.from_split_state`` rebuilds its
+        states without angular velocity or acceleration), t0's the logged ones (the metric
+        cache's ego state). "logged": every state's logged values
+        (``EgoState.history_yaw_rate`` / ``history_yaw_accel``). "finite_difference" (v1.1
+        default): ``np.gradient`` of the past headings, t0's 0.
       ec_without_previous: EPDMS of a single frame (no previous frame, EC undefined).
         "drop" (v2 default, NAVSIM v2): EC leaves the weighted average (weights 5 + 5 + 2 + 2
         over 14). "one" (v1.1 default): EC = 1 at its weight (over 16). :func:`jax_drive.pdm.scorer.
@@ -207,7 +210,7 @@ class PDMConfig:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         for name, allowed in (("t0_overlap", ("keep", "drop")), ("hc_acceleration", ("shifted", "rigid_body")),
-                              ("hc_history_dynamics", ("logged", "finite_difference")),
+                              ("hc_history_dynamics", ("navsim", "logged", "finite_difference")),
                               ("ec_without_previous", ("drop", "one"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"PDMConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")

@@ -18,9 +18,9 @@ Defined results for edge cases (metrics that are not valid report these defaults
     single Scene does not carry: ``ec`` reads 1 and EPDMS leaves it out of the weighted
     average (``PDMConfig.ec_without_previous``, NAVSIM v2); :func:`with_extended_comfort`
     puts a two-frame EC (:func:`jax_drive.pdm.comfort.two_frame_extended_comfort`) in;
-  * HC (history comfort) uses the logged history poses, accelerations and (by default)
-    each history state's logged yaw rate / yaw acceleration; HC = 1 for a scene without a
-    logged history (``EgoState.history_valid`` False);
+  * HC (history comfort) uses the logged history poses and accelerations, the past states'
+    yaw rates / accelerations as ``PDMConfig.hc_history_dynamics`` says; HC = 1 for a scene
+    without a logged history (``EgoState.history_valid`` False);
   * NAVSIM v2 conventions (``PDMConfig(navsim_version="2")``): objects overlapping the ego
     at t = 0 are dropped, and the human penalty filter scores the scene's human trajectory
     in the same call (see :class:`PDMConfig`).
@@ -124,7 +124,9 @@ def _history_states(scene, config: PDMConfig) -> dict:
     hp = jnp.asarray(scene.ego.history_poses, jnp.float32)
     acc = jnp.asarray(scene.ego.history_acceleration, jnp.float32)
     heading = unwrap_angles(hp[:, 2])
-    if config.hc_history_dynamics == "logged":
+    if config.hc_history_dynamics == "navsim":  # NAVSIM's interpolated past states carry none
+        yaw_rate = yaw_accel = jnp.zeros_like(heading)
+    elif config.hc_history_dynamics == "logged":
         yaw_rate = jnp.asarray(scene.ego.history_yaw_rate, jnp.float32)
         yaw_accel = jnp.asarray(scene.ego.history_yaw_accel, jnp.float32)
     else:
@@ -138,7 +140,7 @@ def _history_states(scene, config: PDMConfig) -> dict:
 def _simulation_scene(scene, config: PDMConfig):
     """The scene whose t0 state starts the simulation: with "finite_difference" history
     dynamics the t0 yaw rate / acceleration are 0 instead of the logged ones."""
-    if config.hc_history_dynamics == "logged":
+    if config.hc_history_dynamics != "finite_difference":
         return scene
     ego = scene.ego
     return scene.replace(ego=ego.replace(history_yaw_rate=jnp.zeros_like(ego.history_yaw_rate),

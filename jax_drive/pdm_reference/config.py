@@ -89,7 +89,7 @@ class ReferenceConfig:
     drop_t0_overlaps: bool = True  # LogReplayTrafficAgents drops objects meeting the t0 ego box
     human_penalty_filter: bool = True
     hc_acceleration: str = "shifted"  # nuPlan's shifted acceleration; "rigid_body"
-    hc_history_dynamics: str = "logged"  # each past state's own yaw rate; "finite_difference"
+    hc_history_dynamics: str = "navsim"  # past yaw rates 0, t0's logged; "logged"; "finite_difference"
     ec_without_previous: str = "drop"  # EC out of the weighted average; "one": EC = 1
     hc_history_states: int = 14  # past states at -1.5 .. -0.2 s
     hc_accel_window: int = 8

@@ -205,9 +205,10 @@ def ec_pairs(num_proposals: int) -> np.ndarray:
     return (np.arange(num_proposals) + 1) % num_proposals
 
 
-# The other choice of every convention where NAVSIM v2 and jax-drive's earlier rules differ.
+# Another choice for every convention where NAVSIM v2 and other readings differ (jax-drive's
+# earlier rule, or for the past states' yaw dynamics the logged values NAVSIM does not read).
 OTHER_CONVENTION = {"t0_overlap": "keep", "human_penalty_filter": False, "hc_acceleration": "rigid_body",
-                    "hc_history_dynamics": "finite_difference", "ec_without_previous": "one"}
+                    "hc_history_dynamics": "logged", "ec_without_previous": "one"}
 
 
 def score_cases(cases: ParityCases, version: str, **conventions) -> dict:

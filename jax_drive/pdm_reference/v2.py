@@ -6,12 +6,13 @@ and the default scorer config), independently of :mod:`jax_drive.pdm`:
 * traffic: with ``drop_t0_overlaps`` every object present in the first frame whose box
   intersects (shapely, touching included) the ego's t0 box is removed from all frames;
 * the simulation starts from the t0 ego state including its logged yaw rate and yaw
-  acceleration (the last history state's);
+  acceleration (the last history state's); the past states' are 0 (NAVSIM reads the past
+  through nuPlan's ``InterpolatedTrajectory``, whose rebuilt states carry none);
 * HC: the comfort checks (S-G windows 8 / 15 / 5, values rounded to 8 decimals, strict
   bounds) over the 14 past states at -1.5 .. -0.2 s followed by the 41 simulated states,
   read as one sequence at 0.1 s; accelerations moved to the box centre with nuPlan's shifted
   acceleration (``a_x + d (w^2 + alpha)``, ``a_y``; the jerk magnitude from the rear axle's)
-  or the rigid-body transfer; the past states' yaw rates logged or finite differences;
+  or the rigid-body transfer; the past states' yaw rates 0, logged or finite differences;
   HC = 1 without a logged past;
 * EP: raw progress over the larger of the two (reference, proposal) progresses masked by
   NC * DAC * DDC * TLC, clipped to [0, 1]; 1 when that is <= 5 m;
@@ -50,20 +51,27 @@ def t0_overlapping_objects(geo: _SceneGeometry, origin: np.ndarray, cfg) -> np.n
 
 
 def _yaw(scene: Any, cfg) -> tuple[np.ndarray, np.ndarray]:
-    """Per past state (16,) yaw rate and yaw acceleration, as the convention says."""
+    """(16,) yaw rate and yaw acceleration of the past states and t0 (the last), as the
+    convention says: "navsim" the past's 0 (nuPlan's interpolated past states carry none)
+    and t0's logged, "logged" all logged, "finite_difference" np.gradient of the past
+    headings and t0's 0."""
+    logged = (np.asarray(scene.ego.history_yaw_rate, np.float64).copy(),
+              np.asarray(scene.ego.history_yaw_accel, np.float64).copy())
     if cfg.hc_history_dynamics == "logged":
-        return (np.asarray(scene.ego.history_yaw_rate, np.float64),
-                np.asarray(scene.ego.history_yaw_accel, np.float64))
+        return logged
+    if cfg.hc_history_dynamics == "navsim":
+        rate, accel = np.zeros_like(logged[0]), np.zeros_like(logged[1])
+        rate[-1], accel[-1] = logged[0][-1], logged[1][-1]
+        return rate, accel
     heading = np.unwrap(np.asarray(scene.ego.history_poses, np.float64)[:, 2])
     rate = np.gradient(heading, cfg.dt)
-    rate[-1] = 0.0  # the simulation then starts at yaw rate 0
-    accel = np.gradient(np.gradient(heading, cfg.dt), cfg.dt)
-    accel[-1] = 0.0
+    accel = np.gradient(rate, cfg.dt)
+    rate[-1] = accel[-1] = 0.0
     return rate, accel
 
 
 def start_state(scene: Any, origin: np.ndarray, cfg) -> np.ndarray:
-    """(11,) t0 state with the logged t0 yaw rate / yaw acceleration."""
+    """(11,) t0 state with the t0 yaw rate / yaw acceleration of :func:`_yaw`."""
     state = initial_state(scene, origin)
     rate, accel = _yaw(scene, cfg)
     state[YAW_RATE], state[YAW_ACC] = rate[-1], accel[-1]
