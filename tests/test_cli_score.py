@@ -222,6 +222,7 @@ def test_cli_scores_several_proposals_per_scene_with_navsim_v2_rules(tmp_path, c
     evaluate_scene_file with NAVSIM v2's rules, and the time split printed and in the JSON."""
     import csv
 
+    from jax_drive.compile_cache import ExecutableStore
     from jax_drive.evaluate import evaluate_scene_file, load_token_proposals
     from jax_drive.pdm import PDMConfig
     from jax_drive.scenes.io import load_scenes
@@ -251,8 +252,10 @@ def test_cli_scores_several_proposals_per_scene_with_navsim_v2_rules(tmp_path, c
     data = json.loads(out_json.read_text())
     assert set(data["timing"]) >= {"load_s", "compile_s", "score_s", "programs_compiled", "programs_from_cache"}
     scene_file = load_scenes(scenes_file)
+    store = ExecutableStore()  # the program the command stored: loaded, not compiled again
     want = evaluate_scene_file(scene_file, "file", PDMConfig(navsim_version="2"),
-                               proposals=load_token_proposals(traj, scene_file.tokens))
+                               proposals=load_token_proposals(traj, scene_file.tokens), executables=store)
+    assert store.hits == 1 and data["timing"]["programs_compiled"] >= 1
     for (token, k), row in by_key.items():
         i = scene_file.tokens.index(token)
         if row["valid"] == "True":
