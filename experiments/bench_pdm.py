@@ -1,9 +1,15 @@
-"""Benchmark: the batched JAX PDM scorer vs the numpy/shapely reference, in two regimes.
+"""Benchmark: the batched JAX PDM scorer vs the numpy/shapely reference, in three regimes.
 
 * single scene (``--batches``): 1 .. 4,096 proposals of one busy scene, one
   ``jax_drive.pdm.score_proposals`` call per batch;
 * many scenes (``--scenes S --proposals P``, default 256 x 8, MTDrive's regime): one call
-  scoring S generated scenes with P proposals each.
+  scoring S generated scenes with P proposals each;
+* whole process (``--whole-scenes S --proposals P``, default 300 x 8): a scene file and a
+  trajectory file of P proposals per scene are written to a temporary folder, then timed as
+  a user runs them, each as its own process: ``jax-drive score --scenes-file F
+  --trajectories T`` cold (an empty compilation cache), again warm (the cache the cold run
+  filled), and the numpy reference's whole process on the same files (the same loader, then
+  one proposal at a time); the CLI's own load / compile / score split is recorded too.
 
 JAX figures are the median of ``--repeats`` calls after compilation (the first call is
 recorded separately); the map budget is read off the concrete scenes inside each call, as
@@ -20,20 +26,22 @@ in vmstat). Each timed block records the share of CPU time stolen during it; a b
 the least steal is kept (all attempts are in the JSON; ``--max-steal 1`` turns it off).
 
 Usage:
-  python experiments/bench_pdm.py --scenes 256 --proposals 8 [--json OUT]
+  python experiments/bench_pdm.py --scenes 256 --proposals 8 --whole-scenes 300 [--json OUT]
   python experiments/bench_pdm.py --only multi --scenes 8 --proposals 2 --repeats 2   # tiny check
+  python experiments/bench_pdm.py --only whole --whole-scenes 4 --proposals 2         # tiny check
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
-import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +62,7 @@ from cpu_steal import cpu_times, screened, steal_share  # noqa: E402  (sibling s
 from tqdm import tqdm  # noqa: E402
 
 from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy  # noqa: E402
+from jax_drive.runinfo import command_line, run_main, run_metadata, write_json  # noqa: E402
 
 T8 = np.arange(1, 9) * 0.5
 T40 = np.arange(1, 41) * 0.1
@@ -269,13 +278,120 @@ def many_scenes(args, config, pdm) -> dict:
     }
 
 
+def write_whole_process_files(directory: Path, num_scenes: int, num_proposals: int, seed: int) -> tuple[Path, Path]:
+    """A scene file of ``num_scenes`` generated scenes (UTM-sized, rotated t0 poses, each with
+    its PDM-Closed stand-in) and a JSONL of ``num_proposals`` proposals per scene."""
+    from jax_drive.scenes import generate_scenes, scene_record, write_scene_file
+
+    scenes = scene_to_numpy(generate_scenes(jax.random.PRNGKey(seed), num_scenes))
+    rng = np.random.default_rng(seed)
+    records, lines = [], []
+    for s in range(num_scenes):
+        scene = jax.tree_util.tree_map(lambda a: a[s], scenes)
+        origin = np.array([rng.uniform(3e5, 7e5), rng.uniform(4.0e6, 5.0e6), rng.uniform(-math.pi, math.pi)])
+        token = f"bench-{s:05d}"
+        records.append(scene_record(scene, origin, token, expert_reference(np.asarray(scene.expert, np.float64))))
+        props = make_proposals(np.asarray(scene.expert, np.float64), np.asarray(scene.ego.velocity, np.float64),
+                               num_proposals, seed=seed + s)
+        lines.append(json.dumps({"token": token, "proposals": np.round(props, 4).tolist(), "dt": 0.5}))
+    scenes_path = write_scene_file(directory / "scenes.json.gz", records)
+    trajectories = directory / "proposals.jsonl"
+    trajectories.write_text("\n".join(lines) + "\n")
+    return scenes_path, trajectories
+
+
+def reference_process(scenes_path: Path, trajectories: Path, out: Path, version: str) -> int:
+    """The numpy reference's whole process: the same loader as the CLI, then every proposal
+    scored one at a time (scene geometry and PDM-Closed shared per scene). Writes the scores."""
+    from jax_drive.evaluate import load_token_proposals
+    from jax_drive.pdm_reference.v2 import ReferenceScorerV2
+    from jax_drive.scenes import load_scenes
+
+    loaded = load_scenes(scenes_path)
+    proposals = load_token_proposals(trajectories, loaded.tokens)
+    scenes = scene_to_numpy(loaded.build())
+    scores = []
+    for s in range(len(loaded)):
+        scene = jax.tree_util.tree_map(lambda a: a[s], scenes)
+        if version == "2":
+            scorer, key = ReferenceScorerV2(scene), "epdms"
+        else:
+            scorer, key = ReferenceScorer(scene), "pdms"
+        scores.append([scorer.score(p, loaded.references[s])[key] for p in proposals[s]])
+    out.write_text(json.dumps({"scores": scores}))
+    return 0
+
+
+def _timed_process(cmd: list[str], env: dict) -> dict:
+    """Runs one process; its wall time as the parent sees it (start to exit) and CPU steal."""
+    before = cpu_times()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    row = {"wall_s": wall, "returncode": proc.returncode, "cpu_steal_share": steal_share(before, cpu_times()),
+           "load_average_after": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    if proc.returncode != 0:
+        row["stderr_tail"] = proc.stderr[-2000:]
+    return row
+
+
+def whole_process(args) -> dict:
+    """``jax-drive score`` on a scene file as a user runs it: cold, warm, and the reference."""
+    work = Path(tempfile.mkdtemp(prefix="jax_drive_bench_pdm_"))
+    cache = work / "xla_cache"
+    try:
+        scenes_path, trajectories = write_whole_process_files(work, args.whole_scenes, args.proposals, args.seed)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")
+               and k not in ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_DRIVE_NO_COMPILE_CACHE")}
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PLATFORMS=env.get("JAX_PLATFORMS", "cpu"))
+        runs = {}
+        for version in args.whole_versions:
+            out = {}
+            for label in ("cold", "warm"):
+                if label == "cold":
+                    shutil.rmtree(cache, ignore_errors=True)
+                report = work / f"score_{version}_{label}.json"
+                cmd = [sys.executable, "-m", "jax_drive.cli", "score", "--scenes-file", str(scenes_path),
+                       "--trajectories", str(trajectories), "--navsim-version", version, "--json", str(report),
+                       "--no-progress"]
+                out[label] = _timed_process(cmd, env)
+                if report.exists():
+                    data = json.loads(report.read_text())
+                    out[label]["cli_timing"] = data["timing"]
+                    out[label]["mean_score"] = data["metrics"]["epdms" if version == "2" else "pdms"]
+                    scores = data["per_scene"]["epdms" if version == "2" else "pdms"]
+            ref_out = work / f"reference_{version}.json"
+            cmd = [sys.executable, os.path.abspath(__file__), "--reference-process", str(scenes_path),
+                   str(trajectories), str(ref_out), "--whole-versions", version]
+            out["reference"] = _timed_process(cmd, env)
+            if ref_out.exists():
+                ref_scores = np.asarray(json.loads(ref_out.read_text())["scores"], np.float64)
+                out["max_abs_score_diff_vs_reference"] = float(np.max(np.abs(ref_scores - np.asarray(scores, float))))
+            warm, ref = out["warm"]["wall_s"], out["reference"]["wall_s"]
+            out["speedup_warm_vs_reference"] = ref / warm
+            out["speedup_cold_vs_reference"] = ref / out["cold"]["wall_s"]
+            runs[version] = out
+        return {"scenes": args.whole_scenes, "proposals_per_scene": args.proposals,
+                "command": "jax-drive score --scenes-file scenes.json.gz --trajectories proposals.jsonl "
+                           "--navsim-version V --json OUT --no-progress",
+                "scene_file_mb": scenes_path.stat().st_size / 1e6, "by_navsim_version": runs}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenes", type=int, default=256, help="many-scenes regime: scenes per call (default 256)")
     parser.add_argument("--proposals", type=int, default=8, help="many-scenes regime: proposals per scene (default 8)")
     parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES),
                         help="single-scene regime: proposal counts (default 1 4 16 64 256 1024 2048 4096)")
-    parser.add_argument("--only", choices=("single", "multi"), help="run one regime only (default both)")
+    parser.add_argument("--only", choices=("single", "multi", "whole"), help="run one regime only (default all)")
+    parser.add_argument("--whole-scenes", type=int, default=300,
+                        help="whole-process regime: scenes in the file (default 300; --proposals per scene)")
+    parser.add_argument("--whole-versions", nargs="+", choices=("1.1", "2"), default=["1.1", "2"],
+                        help="whole-process regime: NAVSIM rule versions to run (default both)")
+    parser.add_argument("--reference-process", nargs=3, metavar=("SCENES", "TRAJECTORIES", "OUT"),
+                        help=argparse.SUPPRESS)  # the reference's whole process (run by this script)
     parser.add_argument("--repeats", type=int, default=15, help="timed JAX calls per block (default 15)")
     parser.add_argument("--reference-subset", type=int, default=128, help="single scene: proposals timed on the reference")
     parser.add_argument("--reference-scenes", type=int, default=16, help="many scenes: scenes timed on the reference")
@@ -285,7 +401,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steal-retries", type=int, default=3, help="extra attempts per block at most")
     parser.add_argument("--json", type=Path, default=None, help="write the result JSON here (default: print only)")
     args = parser.parse_args(argv)
-    for name in ("scenes", "proposals", "repeats", "reference_subset", "reference_scenes"):
+    if args.reference_process:
+        return reference_process(*map(Path, args.reference_process), version=args.whole_versions[0])
+    for name in ("scenes", "proposals", "repeats", "reference_subset", "reference_scenes", "whole_scenes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if any(b < 1 for b in args.batches):
@@ -300,15 +418,9 @@ def main(argv=None) -> int:
     config = pdm.PDMConfig(check_finite=False)
     result = {
         "benchmark": "pdm_scorer",
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:] if argv is None else list(argv),
-        "device": str(jax.devices()[0]),
-        "jax_backend": jax.default_backend(),
-        "jax_version": jax.__version__,
-        "cpu_count": os.cpu_count(),
-        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
+        "meta": run_metadata(command=command_line(__file__, argv), device=str(jax.devices()[0]),
+                             note_load=("load_average: the machine is shared by other sessions; compare it "
+                                        "with the CPU count before reading a figure")),
         "repeats": args.repeats,
         "pdm_chunk_size": config.chunk_size,
         "pdm_jerk_matrix": config.jerk_matrix,
@@ -325,6 +437,8 @@ def main(argv=None) -> int:
         result["many_scenes"] = many_scenes(args, config, pdm)
     if args.only in (None, "single"):
         result["single_scene"] = single_scene(args, config, pdm)
+    if args.only in (None, "whole"):
+        result["whole_process"] = whole_process(args)
 
     summary = {}
     if "many_scenes" in result:
@@ -335,14 +449,23 @@ def main(argv=None) -> int:
         s = result["single_scene"]
         summary["single_scene"] = {k: s[k] for k in ("jax_proposals_per_s", "reference_proposals_per_s", "speedup",
                                                      "min_speedup_at_1024_plus", "time_4096_s", "max_abs_pdms_diff")}
+    if "whole_process" in result:
+        summary["whole_process"] = {
+            v: {"cold_s": r["cold"]["wall_s"], "warm_s": r["warm"]["wall_s"], "reference_s": r["reference"]["wall_s"],
+                "speedup_warm_vs_reference": r["speedup_warm_vs_reference"],
+                "cold_compile_s": r["cold"].get("cli_timing", {}).get("compile_s"),
+                "max_abs_score_diff_vs_reference": r.get("max_abs_score_diff_vs_reference")}
+            for v, r in result["whole_process"]["by_navsim_version"].items()}
+    result["meta"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     print(json.dumps(summary, indent=2))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
         print(f"wrote {args.json}")
-    diffs = [part["max_abs_pdms_diff"] for part in summary.values()]
-    return 0 if all(math.isfinite(d) for d in diffs) else 1
+    diffs = [part["max_abs_pdms_diff"] for part in summary.values() if "max_abs_pdms_diff" in part]
+    runs = result.get("whole_process", {}).get("by_navsim_version", {}).values()
+    ok = all(r[k]["returncode"] == 0 for r in runs for k in ("cold", "warm", "reference"))
+    return 0 if ok and all(math.isfinite(d) for d in diffs) else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -45,12 +45,10 @@ CATALOGUE: dict[str, Entry] = {
         "EPDMS and sub-scores, all and hard scenes (written before the tracker used NAVSIM's jerk matrix)",
         "python experiments/score_planners.py --scenes 128 --seed 0 --json experiments/results/score_planners.json"),
     "bench_pdm.json": Entry(
-        "PDM scorer vs the numpy/shapely reference, one scene, 1-4,096 proposals",
-        "python experiments/bench_pdm.py --only single --json experiments/results/bench_pdm.json"),
-    "bench_pdm_multi.json": Entry(
-        "PDM scorer vs the reference, 256 scenes x 8 proposals",
-        "python experiments/bench_pdm.py --only multi --scenes 256 --proposals 8 "
-        "--json experiments/results/bench_pdm_multi.json"),
+        "PDM scorer vs the numpy/shapely reference: one scene (1-4,096 proposals), 256 scenes x 8, "
+        "and jax-drive score's whole process on a 300-scene x 8-proposal file (cold, warm)"),
+    "navsim_parity.json": Entry(
+        "jax-drive vs NAVSIM's own pdm_score (v1.1, v2.2) per column on 400 scenes x 8 proposals"),
     "bench_draw.json": Entry("Token draw: two-level Gumbel-max vs jax.random.categorical and an inverse CDF"),
     "bench_sampler": Entry("Sampler vs transformers generate, SmolLM2 greedy, batch 1 and 8 (JSON and plot)"),
     "bench_sampler/quick.json": Entry(

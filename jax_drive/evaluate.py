@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.pdm import PDMConfig, PDMResult, score_proposals
+from jax_drive.pdm.polygons import map_budget, merge_budgets
 from jax_drive.planners import constant_velocity, idm_planner, pdm_closed
 from jax_drive.planners.pdm_closed import PDMClosedConfig
 from jax_drive.types import NUM_OUTPUT_POSES, Scene, batch_shape
@@ -76,9 +76,11 @@ def _slice(scene: Scene, start: int, stop: int, size: int) -> Scene:
     return jax.tree.map(lambda a: a[idx], scene)
 
 
-def _score_batch(name: str, scenes: Scene, config: PDMConfig, proposals=None, references=None) -> PDMResult:
-    """One jitted batch: the planner's (or the given) proposals (B, 8, 3) against PDM-Closed
-    or the given references (B, 40, 3; rows with NaN use PDM-Closed). Returns PDMResult (B,)."""
+def _score_batch(name: str, scenes: Scene, config: PDMConfig, proposals=None, references=None,
+                 budget=None, executables=None) -> PDMResult:
+    """One jitted batch: the planner's (or the given) proposals (B, 8, 3) or (B, P, 8, 3)
+    against PDM-Closed or the given references (B, 40, 3; rows with NaN use PDM-Closed).
+    Returns PDMResult (B,) or (B, P); ``budget``: the map budget to use (default: this batch's)."""
     need_pdm_closed = name == "pdm_closed" or references is None or bool(np.isnan(references).any())
     closed = pdm_closed(scenes) if need_pdm_closed else None
     if references is None:
@@ -88,13 +90,15 @@ def _score_batch(name: str, scenes: Scene, config: PDMConfig, proposals=None, re
         reference = references if closed is None else np.where(missing[:, None, None], np.asarray(closed.poses),
                                                                 references)
     if name == "file":
-        props = jnp.asarray(proposals)
+        props = np.asarray(proposals, np.float32)
     elif name == "pdm_closed":
         props = closed.output
     else:
         props = PLANNERS[name](scenes)
-    result = score_proposals(scenes, props[:, None], reference, config)
-    return jax.tree.map(lambda a: np.asarray(a)[:, 0], result)
+    several = props.ndim == 4
+    result = score_proposals(scenes, props if several else props[:, None], reference, config, budget=budget,
+                             executables=executables)
+    return jax.tree.map(lambda a: np.asarray(a) if several else np.asarray(a)[:, 0], result)
 
 
 def _check_planner(name: str, proposals, n: int):
@@ -102,8 +106,9 @@ def _check_planner(name: str, proposals, n: int):
         if proposals is None:
             raise ValueError(f"planner 'file' needs proposals ({n}, 8, 3)")
         proposals = np.asarray(proposals, np.float32)
-        if proposals.shape != (n, NUM_OUTPUT_POSES, 3):
-            raise ValueError(f"proposals must have shape ({n}, {NUM_OUTPUT_POSES}, 3), got {proposals.shape}")
+        if proposals.shape[-2:] != (NUM_OUTPUT_POSES, 3) or proposals.ndim not in (3, 4) or len(proposals) != n:
+            raise ValueError(f"proposals must have shape ({n}, {NUM_OUTPUT_POSES}, 3) or ({n}, P, "
+                             f"{NUM_OUTPUT_POSES}, 3), got {proposals.shape}")
     elif name not in PLANNERS:
         raise ValueError(f"unknown planner {name!r}; choose from {sorted(PLANNERS) + ['file']}")
     return proposals
@@ -150,12 +155,15 @@ def evaluate_planner(
 
         chunks = tqdm(chunks, desc=f"scoring {name}", unit="batch")
     outs = []
+    # one map budget for every chunk (one compiled program): the whole batch's
+    per_scene = 1 if proposals is None or proposals.ndim == 3 else proposals.shape[1]
+    budget = map_budget(scenes, per_scene + 1 + int(config.human_penalty_filter))
     for c in chunks:
         start, stop = c * size, min(n, (c + 1) * size)
         idx = np.minimum(np.arange(start, start + size), stop - 1)
         sc = _slice(scenes, start, stop, size)
         res = _score_batch(name, sc, config, None if proposals is None else proposals[idx],
-                           None if references is None else np.asarray(references, np.float32)[idx])
+                           None if references is None else np.asarray(references, np.float32)[idx], budget)
         outs.append(jax.tree.map(lambda a: a[: stop - start], res))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
@@ -167,40 +175,50 @@ def evaluate_scene_file(
     proposals=None,
     batch_size: int = 64,
     progress: bool = False,
+    executables=None,
 ) -> PDMResult:
-    """Scores a planner (or ``proposals`` (S, 8, 3), name "file") on a
+    """Scores a planner (or ``proposals`` (S, 8, 3) or (S, P, 8, 3), name "file") on a
     :class:`jax_drive.scenes.io.SceneFile`.
 
-    Scenes are built and scored group by group (one capacity bucket each, see
-    ``SceneFile.groups``) in chunks of ``batch_size`` (the last chunk padded), so a file
-    never has to fit in memory at once. A scene's own PDM-Closed plan (``pdm_closed`` in
-    the file) is the EP reference where it has one; the others use our PDM-Closed.
-    Returns: PDMResult with fields (S,), in file order.
+    Scenes are padded to the file's largest bucketed capacities (``SceneFile.largest_sizes``)
+    and built in chunks of ``batch_size`` (the last chunk padded); every chunk is scored with
+    one map budget (the largest of the chunks', bucketed), so the file compiles one scoring
+    program and a similar file reuses it (from the persistent compilation cache too;
+    ``executables``, a :class:`jax_drive.compile_cache.ExecutableStore`, keeps the whole
+    compiled scoring program, so a warm process does not even trace it). A scene's own PDM-Closed
+    plan (``pdm_closed`` in the file) is the EP reference where it has one; the others use
+    our PDM-Closed.
+    Returns: PDMResult with fields (S,) or (S, P), in file order.
     """
     n = len(scene_file)
     proposals = _check_planner(name, proposals, n)
     config = _file_config(config, proposals)
+    per_scene = 1 if proposals is None or proposals.ndim == 3 else proposals.shape[1]
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n, desc=f"scoring {name}", unit="scene")
     parts: list[tuple[np.ndarray, PDMResult]] = []
-    for indices, sizes in scene_file.groups():
-        size = max(1, min(batch_size, len(indices)))
-        for start in range(0, len(indices), size):
-            chunk = indices[start: start + size]
-            padded = np.concatenate([chunk, np.repeat(chunk[-1:], size - len(chunk))])
-            scenes = scene_file.build(padded, sizes)
-            res = _score_batch(name, scenes, config, None if proposals is None else proposals[padded],
-                               scene_file.references[padded])
-            parts.append((chunk, jax.tree.map(lambda a: a[: len(chunk)], res)))
-            if bar is not None:
-                bar.update(len(chunk))
+    sizes = scene_file.largest_sizes()
+    size = max(1, min(batch_size, n))
+    chunks = []
+    for start in range(0, n, size):
+        chunk = np.arange(start, min(start + size, n))
+        padded = np.concatenate([chunk, np.repeat(chunk[-1:], size - len(chunk))])
+        chunks.append((chunk, padded, scene_file.build(padded, sizes)))
+    # the PDM-Closed reference (and the human trajectory of the penalty filter) are scored too
+    rows = per_scene + 1 + int(config.human_penalty_filter)
+    budget = merge_budgets([map_budget(scenes, rows) for _, _, scenes in chunks])
+    for chunk, padded, scenes in chunks:
+        res = _score_batch(name, scenes, config, None if proposals is None else proposals[padded],
+                           scene_file.references[padded], budget, executables)
+        parts.append((chunk, jax.tree.map(lambda a: a[: len(chunk)], res)))
+        if bar is not None:
+            bar.update(len(chunk))
     if bar is not None:
         bar.close()
-    order = np.argsort(np.concatenate([idx for idx, _ in parts]), kind="stable")
-    return jax.tree.map(lambda *xs: np.concatenate(xs)[order], *[r for _, r in parts])
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *[r for _, r in parts])
 
 
 def summarize(result: PDMResult, valid=None) -> dict[str, float]:
@@ -218,9 +236,9 @@ class TrajectoryFileError(ValueError):
     """A bad trajectory file; the message names the line and the reason."""
 
 
-def _jsonl_objects(path: Path, key: str):
+def _jsonl_objects(path: Path, key: str, payload: tuple[str, ...] = ("poses",)):
     """Yields ("file:line", line number, object) for the non-blank lines of a JSONL file
-    whose objects have ``key`` and "poses"."""
+    whose objects have ``key`` and one of ``payload`` (default "poses")."""
     if not path.is_file():
         raise TrajectoryFileError(f"{path}: no such file")
     with path.open(encoding="utf-8") as f:
@@ -232,8 +250,9 @@ def _jsonl_objects(path: Path, key: str):
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise TrajectoryFileError(f"{where}: invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or key not in obj or "poses" not in obj:
-                raise TrajectoryFileError(f"{where}: expected an object with keys '{key}' and 'poses'")
+            if not isinstance(obj, dict) or key not in obj or sum(k in obj for k in payload) != 1:
+                wanted = " and ".join([repr(key), " / ".join(map(repr, payload))])
+                raise TrajectoryFileError(f"{where}: expected an object with keys {wanted}")
             yield where, lineno, obj
 
 
@@ -370,8 +389,17 @@ def load_token_trajectories(path: str | Path, tokens) -> np.ndarray:
             dt = float(getattr(sampling, "interval_length", 0.5)) if sampling is not None else 0.5
             out[index[token]] = _resampled(getattr(traj, "poses", None), dt, where)
         return out
+    for i, trajectories in _token_lines(path, index, several=False):
+        out[i] = trajectories[0]
+    return out
+
+
+def _token_lines(path: Path, index: dict, several: bool):
+    """Yields (scene index, [(8, 3) float32 trajectories]) per JSONL line of a token file;
+    with ``several`` a line may carry "proposals" (a list of trajectories) instead of "poses"."""
     seen: dict[str, int] = {}
-    for where, lineno, obj in _jsonl_objects(path, "token"):
+    key = "poses"
+    for where, lineno, obj in _jsonl_objects(path, "token", ("poses", "proposals") if several else ("poses",)):
         token = obj["token"]
         if not isinstance(token, str):
             raise TrajectoryFileError(f"{where}: 'token' must be a string, got {token!r}")
@@ -382,12 +410,42 @@ def load_token_trajectories(path: str | Path, tokens) -> np.ndarray:
         dt = obj.get("dt", 0.5)
         if isinstance(dt, bool) or not isinstance(dt, (int, float)):
             raise TrajectoryFileError(f"{where}: 'dt' must be a number")
-        try:
-            poses = np.asarray(obj["poses"])
-        except (TypeError, ValueError):
-            poses = None
-        if poses is None or poses.dtype.kind not in "fiu":
-            raise TrajectoryFileError(f"{where}: 'poses' must be a list of [x, y, heading] numbers")
+        key = "poses" if "poses" in obj else "proposals"
+        if key == "proposals" and (not isinstance(obj[key], list) or not obj[key]):
+            raise TrajectoryFileError(f"{where}: 'proposals' must be a non-empty list of trajectories")
+        listed = [obj["poses"]] if key == "poses" else obj["proposals"]
+        trajectories = []
+        for k, poses in enumerate(listed):
+            at = where if key == "poses" else f"{where}: proposal {k}"
+            try:
+                arr = np.asarray(poses)
+            except (TypeError, ValueError):
+                arr = None
+            if arr is None or arr.dtype.kind not in "fiu":
+                raise TrajectoryFileError(f"{at}: 'poses' must be a list of [x, y, heading] numbers")
+            trajectories.append(_resampled(arr, float(dt), at))
         seen[token] = lineno
-        out[index[token]] = _resampled(poses, float(dt), where)
+        yield index[token], trajectories
+
+
+def load_token_proposals(path: str | Path, tokens) -> np.ndarray:
+    """Several trajectories per scene token: (S, P, 8, 3) float32, P the most any token has.
+
+    JSONL lines ``{"token": str, "proposals": [[[x, y, heading], ...], ...], "dt": 0.5}``
+    (trajectories at any spacing covering 4 s) or ``{"token", "poses", "dt"}`` (one, as
+    :func:`load_token_trajectories` reads); a NAVSIM submission pickle gives one per token.
+    Rows a token lacks are NaN (invalid). Raises TrajectoryFileError naming the line (or
+    token) and the reason.
+    """
+    path = Path(path)
+    if path.suffix == ".pkl":
+        return load_token_trajectories(path, tokens)[:, None]
+    if not path.is_file():
+        raise TrajectoryFileError(f"{path}: no such file")
+    index = {t: i for i, t in enumerate(tokens)}
+    rows = dict(_token_lines(path, index, several=True))
+    width = max((len(r) for r in rows.values()), default=1)
+    out = np.full((len(index), width, NUM_OUTPUT_POSES, 3), np.nan, np.float32)
+    for i, trajectories in rows.items():
+        out[i, : len(trajectories)] = np.stack(trajectories)
     return out

@@ -141,21 +141,41 @@ def _json_default(obj: Any) -> Any:
 
 class CompileClock:
     """Sums the seconds JAX reports for tracing, lowering and compiling (``jax.monitoring``),
-    so a benchmark can say how much of a timed region was compilation."""
+    so a benchmark can say how much of a timed region was compilation; counts the programs
+    (``programs``) and how many of them came from the persistent cache (``cache_hits``)."""
 
     def __init__(self):
         import jax
 
         self.seconds = 0.0
+        self.programs = 0
+        self.cache_hits = 0
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        jax.monitoring.register_event_listener(self._on_count)
 
     def _on_event(self, event: str, duration: float, **_) -> None:
         if event.startswith("/jax/core/compile/"):
             self.seconds += duration
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.programs += 1
+
+    def _on_count(self, event: str, **_) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.cache_hits += 1
+
+    @property
+    def compiled(self) -> int:
+        """Programs compiled (not loaded from the persistent cache)."""
+        return self.programs - self.cache_hits
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2."""
+    """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2.
+
+    Compiled programs persist across runs (:func:`jax_drive.compile_cache.enable_compile_cache`)."""
+    from jax_drive.compile_cache import enable_compile_cache
+
+    enable_compile_cache()
     try:
         return int(main(argv) or 0)
     except InputError as error:

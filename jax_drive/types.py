@@ -110,6 +110,10 @@ class EgoState:
       history_poses: (..., 16, 3) [x, y, heading] at -1.5 .. 0 s every 0.1 s (last = 0, 0, 0).
       history_velocity: (..., 16, 2) [vx, vy] in each state's own body frame, m/s.
       history_acceleration: (..., 16, 2) [ax, ay] in each state's own body frame, m/s^2.
+      history_yaw_rate: (..., 16) each state's yaw rate, rad/s (the last one is t0's).
+      history_yaw_accel: (..., 16) each state's yaw acceleration, rad/s^2.
+      history_valid: (...,) bool: the history was logged (False: no past is known; it is
+        then a stand-in and NAVSIM v2's history comfort is 1).
     """
 
     velocity: chex.Array
@@ -118,6 +122,9 @@ class EgoState:
     history_poses: chex.Array
     history_velocity: chex.Array
     history_acceleration: chex.Array
+    history_yaw_rate: chex.Array
+    history_yaw_accel: chex.Array
+    history_valid: chex.Array
 
 
 @chex.dataclass(frozen=True)
@@ -218,6 +225,9 @@ class Scene:
       route: Route centreline.
       command: (...,) int32 :class:`Command`.
       expert: (..., 8, 3) human/expert future poses at 0.5 .. 4.0 s, [x, y, heading].
+      expert_valid: (...,) bool: ``expert`` is the logged human trajectory (False: a
+        stand-in, e.g. constant velocity; NAVSIM's synthetic scenes have none, and its
+        human penalty filter then does not apply).
       scene_id: (...,) int32 identifier (index in the generated set).
     """
 
@@ -227,6 +237,7 @@ class Scene:
     route: Route
     command: chex.Array
     expert: chex.Array
+    expert_valid: chex.Array
     scene_id: chex.Array
 
 

@@ -34,6 +34,8 @@ settings.load_profile("ci")
 
 import jax  # noqa: E402
 
+from jax_drive.compile_cache import enable_compile_cache  # noqa: E402
+
 # A persistent XLA compilation cache for this run only: a fresh temp dir made by the
 # controlling pytest process (inherited by xdist workers, pipeline subprocesses and Ray
 # workers through the environment) and deleted when the run ends, so CI starts cold. It
@@ -46,9 +48,8 @@ if not os.environ.get("JAX_COMPILATION_CACHE_DIR") and "PYTEST_XDIST_WORKER" not
     os.environ["JAX_COMPILATION_CACHE_DIR"] = RUN_CACHE
 XLA_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
-jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
-jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+os.environ.pop("JAX_DRIVE_NO_COMPILE_CACHE", None)  # the run cache is the suite's own, never the user's
+enable_compile_cache(XLA_CACHE, min_compile_seconds=1.0)
 
 
 def pytest_unconfigure(config):

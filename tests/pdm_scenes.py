@@ -28,12 +28,15 @@ def moving_agent(x: float, y: float, heading: float = 0.0, vx: float = 0.0, vy: 
 
 
 def road_scene(agents=(), speed: float = 10.0, ego_accel: float = 0.0,
-               red_light_frames: tuple[int, int] | None = None, scene_id: int = 0):
+               red_light_frames: tuple[int, int] | None = None, scene_id: int = 0, **spec_fields):
     """The two-lane road with ``agents`` (AgentTrack); ``red_light_frames`` (first, last):
-    an on-route lane connector on lane 0 at x in [30, 40] is red in those frames."""
+    an on-route lane connector on lane 0 at x in [30, 40] is red in those frames;
+    ``spec_fields``: SceneSpec fields to set (history_*, expert, expert_valid, ...)."""
     spec = straight_road(num_lanes=2, ego_lane=0, length_behind=50.0, length_ahead=200.0,
                          ego_speed=speed, ego_accel=ego_accel)
     spec.agents.extend(agents)
+    for name, value in spec_fields.items():
+        setattr(spec, name, value)
     if red_light_frames is not None:
         red = np.zeros(NUM_OBS_STEPS, bool)
         red[red_light_frames[0]: red_light_frames[1] + 1] = True

@@ -211,3 +211,122 @@ def test_cli_scores_the_example_scene_file(tmp_path, capsys):
     assert "scenes[0] (token 'x'): ego: missing" in capsys.readouterr().err
     assert main(["score", "--scenes-file", str(bad), "--scenes", "4"]) == 2
     assert main(["score", "--csv", str(out_csv), "--scenes", "4"]) == 2
+
+
+# ------------------------------------------------------------------ several proposals, v2 rules, timing
+@pytest.mark.slow
+def test_cli_scores_several_proposals_per_scene_with_navsim_v2_rules(tmp_path, capsys):
+    """Three proposals per scene ("proposals" lines; one scene gives only two): one CSV row
+    per proposal with a "proposal" column, NaN rows for the missing one, NAVSIM v2's columns
+    with two_frame_extended_comfort empty (no previous frame), the same scores as
+    evaluate_scene_file with NAVSIM v2's rules, and the time split printed and in the JSON."""
+    import csv
+
+    from jax_drive.compile_cache import ExecutableStore
+    from jax_drive.evaluate import evaluate_scene_file, load_token_proposals
+    from jax_drive.pdm import PDMConfig
+    from jax_drive.scenes.io import load_scenes
+
+    scenes_file = EXAMPLES / "example_scenes.json.gz"
+    tokens = load_scenes(scenes_file).tokens[:4]
+    lines = []
+    for i, token in enumerate(tokens):
+        count = 2 if i == 1 else 3
+        props = [[[(4.0 + k) * 0.5 * (j + 1), 0.3 * k * (j + 1) / 8, 0.0] for j in range(8)] for k in range(count)]
+        lines.append(json.dumps({"token": token, "proposals": props, "dt": 0.5}))
+    traj = _write(tmp_path / "p.jsonl", lines)
+    out_csv, out_json = tmp_path / "s.csv", tmp_path / "s.json"
+    rc = main(["score", "--scenes-file", str(scenes_file), "--trajectories", str(traj), "--navsim-version", "2",
+               "--csv", str(out_csv), "--json", str(out_json), "--no-progress"])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert "time: load" in out and "compile" in out and "score" in out
+    assert "proposal rows have no trajectory" in err
+    rows = list(csv.DictReader(out_csv.open()))
+    assert list(rows[0])[:3] == ["token", "proposal", "valid"] and "history_comfort" in rows[0]
+    n = len(load_scenes(scenes_file))
+    assert len(rows) == 3 * n + 1 and rows[-1]["token"] == "average"
+    assert all(r["two_frame_extended_comfort"] == "nan" for r in rows)
+    by_key = {(r["token"], int(r["proposal"])): r for r in rows[:-1]}
+    assert by_key[(tokens[1], 2)]["valid"] == "False" and by_key[(tokens[0], 2)]["valid"] == "True"
+    data = json.loads(out_json.read_text())
+    assert set(data["timing"]) >= {"load_s", "compile_s", "score_s", "programs_compiled", "programs_from_cache"}
+    scene_file = load_scenes(scenes_file)
+    store = ExecutableStore()  # the program the command stored: loaded, not compiled again
+    want = evaluate_scene_file(scene_file, "file", PDMConfig(navsim_version="2"),
+                               proposals=load_token_proposals(traj, scene_file.tokens), executables=store)
+    assert store.hits == 1 and data["timing"]["programs_compiled"] >= 1
+    for (token, k), row in by_key.items():
+        i = scene_file.tokens.index(token)
+        if row["valid"] == "True":
+            assert float(row["score"]) == pytest.approx(float(want.epdms[i, k]), abs=1e-6)
+            assert float(row["history_comfort"]) == float(want.hc[i, k])
+
+
+def test_proposals_file_errors(tmp_path):
+    from jax_drive.evaluate import load_token_proposals
+
+    good = [[float(j + 1), 0.0, 0.0] for j in range(8)]
+    cases = [
+        ([json.dumps({"token": "a", "proposals": []})], r":1: 'proposals' must be a non-empty list"),
+        ([json.dumps({"token": "a", "proposals": [good, [[1, 2]] * 8]})],
+         r":1: proposal 1: poses must be a list of \[x, y, heading\]"),
+        ([json.dumps({"token": "a", "poses": good, "proposals": [good]})], r":1: expected an object with keys"),
+        ([json.dumps({"token": "z", "proposals": [good]})], r":1: token 'z' is not in the scene file"),
+    ]
+    for lines, message in cases:
+        with pytest.raises(TrajectoryFileError, match=message):
+            load_token_proposals(_write(tmp_path / "bad.jsonl", lines), ["a", "b"])
+    out = load_token_proposals(_write(tmp_path / "ok.jsonl", [json.dumps({"token": "b", "proposals": [good, good]}),
+                                                              json.dumps({"token": "a", "poses": good})]), ["a", "b"])
+    assert out.shape == (2, 2, 8, 3) and np.isnan(out[0, 1]).all() and not np.isnan(out[1]).any()
+
+
+# ------------------------------------------------------------------ the persistent compilation cache
+def _cache_dir_in_fresh_process(env_extra: dict, tmp_path) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_DRIVE_NO_"))}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), **env_extra)
+    code = ("from jax_drive.compile_cache import enable_compile_cache; import sys; "
+            "print(enable_compile_cache(), 'jax' in sys.modules)")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_compile_cache_location_opt_out_and_checkout_guard(tmp_path):
+    from jax_drive.compile_cache import _CHECKOUT
+
+    directory, imported_jax = _cache_dir_in_fresh_process({}, tmp_path)
+    assert directory == str(tmp_path / "xdg" / "jax_drive" / "xla") and imported_jax == "False"
+    assert _cache_dir_in_fresh_process({"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "mine")}, tmp_path)[0] == str(
+        tmp_path / "mine")
+    assert _cache_dir_in_fresh_process({"JAX_DRIVE_NO_COMPILE_CACHE": "1"}, tmp_path)[0] == "None"
+    inside = str(_CHECKOUT / "xla_cache_here")
+    assert _cache_dir_in_fresh_process({"JAX_COMPILATION_CACHE_DIR": inside}, tmp_path)[0] == "None"
+
+
+def test_executable_store_loads_what_it_stored(tmp_path):
+    """A second store (a new process in real use) loads the stored executable instead of
+    compiling; results are the same."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.compile_cache import ExecutableStore
+
+    def f(x, scale):
+        return jnp.cumsum(jnp.sin(x) * scale)
+
+    fn = jax.jit(f, static_argnames=("scale",))
+    x = np.linspace(0.0, 1.0, 17, dtype=np.float32)
+    first = ExecutableStore(tmp_path)
+    a = np.asarray(first.get("f", fn, (x,), {"scale": 2.0})(x))
+    assert (first.hits, first.misses) == (0, 1)
+    second = ExecutableStore(tmp_path)
+    b = np.asarray(second.get("f", fn, (x,), {"scale": 2.0})(x))
+    assert (second.hits, second.misses) == (1, 0)
+    np.testing.assert_array_equal(a, b)
+    second.get("f", fn, (x,), {"scale": 3.0})  # another static argument: another program
+    assert second.misses == 1 and len(list((tmp_path / "jax_drive_executables").glob("*.bin"))) == 2

@@ -29,6 +29,7 @@ import pytest
 from jax_drive import pdm
 from jax_drive import scenes as scenes_mod
 from jax_drive.pdm_reference import ReferenceScorer, scene_to_global, scene_to_numpy
+from jax_drive.pdm_reference.navsim_parity import shift_left
 from jax_drive.scenes import frames
 
 pytestmark = pytest.mark.slow
@@ -69,17 +70,6 @@ def expert_reference(expert: np.ndarray) -> np.ndarray:
     return out
 
 
-def _lateral_shift(poses: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Shifts poses (8, 3) to their left by offsets (8,) metres, adjusting headings."""
-    out = poses.copy()
-    h = poses[:, 2]
-    out[:, 0] -= np.sin(h) * offsets
-    out[:, 1] += np.cos(h) * offsets
-    prev = np.concatenate([[0.0], offsets[:-1]])
-    out[:, 2] += np.arctan2(offsets - prev, np.maximum(np.abs(np.diff(np.concatenate([[0.0], poses[:, 0]]))), 0.5))
-    return out
-
-
 def plausible_proposal(expert, velocity, rng) -> np.ndarray:
     kind = rng.integers(3)
     if kind == 0:  # constant velocity along the t0 velocity
@@ -89,7 +79,7 @@ def plausible_proposal(expert, velocity, rng) -> np.ndarray:
     if kind == 1:  # expert with a speed change and a lateral drift
         p = expert.copy()
         p[:, :2] *= rng.uniform(0.7, 1.3)
-        return _lateral_shift(p, rng.normal(0.0, 0.8) * (T8 / 4.0) ** 2)
+        return shift_left(p, rng.normal(0.0, 0.8) * (T8 / 4.0) ** 2)
     # noisy expert
     p = expert.copy()
     p[:, :2] += rng.normal(0.0, 0.25, size=(8, 2))
@@ -101,7 +91,7 @@ def bad_proposal(expert, velocity, rng) -> np.ndarray:
     kind = rng.integers(6)
     speed = float(np.hypot(*velocity))
     if kind == 0:  # swerve off the road
-        return _lateral_shift(expert.copy(), rng.choice([-1.0, 1.0]) * rng.uniform(3.0, 9.0) * T8 / 4.0)
+        return shift_left(expert.copy(), rng.choice([-1.0, 1.0]) * rng.uniform(3.0, 9.0) * T8 / 4.0)
     if kind == 1:  # emergency stop within ~1 s
         s = np.minimum(speed * T8 - 0.5 * 8.0 * T8**2, speed**2 / 16.0)
         s = np.maximum.accumulate(np.maximum(s, 0.0))
@@ -112,7 +102,7 @@ def bad_proposal(expert, velocity, rng) -> np.ndarray:
         return p
     if kind == 3:  # zig-zag (comfort)
         p = expert.copy()
-        return _lateral_shift(p, rng.uniform(0.8, 2.0) * np.sin(np.arange(8) * 2.2))
+        return shift_left(p, rng.uniform(0.8, 2.0) * np.sin(np.arange(8) * 2.2))
     if kind == 4:  # stand still
         return np.zeros((8, 3))
     # sharp turn

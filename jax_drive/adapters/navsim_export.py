@@ -10,7 +10,8 @@ scores with ``jax-drive score --scenes-file scenes.json.gz``. The format is docu
 
 What is read from each ``MetricCache`` (NAVSIM v1.1 and v2.x):
   * ``ego_state``: rear-axle pose, body-frame velocity / acceleration, tyre steering angle;
-  * ``past_human_trajectory`` (v2 only): the ego history, resampled at 0.1 s over 1.5 s;
+  * ``past_human_trajectory`` (v2 only): the ego history, resampled at 0.1 s over 1.5 s,
+    with each state's yaw rate and yaw acceleration (NAVSIM v2's history comfort reads them);
   * ``observation``: every frame's object boxes (recovered from the box polygons, corners in
     nuPlan's order front-left, rear-left, rear-right, front-right), types from
     ``unique_objects`` (first appearance); a box's velocity is the first appearance's at
@@ -142,7 +143,9 @@ def _history(metric_cache, t0_us: int) -> dict | None:
     dyn = [s.dynamic_car_state for s in states]
     return {"dt": OBS_DT, "poses": [_rear_axle_pose(s) for s in states],
             "velocity": [[d.rear_axle_velocity_2d.x, d.rear_axle_velocity_2d.y] for d in dyn],
-            "acceleration": [[d.rear_axle_acceleration_2d.x, d.rear_axle_acceleration_2d.y] for d in dyn]}
+            "acceleration": [[d.rear_axle_acceleration_2d.x, d.rear_axle_acceleration_2d.y] for d in dyn],
+            "yaw_rate": [float(d.angular_velocity) for d in dyn],
+            "yaw_acceleration": [float(d.angular_acceleration) for d in dyn]}
 
 
 def _expert(metric_cache, origin: list[float]) -> dict | None:

@@ -10,12 +10,21 @@ x 8]}`` per scene (ego rear-axle frame at t0, poses at 0.5 .. 4.0 s); scene ids 
 indices of ``generate_scenes(PRNGKey(seed), N)``.
 
 Scene files (format: ``jax_drive/scenes/io.py``): ``--trajectories`` takes JSONL lines
-``{"token": str, "poses": [[x, y, heading], ...], "dt": 0.5}`` (any spacing covering 4 s)
-or a NAVSIM submission pickle (``.pkl``). Scenes without a trajectory are invalid rows.
-The CSV has NAVSIM's columns (``--navsim-version 1.1``: no_at_fault_collisions,
-drivable_area_compliance, ego_progress, time_to_collision_within_bound, comfort,
-driving_direction_compliance, score; ``2``: the EPDMS parts, score = EPDMS) and an
-"average" row over the valid scenes, as NAVSIM's run_pdm_score writes.
+``{"token": str, "poses": [[x, y, heading], ...], "dt": 0.5}`` (any spacing covering 4 s),
+``{"token": str, "proposals": [[[x, y, heading], ...], ...], "dt": 0.5}`` (several per
+scene: one row each, with a "proposal" column) or a NAVSIM submission pickle (``.pkl``).
+Scenes without a trajectory are invalid rows.
+
+``--navsim-version`` picks NAVSIM's rules and CSV columns: ``1.1`` (default: PDMS; columns
+no_at_fault_collisions, drivable_area_compliance, ego_progress,
+time_to_collision_within_bound, comfort, driving_direction_compliance, score) or ``2``
+(NAVSIM v2.2's one-stage EPDMS: log-replay traffic without objects overlapping the ego at
+t0, the human penalty filter, history comfort as NAVSIM v2 computes it, EPDMS without a
+previous frame over 14 weights; the EPDMS parts, score = EPDMS, two_frame_extended_comfort
+empty). The CSV ends with an "average" row over the valid rows, as NAVSIM's run_pdm_score
+writes. Compiled programs are kept in the persistent compilation cache
+(``jax_drive/compile_cache.py``), and the command prints where the time went (loading,
+compiling or loading compiled programs, scoring).
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", type=Path, help="write the results to this JSON file")
     p.add_argument("--csv", type=Path, help="write per-scene scores with NAVSIM's column names (scene files)")
     p.add_argument("--navsim-version", choices=sorted(NAVSIM_COLUMNS), default="1.1",
-                   help="which NAVSIM columns the CSV carries (default 1.1)")
+                   help="NAVSIM's rules and CSV columns: 1.1 (PDMS, default) or 2 (v2.2's EPDMS)")
     p.add_argument("--plot", type=Path, help="write a per-metric failure breakdown plot (PNG)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
@@ -149,21 +158,32 @@ def plot_failures(breakdown: dict, path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+# Columns NAVSIM leaves empty (NaN) for a frame scored without its previous frame.
+WITHOUT_PREVIOUS_FRAME = {"2": ("two_frame_extended_comfort",)}
+
+
 def write_navsim_csv(path: Path, tokens, result, valid, version: str) -> None:
-    """Per-scene rows with NAVSIM's columns, then NAVSIM's "average" row (mean over valid)."""
+    """Per-scene rows with NAVSIM's columns, then NAVSIM's "average" row (mean over valid).
+
+    With several proposals per scene (``valid`` (S, P)) each proposal is a row, with a
+    "proposal" column after the token."""
     import numpy as np
 
     columns = NAVSIM_COLUMNS[version]
+    empty = WITHOUT_PREVIOUS_FRAME.get(version, ())
+    several = np.ndim(valid) == 2
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(["token", "valid"] + [name for name, _ in columns])
-        for i, token in enumerate(tokens):
-            values = [float(np.asarray(getattr(result, field))[i]) if valid[i] else math.nan for _, field in columns]
-            writer.writerow([token, bool(valid[i])] + values)
-        means = [float(np.mean(np.asarray(getattr(result, field))[valid])) if valid.any() else math.nan
-                 for _, field in columns]
-        writer.writerow(["average", bool(valid.all())] + means)
+        writer.writerow(["token"] + (["proposal"] if several else []) + ["valid"] + [name for name, _ in columns])
+        for index in np.ndindex(np.shape(valid)):
+            ok = bool(valid[index])
+            values = [float(np.asarray(getattr(result, field))[index]) if ok and name not in empty else math.nan
+                      for name, field in columns]
+            writer.writerow([tokens[index[0]]] + list(index[1:]) + [ok] + values)
+        means = [float(np.mean(np.asarray(getattr(result, field))[valid])) if valid.any() and name not in empty
+                 else math.nan for name, field in columns]
+        writer.writerow(["average"] + ([""] if several else []) + [bool(valid.all())] + means)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,32 +201,44 @@ def run(args: argparse.Namespace) -> int:
         TrajectoryFileError,
         evaluate_planner,
         evaluate_scene_file,
-        load_token_trajectories,
+        load_token_proposals,
         load_trajectories,
         summarize,
     )
     from jax_drive.pdm import PDMConfig
+    from jax_drive.runinfo import CompileClock
 
-    pdm_cfg = PDMConfig(simulate=not args.no_simulate, jerk_matrix=args.jerk_matrix)
+    from jax_drive.compile_cache import ExecutableStore
+
+    clock, executables = CompileClock(), ExecutableStore()
+    pdm_cfg = PDMConfig(navsim_version=args.navsim_version, simulate=not args.no_simulate,
+                        jerk_matrix=args.jerk_matrix)
     t0 = time.perf_counter()
     payload: dict = {"planner": planner, "file": str(args.file) if args.file else None,
-                     "simulate": not args.no_simulate, "jerk_matrix": args.jerk_matrix}
+                     "simulate": not args.no_simulate, "jerk_matrix": args.jerk_matrix,
+                     "navsim_version": args.navsim_version}
     if args.scenes_file is not None:
         from jax_drive.scenes.io import SceneFileError, load_scenes
 
         try:
             scenes = load_scenes(args.scenes_file)
-            proposals = load_token_trajectories(args.file, scenes.tokens) if planner == "file" else None
+            proposals = load_token_proposals(args.file, scenes.tokens) if planner == "file" else None
         except (SceneFileError, TrajectoryFileError) as e:
             return _fail(str(e))
+        if proposals is not None and proposals.shape[1] == 1:
+            proposals = proposals[:, 0]
+        load_s, load_compile_s = time.perf_counter() - t0, clock.seconds
         result = evaluate_scene_file(scenes, planner, pdm_cfg, proposals=proposals, batch_size=args.batch_size,
-                                     progress=not args.no_progress)
+                                     progress=not args.no_progress, executables=executables)
         tokens = list(scenes.tokens)
         valid = np.asarray(result.finite, bool)
         if proposals is not None and (~valid).any():
-            print(f"warning: {int((~valid).sum())} of {len(tokens)} scenes have no trajectory in {args.file}: "
+            what = "scenes have" if valid.ndim == 1 else "proposal rows have"
+            print(f"warning: {int((~valid).sum())} of {valid.size} {what} no trajectory in {args.file}: "
                   "invalid rows", file=sys.stderr)
         desc = f"{len(tokens)} scenes from {args.scenes_file}"
+        if valid.ndim == 2:
+            desc += f", {valid.shape[1]} proposals each"
         payload.update({"scenes_file": str(args.scenes_file), "scenes": len(tokens),
                         "with_pdm_closed_in_file": int(scenes.has_reference.sum()),
                         "dropped_map_layers": scenes.dropped_layers})
@@ -226,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         if args.hard_fraction is not None:
             gen_cfg = dataclasses.replace(gen_cfg, hard_fraction=args.hard_fraction)
         generated = generate_scenes(jax.random.PRNGKey(args.seed), num, gen_cfg)
+        load_s, load_compile_s = time.perf_counter() - t0, clock.seconds  # generating compiles too
         result = evaluate_planner(planner, generated, pdm_cfg, proposals=proposals, batch_size=args.batch_size,
                                   progress=not args.no_progress and num > args.batch_size)
         tokens = [str(i) for i in range(num)]
@@ -233,9 +266,18 @@ def run(args: argparse.Namespace) -> int:
         desc = f"{num} scenes, seed {args.seed}"
         payload.update({"scenes": num, "seed": args.seed, "hard_fraction": gen_cfg.hard_fraction})
     elapsed = time.perf_counter() - t0
+    # programs JAX compiled or loaded, plus whole executables loaded from the executable store
+    compile_s = clock.seconds + (0.0 if executables.misses else executables.seconds)
+    timing = {"load_s": load_s - load_compile_s, "compile_s": compile_s,
+              "score_s": max(elapsed - load_s - (compile_s - load_compile_s), 0.0),
+              "programs_compiled": clock.compiled, "programs_from_cache": clock.cache_hits + executables.hits,
+              "total_s": elapsed}
     metrics = summarize(result, valid)
     breakdown = failure_breakdown(result, valid)
     print(f"planner {planner}: {desc}, {int(valid.sum())} valid, {elapsed:.1f} s")
+    print(f"time: load {timing['load_s']:.2f} s, compile {timing['compile_s']:.2f} s "
+          f"({timing['programs_compiled']} programs compiled, {timing['programs_from_cache']} loaded from the "
+          f"compilation cache), score {timing['score_s']:.2f} s")
     print(format_table(metrics))
     if args.csv is not None:
         write_navsim_csv(args.csv, tokens, result, valid, args.navsim_version)
@@ -245,10 +287,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}")
     if args.json is not None:
         payload.update({
-            "seconds": elapsed, "valid": int(valid.sum()), "metrics": metrics, "failures": breakdown,
-            "tokens": tokens if args.scenes_file is not None else None,
-            "per_scene": {field: [round(float(v), 6) if ok else None for v, ok in zip(np.asarray(getattr(result, field)),
-                                                                                     valid)]
+            "seconds": elapsed, "timing": timing, "valid": int(valid.sum()), "metrics": metrics,
+            "failures": breakdown, "tokens": tokens if args.scenes_file is not None else None,
+            "per_scene": {field: np.where(valid, np.round(np.asarray(getattr(result, field), np.float64), 6),
+                                          None).tolist()
                           for field, _ in METRICS} | {"valid": valid.tolist()},
         })
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from jax_drive.compile_cache import enable_compile_cache
 from jax_drive.distributed.episodes import EpisodeSpec
 from jax_drive.runinfo import InputError
 from jax_drive.sim.state import SimConfig
@@ -85,15 +86,10 @@ class JaxBackend:
 
 class JaxRunner:
     def __init__(self, backend: JaxBackend):
-        import jax
-
         if backend.xla_cache_dir:
-            jax.config.update("jax_compilation_cache_dir", backend.xla_cache_dir)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", backend.xla_cache_min_compile_s)
-            if jax.config.jax_compilation_cache_max_size == -1:
-                # workers share the directory: a size limit makes JAX lock around reads and
-                # writes, so no worker loads an entry another is still writing
-                jax.config.update("jax_compilation_cache_max_size", 64 << 30)
+            # workers share the directory (enable_compile_cache sets the size limit that
+            # makes JAX lock around reads and writes)
+            enable_compile_cache(backend.xla_cache_dir, min_compile_seconds=backend.xla_cache_min_compile_s)
         self.backend = backend
         self.policy = make_policy(backend.policy)
 

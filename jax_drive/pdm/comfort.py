@@ -18,7 +18,6 @@ import functools
 import chex
 import jax.numpy as jnp
 import numpy as np
-from scipy.signal import savgol_filter
 
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.interpolate import unwrap_angles
@@ -30,6 +29,8 @@ def savgol_matrix(length: int, window: int, poly: int, deriv: int = 0, delta: fl
 
     The window is clipped to ``length`` (NAVSIM passes ``min(window, n_time)``).
     """
+    from scipy.signal import savgol_filter  # only while tracing (a stored executable needs no scipy)
+
     window = min(window, length)
     if poly >= window:
         raise ValueError(f"savgol: poly order {poly} must be < window {window}")
@@ -44,13 +45,16 @@ def _apply(mat: np.ndarray, y: chex.Array) -> chex.Array:
 
 
 def comfort_signals(ax: chex.Array, ay: chex.Array, heading: chex.Array, dt: float,
-                    accel_window: int, jerk_window: int, config: PDMConfig) -> dict:
+                    accel_window: int, jerk_window: int, config: PDMConfig,
+                    magnitude: chex.Array | None = None) -> dict:
     """The six smoothed signals NAVSIM checks, each (..., T).
 
     Args: ax, ay (..., T) body-frame accelerations; heading (..., T); dt sample spacing.
       accel_window: S-G window for the lon/lat acceleration checks (v1.1: 41, v2: 8).
       jerk_window: S-G window of the jerk derivative (v1.1: 41, v2: 15). The acceleration
         fed to the jerk derivative is always smoothed with ``config.jerk_accel_window`` (8).
+      magnitude: (..., T) acceleration magnitude for the jerk check (default hypot(ax, ay);
+        NAVSIM v2 passes the unshifted rear-axle magnitude with centre-shifted ax, ay).
     Returns dict lon_accel, lat_accel, jerk (magnitude), lon_jerk, yaw_rate, yaw_accel.
     """
     t = ax.shape[-1]
@@ -59,7 +63,7 @@ def comfort_signals(ax: chex.Array, ay: chex.Array, heading: chex.Array, dt: flo
     jerk_m = savgol_matrix(t, jerk_window, 2, 1, dt)
     yaw1 = savgol_matrix(t, config.yaw_window, 2, 1, dt)
     yaw2 = savgol_matrix(t, config.yaw_window, 3, 2, dt)
-    mag = jnp.hypot(ax, ay)
+    mag = jnp.hypot(ax, ay) if magnitude is None else magnitude
     h = unwrap_angles(heading)
     return {
         "lon_accel": _apply(acc_m, ax),
@@ -97,38 +101,69 @@ def is_comfortable_v1(ax, ay, heading, config: PDMConfig) -> chex.Array:
 
 
 def center_accelerations(ax, ay, yaw_rate, yaw_accel, config: PDMConfig):
-    """Rear-axle body accelerations moved to the box centre (NAVSIM v2 comfort).
+    """Rear-axle body accelerations moved to the box centre, d = rear_axle_to_center ahead.
 
-    Rigid-body transfer by d = rear_axle_to_center along x: a_c = a + alpha x d + w x (w x d),
-    i.e. (ax - w^2 d, ay + alpha d).
+    ``config.hc_acceleration`` "shifted" (NAVSIM v2, nuPlan's ``get_acceleration_shifted``
+    with displacement (d, 0)): (ax + d (w^2 + alpha), ay). "rigid_body": a + alpha x d +
+    w x (w x d) = (ax - w^2 d, ay + alpha d).
     """
     d = config.ego_rear_axle_to_center
+    if config.hc_acceleration == "shifted":
+        return ax + d * (yaw_rate**2 + yaw_accel), ay
     return ax - yaw_rate**2 * d, ay + yaw_accel * d
 
 
 def is_comfortable_v2(ax, ay, heading, yaw_rate, yaw_accel, config: PDMConfig) -> chex.Array:
-    """NAVSIM v2 comfort (used by history comfort HC) over any length T: (...) float."""
+    """NAVSIM v2 comfort (used by history comfort HC) over any length T: (...) float.
+
+    Inputs (..., T) are rear-axle values; the acceleration checks see them at the box centre
+    (:func:`center_accelerations`); with "shifted" the jerk magnitude stays the rear axle's
+    (NAVSIM shifts only the x / y components it reads)."""
     cax, cay = center_accelerations(ax, ay, yaw_rate, yaw_accel, config)
+    mag = jnp.hypot(ax, ay) if config.hc_acceleration == "shifted" else None
     sig = comfort_signals(cax, cay, heading, config.dt, config.accel_window_v2,
-                          config.jerk_window_v2, config)
+                          config.jerk_window_v2, config, magnitude=mag)
     return jnp.all(comfort_checks(sig, config), axis=-1).astype(jnp.float32)
 
 
-def extended_comfort(current: dict, previous: dict, overlap: int, config: PDMConfig) -> chex.Array:
-    """NAVSIM v2 two-frame extended comfort EC, (...) float in {0, 1}.
+EC_OVERLAP_STEPS = 5  # NAVSIM v2: frames 0.5 s apart, i.e. 5 steps of 0.1 s
+
+
+def extended_comfort_features(ax, ay, heading, config: PDMConfig) -> dict:
+    """NAVSIM v2's extended-comfort features of (..., T) rear-axle signals, each (..., T):
+    acceleration magnitude (S-G window 8, poly 2), its jerk (S-G derivative window 15, poly
+    2, of the magnitude smoothed with window 8), yaw rate (window 5, poly 2) and yaw
+    acceleration (window 5, poly 2: NAVSIM passes no poly order 3 here)."""
+    t = ax.shape[-1]
+    dt = config.dt
+    mag = jnp.hypot(ax, ay)
+    smooth = _apply(savgol_matrix(t, config.jerk_accel_window, 2), mag)
+    h = unwrap_angles(heading)
+    return {"accel": smooth,
+            "jerk": _apply(savgol_matrix(t, config.jerk_window_v2, 2, 1, dt), smooth),
+            "yaw_rate": _apply(savgol_matrix(t, config.yaw_window, 2, 1, dt), h),
+            "yaw_accel": _apply(savgol_matrix(t, config.yaw_window, 2, 2, dt), h)}
+
+
+def two_frame_extended_comfort(current, previous, config: PDMConfig,
+                               overlap_steps: int = EC_OVERLAP_STEPS) -> chex.Array:
+    """NAVSIM v2's two-frame extended comfort EC, (...) float in {0, 1}.
 
     Args:
-      current, previous: dicts with (..., T) 'accel' (magnitude), 'jerk', 'yaw_rate',
-        'yaw_accel' signals of this frame and of the frame 0.5 s earlier, already aligned so
-        that current[..., :overlap] and previous[..., -overlap:] cover the same times.
-      overlap: number of common samples.
-    EC = 1 when the RMS of the differences of all four signals over the overlap are within
-    (ec_accel, ec_jerk, ec_yaw_rate, ec_yaw_accel).
+      current, previous: simulated trajectories (objects with (..., T) ``ax``, ``ay``,
+        ``heading``, e.g. :class:`jax_drive.pdm.EgoTrajectory`) of this frame and of the
+        frame ``overlap_steps`` steps (0.5 s) earlier, each in its own frame's time.
+      overlap_steps: how many steps the previous frame started earlier.
+    The overlap is this frame's first T - overlap_steps states against the previous frame's
+    last T - overlap_steps; the features (:func:`extended_comfort_features`) are computed on
+    those two cut sequences, and EC = 1 when the RMS of the differences of all four are
+    within (ec_accel, ec_jerk, ec_yaw_rate, ec_yaw_accel) (<=).
     """
+    k = overlap_steps
+    feats = [extended_comfort_features(t.ax[..., sl], t.ay[..., sl], t.heading[..., sl], config)
+             for t, sl in ((current, slice(None, -k)), (previous, slice(k, None)))]
     bounds = {"accel": config.ec_accel, "jerk": config.ec_jerk, "yaw_rate": config.ec_yaw_rate,
               "yaw_accel": config.ec_yaw_accel}
-    ok = []
-    for name, bound in bounds.items():
-        diff = current[name][..., :overlap] - previous[name][..., -overlap:]
-        ok.append(jnp.sqrt(jnp.mean(diff**2, axis=-1)) <= bound)
+    ok = [jnp.sqrt(jnp.mean((feats[0][name] - feats[1][name]) ** 2, axis=-1)) <= bound
+          for name, bound in bounds.items()]
     return jnp.all(jnp.stack(ok, -1), -1).astype(jnp.float32)

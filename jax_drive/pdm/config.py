@@ -13,11 +13,59 @@ import math
 from jax_drive.types import VehicleParameters
 
 
+NAVSIM_VERSIONS = ("1.1", "2")
+# Conventions per version: "2" is NAVSIM v2.2's; "1.1" keeps NAVSIM v1.1's traffic and, for
+# the v2-only metrics (HC, EC), jax-drive's earlier conventions.
+VERSION_DEFAULTS = {
+    "1.1": {"t0_overlap": "keep", "human_penalty_filter": False, "hc_acceleration": "rigid_body",
+            "hc_history_dynamics": "finite_difference", "ec_without_previous": "one"},
+    "2": {"t0_overlap": "drop", "human_penalty_filter": True, "hc_acceleration": "shifted",
+          "hc_history_dynamics": "navsim", "ec_without_previous": "drop"},
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class PDMConfig:
     """All PDM-score constants.
 
     Attributes (defaults = NAVSIM v1.1):
+      navsim_version: "1.1" (default) or "2": which NAVSIM's rules the fields below default
+        to where the two versions differ (``PDMConfig(navsim_version="2")`` is NAVSIM v2.2's
+        default one-stage scoring: non-reactive log-replay traffic, human penalty filter).
+        A field left at None takes the version's default (:data:`VERSION_DEFAULTS`; "1.1"
+        keeps jax-drive's earlier conventions for the v2-only HC and EC, so read EPDMS in
+        "2" mode). Every result field is computed either way; in "2" mode NC, DAC and the v2 fields
+        (ddc_v2, tlc, ep_v2, ttc_v2, lk, hc, ec, epdms) are NAVSIM v2's, and the v1.1-only
+        fields (ttc, ddc, ep, comfort, pdms) see the v2 traffic, so read PDMS in "1.1" mode.
+      t0_overlap: objects whose box meets the ego box at t = 0. "keep" (v1.1 default: NAVSIM
+        v1.1 scores them like any other object) or "drop" (v2 default: NAVSIM v2's
+        ``LogReplayTrafficAgents`` removes every object present in the first frame whose box
+        intersects, touching included, the ego's t0 box, from every frame). Applied at
+        scoring time; scene files keep all objects.
+      human_penalty_filter: NAVSIM v2's filter (v2 default True, v1.1 False): the scene's
+        human trajectory (``Scene.expert``, where ``Scene.expert_valid``) is simulated and
+        scored alone in the same call, and every multiplier / weighted metric it scores 0 on
+        (NC, DAC, DDC, TLC, EP, TTC, LK, HC; EP and HC never are: scored alone its progress
+        normalises itself, and NAVSIM scores it without a history) is set to 1 for the
+        proposals; NC 0.5 and DDC 0.5 of the human do not count. Scenes without a logged
+        human trajectory (NAVSIM's synthetic scenes) are not filtered.
+      hc_acceleration: how history comfort moves the rear-axle acceleration to the box centre.
+        "shifted" (v2 default: NAVSIM v2 through nuPlan's ``get_acceleration_shifted`` with the
+        displacement d along x): longitudinal ``a_x + d (w^2 + alpha)``, lateral ``a_y``
+        unchanged, the jerk magnitude from the unshifted rear-axle acceleration. "rigid_body"
+        (v1.1 default): the rigid-body transfer ``(a_x - w^2 d, a_y + alpha d)`` for all three.
+      hc_history_dynamics: the yaw rate / yaw acceleration history comfort uses to move the
+        past states' accelerations to the box centre, and the t0 ones the simulation starts
+        from. "navsim" (v2 default): the past states' are 0 (NAVSIM reads the past from an
+        ``InterpolatedTrajectory``, and nuPlan's ``EgoState.from_split_state`` rebuilds its
+        states without angular velocity or acceleration), t0's the logged ones (the metric
+        cache's ego state). "logged": every state's logged values
+        (``EgoState.history_yaw_rate`` / ``history_yaw_accel``). "finite_difference" (v1.1
+        default): ``np.gradient`` of the past headings, t0's 0.
+      ec_without_previous: EPDMS of a single frame (no previous frame, EC undefined).
+        "drop" (v2 default, NAVSIM v2): EC leaves the weighted average (weights 5 + 5 + 2 + 2
+        over 14). "one" (v1.1 default): EC = 1 at its weight (over 16). :func:`jax_drive.pdm.scorer.
+        with_extended_comfort` adds a two-frame EC (weights over 16).
       simulate: run the LQR tracker + kinematic bicycle model on the interpolated states
         (NAVSIM behaviour). False scores the raw interpolated states, with speeds and
         accelerations from finite differences.
@@ -76,9 +124,16 @@ class PDMConfig:
       v2 (history comfort): acceleration window 8, jerk derivative window 15.
 
       Weights: PDMS = NC * DAC * (5 TTC + 5 EP + 2 C) / 12;
-        EPDMS = NC * DAC * DDC * TLC * (5 EP + 5 TTC + 2 LK + 2 HC + 2 EC) / 16.
+        EPDMS = NC * DAC * DDC * TLC * (5 EP + 5 TTC + 2 LK + 2 HC [+ 2 EC]) / 14 [16]
+        (EC only with a previous frame, see ``ec_without_previous``).
     """
 
+    navsim_version: str = "1.1"
+    t0_overlap: str | None = None
+    human_penalty_filter: bool | None = None
+    hc_acceleration: str | None = None
+    hc_history_dynamics: str | None = None
+    ec_without_previous: str | None = None
     simulate: bool = True
     check_finite: bool = True
     chunk_size: int = 512
@@ -148,6 +203,17 @@ class PDMConfig:
     weight_ec: float = 2.0
 
     def __post_init__(self):
+        if self.navsim_version not in NAVSIM_VERSIONS:
+            raise ValueError(f"PDMConfig.navsim_version must be one of {NAVSIM_VERSIONS}, got {self.navsim_version!r}")
+        # The chosen version's convention where a field is left at None.
+        for name, value in VERSION_DEFAULTS[self.navsim_version].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        for name, allowed in (("t0_overlap", ("keep", "drop")), ("hc_acceleration", ("shifted", "rigid_body")),
+                              ("hc_history_dynamics", ("navsim", "logged", "finite_difference")),
+                              ("ec_without_previous", ("drop", "one"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"PDMConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.jerk_matrix not in ("navsim", "nuplan"):
             raise ValueError(f"PDMConfig.jerk_matrix must be 'navsim' or 'nuplan', got {self.jerk_matrix!r}")
         if not self.ttc_future_frames or min(self.ttc_future_frames) < 0:

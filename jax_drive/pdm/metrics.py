@@ -123,14 +123,30 @@ class SceneArrays:
     route_valid: chex.Array
 
 
+def t0_overlaps(scene, config: PDMConfig) -> chex.Array:
+    """(N,) bool: objects present in the first frame whose box meets (touching included)
+    the ego's box at t = 0 (NAVSIM v2's ``LogReplayTrafficAgents`` drops them)."""
+    ag = scene.agents
+    h0 = jnp.asarray(ag.heading[:, 0], jnp.float32)
+    hit = ego_frame_overlap(jnp.asarray(ag.x[:, 0], jnp.float32), jnp.asarray(ag.y[:, 0], jnp.float32),
+                            jnp.cos(h0), jnp.sin(h0), config.ego_rear_axle_to_center, config.ego_length / 2,
+                            config.ego_width / 2, jnp.asarray(ag.length, jnp.float32) / 2,
+                            jnp.asarray(ag.width, jnp.float32) / 2)
+    return hit & jnp.asarray(ag.valid[:, 0], bool)
+
+
 def scene_arrays(scene, config: PDMConfig, budget: MapBudget | None = None) -> SceneArrays:
     """Builds :class:`SceneArrays` from an unbatched Scene.
 
     ``budget`` (from :func:`jax_drive.pdm.polygons.map_budget` on the concrete scene batch)
     enables the band tables; None keeps the brute-force polygon tests (same results).
+    With ``config.t0_overlap == "drop"`` the objects of :func:`t0_overlaps` are invalid in
+    every frame.
     """
     ag = scene.agents
     valid = jnp.asarray(ag.valid, bool)
+    if config.t0_overlap == "drop":
+        valid = valid & ~t0_overlaps(scene, config)[:, None]
     first = jnp.argmax(valid, axis=-1)  # (N,)
     any_valid = jnp.any(valid, axis=-1)
     take = lambda a: jnp.take_along_axis(a, first[:, None], axis=-1)[:, 0]
@@ -519,15 +535,18 @@ def comfort(ax: chex.Array, ay: chex.Array, heading: chex.Array, config: PDMConf
 
 
 def history_comfort(signals: dict, history: dict, config: PDMConfig) -> MetricResult:
-    """HC (v2): the v2 comfort checks over the logged history followed by the simulated states.
+    """HC (v2): the v2 comfort checks over the logged history followed by the simulated states
+    (the 14 history states at -1.5 .. -0.2 s and the 41 simulated ones, read as one sequence
+    at 0.1 s, as NAVSIM does). 1 where the scene has no logged history (NAVSIM: no past
+    trajectory, no check).
 
     signals: (Q, 41) arrays ax, ay, heading, yaw_rate, yaw_accel; history: (H,) arrays of
-    the same names (one scene's logged past)."""
+    the same names (one scene's logged past) and ``valid`` (a scalar bool)."""
     q = signals["ax"].shape[0]
     cat = lambda name: jnp.concatenate(
         [jnp.broadcast_to(history[name], (q,) + history[name].shape), signals[name]], axis=-1)
-    return _always(is_comfortable_v2(cat("ax"), cat("ay"), cat("heading"), cat("yaw_rate"),
-                                     cat("yaw_accel"), config))
+    ok = is_comfortable_v2(cat("ax"), cat("ay"), cat("heading"), cat("yaw_rate"), cat("yaw_accel"), config)
+    return _always(jnp.where(history["valid"], ok, 1.0))
 
 
 def pose_windows(num_steps: int = 41, num_poses: int = 8, per_pose: int = 5) -> np.ndarray:

@@ -244,7 +244,24 @@ def inside_bits_brute(points: chex.Array, vertices: chex.Array, valid: chex.Arra
 
 
 def _round_up(n: int, step: int) -> int:
-    return max(step, int(math.ceil(n / step)) * step)
+    """The smallest ``step * k >= n`` with k in 1, 2, 3, 4, 6, 8, 12, ... (powers of two and
+    1.5 times them): at most 1.5x the need, and few distinct values, so that batches and
+    files of similar maps share one compilation."""
+    k = max(1, int(math.ceil(n / step)))
+    p = 1 << (k - 1).bit_length()  # next power of two >= k
+    return step * (p * 3 // 4 if p >= 4 and p * 3 // 4 >= k else p)
+
+
+def merge_budgets(budgets) -> MapBudget | None:
+    """The elementwise largest of several :class:`MapBudget` (one program for all of them);
+    None if any is None."""
+    budgets = list(budgets)
+    if not budgets or any(b is None for b in budgets):
+        return None
+    poly = lambda parts: PolygonBudget(max(b.edges for b in parts), max(b.band for b in parts),  # noqa: E731
+                                       max(b.bands for b in parts))
+    return MapBudget(drivable=poly([b.drivable for b in budgets]), lanes=poly([b.lanes for b in budgets]),
+                     red_lanes=max(b.red_lanes for b in budgets), objects=max(b.objects for b in budgets))
 
 
 def _max_band_count(scene: np.ndarray, lo: np.ndarray, hi: np.ndarray, per_scene: np.ndarray, num_bands: int) -> int:

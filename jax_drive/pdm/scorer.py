@@ -15,11 +15,15 @@ Defined results for edge cases (metrics that are not valid report these defaults
   * non-finite proposals (only reachable with ``check_finite=False``): every score 0,
     violations all False / -1, ``finite`` False; a non-finite reference counts as 0 progress;
   * EC (two-frame extended comfort) needs the previous frame's simulated states, which a
-    single Scene does not carry: EC = 1 (use :func:`jax_drive.pdm.comfort.extended_comfort`
-    when both frames are at hand);
-  * HC (history comfort) uses the logged history poses and accelerations; the history yaw
-    rate / yaw acceleration needed to move accelerations to the box centre are finite
-    differences of the logged headings.
+    single Scene does not carry: ``ec`` reads 1 and EPDMS leaves it out of the weighted
+    average (``PDMConfig.ec_without_previous``, NAVSIM v2); :func:`with_extended_comfort`
+    puts a two-frame EC (:func:`jax_drive.pdm.comfort.two_frame_extended_comfort`) in;
+  * HC (history comfort) uses the logged history poses and accelerations, the past states'
+    yaw rates / accelerations as ``PDMConfig.hc_history_dynamics`` says; HC = 1 for a scene
+    without a logged history (``EgoState.history_valid`` False);
+  * NAVSIM v2 conventions (``PDMConfig(navsim_version="2")``): objects overlapping the ego
+    at t = 0 are dropped, and the human penalty filter scores the scene's human trajectory
+    in the same call (see :class:`PDMConfig`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.compile_cache import ExecutableStore
 from jax_drive.parallel import MeshConfig, call_on_rows, make_mesh
 from jax_drive.pdm.config import PDMConfig
 from jax_drive.pdm.interpolate import interpolate_poses, unwrap_angles
@@ -114,15 +119,32 @@ class PDMResult:
 
 
 def _history_states(scene, config: PDMConfig) -> dict:
-    """Logged history (unbatched scene) as (H,) arrays for history comfort."""
+    """Logged history (unbatched scene) as (H,) arrays for history comfort, and ``valid``."""
     n = config.hc_history_steps
     hp = jnp.asarray(scene.ego.history_poses, jnp.float32)
     acc = jnp.asarray(scene.ego.history_acceleration, jnp.float32)
     heading = unwrap_angles(hp[:, 2])
-    yaw_rate = jnp.gradient(heading, config.dt)
-    yaw_accel = jnp.gradient(yaw_rate, config.dt)
+    if config.hc_history_dynamics == "navsim":  # NAVSIM's interpolated past states carry none
+        yaw_rate = yaw_accel = jnp.zeros_like(heading)
+    elif config.hc_history_dynamics == "logged":
+        yaw_rate = jnp.asarray(scene.ego.history_yaw_rate, jnp.float32)
+        yaw_accel = jnp.asarray(scene.ego.history_yaw_accel, jnp.float32)
+    else:
+        yaw_rate = jnp.gradient(heading, config.dt)
+        yaw_accel = jnp.gradient(yaw_rate, config.dt)
     return {"ax": acc[:n, 0], "ay": acc[:n, 1], "heading": heading[:n],
-            "yaw_rate": yaw_rate[:n], "yaw_accel": yaw_accel[:n]}
+            "yaw_rate": yaw_rate[:n], "yaw_accel": yaw_accel[:n],
+            "valid": jnp.asarray(scene.ego.history_valid, bool)}
+
+
+def _simulation_scene(scene, config: PDMConfig):
+    """The scene whose t0 state starts the simulation: with "finite_difference" history
+    dynamics the t0 yaw rate / acceleration are 0 instead of the logged ones."""
+    if config.hc_history_dynamics != "finite_difference":
+        return scene
+    ego = scene.ego
+    return scene.replace(ego=ego.replace(history_yaw_rate=jnp.zeros_like(ego.history_yaw_rate),
+                                         history_yaw_accel=jnp.zeros_like(ego.history_yaw_accel)))
 
 
 @chex.dataclass(frozen=True)
@@ -224,9 +246,10 @@ def _simulated_metrics(scene, states: chex.Array, config: PDMConfig,
     """
     sa = scene_arrays(scene, config, budget)
     hist = _history_states(scene, config)
+    sim_scene = _simulation_scene(scene, config)
 
     def run(chunk_states):
-        return trajectory_metrics(scene, sa, hist, simulate_states(scene, chunk_states, config), config)
+        return trajectory_metrics(scene, sa, hist, simulate_states(sim_scene, chunk_states, config), config)
 
     q = states.shape[0]
     chunk = config.chunk_size
@@ -263,17 +286,44 @@ def _ep_rules(m: TrajectoryMetrics, norm_v1: chex.Array, norm_v2: chex.Array, co
     return ep, ep2
 
 
-def _aggregate(m: TrajectoryMetrics, ep, ep2, finite, config: PDMConfig) -> PDMResult:
-    """Combines metrics into PDMS / EPDMS; zeroes non-finite proposals."""
+# Metrics the human penalty filter acts on. NAVSIM also lists EP and HC, but scored alone
+# the human's progress normalises itself (EP 1) and it is scored without its past (HC 1).
+HUMAN_FILTERED = ("nc", "dac", "ddc_v2", "tlc", "ttc_v2", "lk")
+
+
+def _human_filter(v: dict, human: TrajectoryMetrics, expert_valid: chex.Array) -> dict:
+    """NAVSIM v2's human penalty filter: a metric the human trajectory scores 0 on is 1."""
+    out = dict(v)
+    for name in HUMAN_FILTERED:
+        out[name] = jnp.where(expert_valid & (_value(human, name) == 0.0), 1.0, v[name])
+    return out
+
+
+def epdms_from_parts(nc, dac, ddc_v2, tlc, ep_v2, ttc_v2, lk, hc, ec, config: PDMConfig, with_ec: bool):
+    """EPDMS = NC * DAC * DDC * TLC * (5 EP + 5 TTC + 2 LK + 2 HC [+ 2 EC]) / (14 [+ 2]).
+
+    ``with_ec`` False leaves EC out of the weighted average (NAVSIM v2 without a previous
+    frame)."""
+    num = config.weight_ep * ep_v2 + config.weight_ttc * ttc_v2 + config.weight_lk * lk + config.weight_hc * hc
+    den = config.weight_ep + config.weight_ttc + config.weight_lk + config.weight_hc
+    if with_ec:
+        num, den = num + config.weight_ec * ec, den + config.weight_ec
+    return nc * dac * ddc_v2 * tlc * num / den
+
+
+def _aggregate(m: TrajectoryMetrics, ep, ep2, finite, config: PDMConfig,
+               human: TrajectoryMetrics | None = None, expert_valid=None) -> PDMResult:
+    """Combines metrics into PDMS / EPDMS (after the human penalty filter when ``human``,
+    the human trajectory's metrics, is given); zeroes non-finite proposals."""
     v = {name: _value(m, name) for name in ("nc", "dac", "ddc", "ddc_v2", "ttc", "ttc_v2", "tlc", "lk",
                                             "comfort", "hc", "ec", "progress")}
+    if human is not None:
+        v = _human_filter(v, human, expert_valid)
     pdms = v["nc"] * v["dac"] * (config.weight_ttc * v["ttc"] + config.weight_ep * ep
                                  + config.weight_comfort * v["comfort"]) / (
         config.weight_ttc + config.weight_ep + config.weight_comfort)
-    wsum = config.weight_ep + config.weight_ttc + config.weight_lk + config.weight_hc + config.weight_ec
-    epdms = v["nc"] * v["dac"] * v["ddc_v2"] * v["tlc"] * (
-        config.weight_ep * ep2 + config.weight_ttc * v["ttc_v2"] + config.weight_lk * v["lk"]
-        + config.weight_hc * v["hc"] + config.weight_ec * v["ec"]) / wsum
+    epdms = epdms_from_parts(v["nc"], v["dac"], v["ddc_v2"], v["tlc"], ep2, v["ttc_v2"], v["lk"], v["hc"], v["ec"],
+                             config, with_ec=config.ec_without_previous == "one")
     z = lambda a: jnp.where(finite, a, jnp.zeros_like(a))
     viol = m.violations
     fb = finite[..., None]
@@ -287,6 +337,18 @@ def _aggregate(m: TrajectoryMetrics, ep, ep2, finite, config: PDMConfig) -> PDMR
                      epdms=z(epdms), finite=finite, violations=viol)
 
 
+def with_extended_comfort(result: PDMResult, ec, config: PDMConfig = PDMConfig()) -> PDMResult:
+    """``result`` with a two-frame extended comfort ``ec`` (broadcastable to its fields, e.g.
+    from :func:`jax_drive.pdm.comfort.two_frame_extended_comfort` on this frame's and the
+    previous frame's simulated trajectories) and EPDMS over all five weights (/ 16), as
+    NAVSIM v2 scores a frame that has a previous one."""
+    ec = jnp.broadcast_to(jnp.asarray(ec, jnp.float32), jnp.shape(result.epdms))
+    epdms = epdms_from_parts(result.nc, result.dac, result.ddc_v2, result.tlc, result.ep_v2, result.ttc_v2,
+                             result.lk, result.hc, ec, config, with_ec=True)
+    finite = jnp.asarray(result.finite, bool)
+    return result.replace(ec=jnp.where(finite, ec, 0.0), epdms=jnp.where(finite, epdms, 0.0))
+
+
 def _sanitize(states: chex.Array) -> tuple[chex.Array, chex.Array]:
     """(..., K, 3) -> (zeros where any entry is non-finite, (...) finite flag)."""
     finite = jnp.all(jnp.isfinite(states), axis=(-2, -1))
@@ -294,17 +356,21 @@ def _sanitize(states: chex.Array) -> tuple[chex.Array, chex.Array]:
 
 
 def _pairs_single(scene, proposals, reference, config: PDMConfig, budget: MapBudget | None) -> PDMResult:
-    """One scene: proposals (P, 8, 3) in 0.5 s steps, reference (40, 3) in 0.1 s steps."""
+    """One scene: proposals (P, 8, 3) in 0.5 s steps, reference (40, 3) in 0.1 s steps; with
+    the human penalty filter the scene's human trajectory is simulated and scored as a last row."""
     proposals, finite = _sanitize(jnp.asarray(proposals, jnp.float32))
     reference, ref_finite = _sanitize(jnp.asarray(reference, jnp.float32))
-    states = jnp.concatenate([
-        interpolate_poses(scene, reference[None], 0.1),
-        interpolate_poses(scene, proposals, OUTPUT_DT)], axis=0)  # (1 + P, 41, 3)
-    m = _simulated_metrics(scene, states, config, budget)
-    masked, masked2 = _masked_progress(m, jnp.concatenate([ref_finite[None], finite]))
-    props = jax.tree_util.tree_map(lambda a: a[1:], m)
+    p = proposals.shape[0]
+    parts = [interpolate_poses(scene, reference[None], 0.1), interpolate_poses(scene, proposals, OUTPUT_DT)]
+    if config.human_penalty_filter:
+        parts.append(interpolate_poses(scene, jnp.asarray(scene.expert, jnp.float32)[None], OUTPUT_DT))
+    m = _simulated_metrics(scene, jnp.concatenate(parts, axis=0), config, budget)  # (1 + P [+ 1], 41, 3)
+    rows = lambda lo, hi: jax.tree_util.tree_map(lambda a: a[lo:hi], m)  # noqa: E731
+    masked, masked2 = _masked_progress(rows(0, 1 + p), jnp.concatenate([ref_finite[None], finite]))
+    props = rows(1, 1 + p)
     ep, ep2 = _ep_rules(props, jnp.maximum(masked[0], masked[1:]), jnp.maximum(masked2[0], masked2[1:]), config)
-    return _aggregate(props, ep, ep2, finite, config)
+    human = jax.tree_util.tree_map(lambda a: a[-1], m) if config.human_penalty_filter else None
+    return _aggregate(props, ep, ep2, finite, config, human, jnp.asarray(scene.expert_valid, bool))
 
 
 def _candidates_single(scene, candidates, config: PDMConfig, budget: MapBudget | None) -> PDMResult:
@@ -371,7 +437,8 @@ def _check_scene(scene) -> tuple[int, ...]:
 
 
 def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMConfig(), *,
-                    mesh: MeshConfig | None = None) -> PDMResult:
+                    budget: MapBudget | None = None, mesh: MeshConfig | None = None,
+                    executables: ExecutableStore | None = None) -> PDMResult:
     """Scores proposals against the PDM-Closed reference, one (reference, proposal) pair each.
 
     Args:
@@ -379,8 +446,14 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
       proposals: (..., P, 8, 3) poses at 0.5 .. 4.0 s in the t0 rear-axle frame.
       reference: (..., 40, 3) PDM-Closed poses at 0.1 .. 4.0 s.
       config: PDMConfig (static).
+      budget: a :class:`MapBudget` covering these scenes (e.g. the largest of several
+        batches', :func:`jax_drive.pdm.polygons.merge_budgets`, so that they share one
+        program); default: read off ``scene`` here.
       mesh: a ``jax_drive.parallel`` MeshConfig or Mesh: the scenes (first batch dim, at
         least one needed) are split over its devices, each scoring its own (default: one device).
+      executables: a :class:`jax_drive.compile_cache.ExecutableStore`: the compiled scoring
+        program is loaded from it (or compiled and stored there), skipping tracing in a
+        warm process (one device only).
     Returns: PDMResult with fields (..., P). A proposal's scores do not depend on the other
       proposals in the batch.
     Raises: TypeError / ValueError on a wrong scene type, wrong shapes, or (with
@@ -390,10 +463,16 @@ def score_proposals(scene: Scene, proposals, reference, config: PDMConfig = PDMC
     proposals = _check("proposals", proposals, shape, (None, NUM_OUTPUT_POSES, 3), config.check_finite)
     reference = _check("reference", reference, shape, (NUM_SCORE_STEPS - 1, 3), config.check_finite)
     # check_finite only acts here: normalise it so both settings share one compilation.
-    config, budget = (dataclasses.replace(config, check_finite=True),
-                      map_budget(scene, num_trajectories=proposals.shape[-3] + 1))
+    config = dataclasses.replace(config, check_finite=True)
+    if budget is None:
+        budget = map_budget(scene, num_trajectories=proposals.shape[-3] + 1 + int(config.human_penalty_filter))
+    mesh = _scene_mesh(mesh, shape)
+    if executables is not None and mesh is None:
+        args = (scene, proposals, reference)
+        fn = executables.get("score_proposals", _score_proposals_jit, args, {"config": config, "budget": budget})
+        return fn(*args)
     return call_on_rows(lambda s, p, r: _score_proposals_jit(s, p, r, config, budget),
-                        (scene, proposals, reference), _scene_mesh(mesh, shape))
+                        (scene, proposals, reference), mesh)
 
 
 def score_candidates(scene: Scene, candidates, config: PDMConfig = PDMConfig(), *,

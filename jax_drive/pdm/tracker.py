@@ -21,8 +21,10 @@ with NAVSIM's; nuPlan's true difference stays selectable.
 Known difference: we run in float32 and solve the curvature least squares as a tridiagonal
 system in the curvature values instead of a float64 pseudo-inverse over curvature rates
 (same minimiser when the system is regular; see :func:`fit_profiles`).
-The t0 steering rate and yaw rate are taken as 0 (NAVSIM's ego status carries neither);
-they only enter the step-1 ``yaw_accel`` output, which no metric reads.
+The t0 steering rate is taken as 0; the t0 yaw rate and yaw acceleration are the scene's
+logged ones (the last entries of ``history_yaw_rate`` / ``history_yaw_accel``), as NAVSIM's
+ego state carries them: they enter the step-0 outputs and the step-1 ``yaw_accel``, which
+only NAVSIM v2's history comfort reads.
 """
 
 from __future__ import annotations
@@ -296,7 +298,7 @@ def initial_state(scene, batch_shape: tuple[int, ...]) -> dict:
         "vx": bc(ego.velocity[..., 0]), "vy": bc(ego.velocity[..., 1]),
         "ax": bc(ego.acceleration[..., 0]), "ay": bc(ego.acceleration[..., 1]),
         "steering": bc(ego.steering_angle), "steering_rate": zeros,
-        "yaw_rate": zeros, "yaw_accel": zeros,
+        "yaw_rate": bc(ego.history_yaw_rate[..., -1]), "yaw_accel": bc(ego.history_yaw_accel[..., -1]),
     }
 
 
@@ -317,8 +319,8 @@ def _finite_difference_states(scene, states: chex.Array, config: PDMConfig) -> E
     zeros = jnp.zeros_like(vx)
     vy = zeros.at[..., 0].set(init["vy"])
     ay = zeros.at[..., 0].set(init["ay"])
-    yaw_rate = jnp.concatenate([zeros[..., :1], wrap_angle(jnp.diff(states[..., 2], axis=-1)) / dt], -1)
-    yaw_accel = jnp.concatenate([zeros[..., :1], jnp.diff(yaw_rate, axis=-1) / dt], -1)
+    yaw_rate = jnp.concatenate([init["yaw_rate"][..., None], wrap_angle(jnp.diff(states[..., 2], axis=-1)) / dt], -1)
+    yaw_accel = jnp.concatenate([init["yaw_accel"][..., None], jnp.diff(yaw_rate, axis=-1) / dt], -1)
     steering = jnp.arctan(yaw_rate * config.ego_wheel_base / jnp.maximum(jnp.abs(vx), 1e-3))
     return EgoTrajectory(x=states[..., 0], y=states[..., 1], heading=states[..., 2], vx=vx, vy=vy,
                          ax=ax, ay=ay, steering=steering, steering_rate=zeros,

@@ -85,6 +85,19 @@ class ReferenceConfig:
     max_abs_yaw_rate: float = 0.95
     max_abs_yaw_accel: float = 1.93
     comfort_decimals: int = 8
+    # NAVSIM v2 (EPDMS): conventions where jax-drive offers a choice (NAVSIM v2's first)
+    drop_t0_overlaps: bool = True  # LogReplayTrafficAgents drops objects meeting the t0 ego box
+    human_penalty_filter: bool = True
+    hc_acceleration: str = "shifted"  # nuPlan's shifted acceleration; "rigid_body"
+    hc_history_dynamics: str = "navsim"  # past yaw rates 0, t0's logged; "logged"; "finite_difference"
+    ec_without_previous: str = "drop"  # EC out of the weighted average; "one": EC = 1
+    hc_history_states: int = 14  # past states at -1.5 .. -0.2 s
+    hc_accel_window: int = 8
+    hc_jerk_window: int = 15
+    ec_overlap_steps: int = 5
+    ec_thresholds: tuple = (0.7, 0.5, 0.1, 0.1)  # RMS: accel, jerk, yaw rate, yaw accel
+    # EPDMS weights: EP, TTC, LK, HC, EC
+    epdms_weights: tuple = (5.0, 5.0, 2.0, 2.0, 2.0)
 
     @property
     def length(self) -> float:
@@ -99,5 +112,11 @@ def as_reference_config(config=None) -> ReferenceConfig:
         return ReferenceConfig()
     if isinstance(config, ReferenceConfig):
         return config
-    return ReferenceConfig(simulate=bool(getattr(config, "simulate", True)),
-                           jerk_matrix=str(getattr(config, "jerk_matrix", "navsim")))
+    choices = {"simulate": bool(getattr(config, "simulate", True)),
+               "jerk_matrix": str(getattr(config, "jerk_matrix", "navsim"))}
+    if hasattr(config, "t0_overlap"):  # the JAX scorer's NAVSIM v2 conventions
+        choices.update(drop_t0_overlaps=config.t0_overlap == "drop",
+                       human_penalty_filter=bool(config.human_penalty_filter),
+                       hc_acceleration=config.hc_acceleration, hc_history_dynamics=config.hc_history_dynamics,
+                       ec_without_previous=config.ec_without_previous)
+    return ReferenceConfig(**choices)

@@ -126,13 +126,15 @@ class SceneSpec:
     history_poses: np.ndarray | None = None
     history_velocity: np.ndarray | None = None
     history_acceleration: np.ndarray | None = None
+    history_yaw_rate: np.ndarray | None = None
+    history_yaw_accel: np.ndarray | None = None
+    history_valid: bool = True
+    expert_valid: bool | None = None
 
-    def build(self, scene_id: int = 0, sizes: SceneSizes = SceneSizes()) -> Scene:
-        """Pads this spec into a Scene (no batch dims)."""
-        fields = dataclasses.asdict(self)
-        # asdict deep-copies nested dataclasses into dicts; pass the originals instead.
-        fields["agents"], fields["drivable"], fields["lanes"] = self.agents, self.drivable, self.lanes
-        return make_scene(**fields, scene_id=scene_id, sizes=sizes)
+    def build(self, scene_id: int = 0, sizes: SceneSizes = SceneSizes(), host: bool = False) -> Scene:
+        """Pads this spec into a Scene (no batch dims); ``host``: numpy leaves (see make_scene)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return make_scene(**fields, scene_id=scene_id, sizes=sizes, host=host)
 
 
 # ---------------------------------------------------------------------------------------
@@ -272,6 +274,14 @@ def history_from_motion_jax(speed, accel, yaw_rate):
     return poses, vel, acc
 
 
+def history_yaw_from_poses(history_poses: np.ndarray, dt: float = OBS_DT) -> tuple[np.ndarray, np.ndarray]:
+    """Per-state yaw rate and yaw acceleration (16,) as finite differences (``np.gradient``)
+    of the history's unwrapped headings: the stand-in when a log gives no dynamics."""
+    heading = np.unwrap(np.asarray(history_poses, np.float64)[:, 2])
+    yaw_rate = np.gradient(heading, dt)
+    return yaw_rate, np.gradient(yaw_rate, dt)
+
+
 def _constant_velocity_expert(velocity: np.ndarray) -> np.ndarray:
     t = (np.arange(NUM_OUTPUT_POSES) + 1) * OUTPUT_DT
     speed = float(np.hypot(*velocity))
@@ -294,10 +304,18 @@ def make_scene(
     history_poses=None,
     history_velocity=None,
     history_acceleration=None,
+    history_yaw_rate=None,
+    history_yaw_accel=None,
+    history_valid: bool = True,
+    expert_valid: bool | None = None,
     scene_id: int = 0,
     sizes: SceneSizes = SceneSizes(),
+    host: bool = False,
 ) -> Scene:
     """Builds one padded Scene (no batch dims) from plain numpy / lists.
+
+    ``host``: numpy leaves (no device arrays, nothing compiled: many scenes are then stacked
+    on the host with :func:`stack_scenes` and moved to the device once).
 
     Args:
       route: (R, 2) route centreline in the driving direction (R <= sizes.route_points).
@@ -308,7 +326,11 @@ def make_scene(
       speed_limit: m/s; command: :class:`Command`.
       expert: (8, 3) future poses; default: constant velocity from the t0 velocity.
       history_*: (16, 3) / (16, 2) / (16, 2); default: consistent with the t0 speed and
-        longitudinal acceleration (straight motion).
+        longitudinal acceleration (straight motion). history_yaw_rate / history_yaw_accel
+        (16,): each state's logged yaw rate / acceleration (the last is t0's); default:
+        :func:`history_yaw_from_poses`. history_valid: False when the scene has no logged
+        past (the history is then a stand-in).
+      expert_valid: ``expert`` is the logged human trajectory; default: ``expert`` given.
     Raises:
       ValueError with the offending field when a shape, size or value is invalid.
     """
@@ -327,6 +349,13 @@ def make_scene(
     for name, arr in (("history_poses", hp), ("history_velocity", hv), ("history_acceleration", ha)):
         if arr.shape[0] != NUM_HISTORY_STEPS:
             raise ValueError(f"{name}: expected {NUM_HISTORY_STEPS} steps, got {arr.shape[0]}")
+    yaw_fd = history_yaw_from_poses(hp)
+    hyr = yaw_fd[0] if history_yaw_rate is None else _as_array("history_yaw_rate", history_yaw_rate)
+    hya = yaw_fd[1] if history_yaw_accel is None else _as_array("history_yaw_accel", history_yaw_accel)
+    for name, arr in (("history_yaw_rate", hyr), ("history_yaw_accel", hya)):
+        if arr.shape != (NUM_HISTORY_STEPS,):
+            raise ValueError(f"{name}: expected shape ({NUM_HISTORY_STEPS},), got {arr.shape}")
+    expert_valid = expert is not None if expert_valid is None else bool(expert_valid)
 
     # Agents ------------------------------------------------------------------------
     n, t_steps = sizes.num_agents, NUM_OBS_STEPS
@@ -385,8 +414,8 @@ def make_scene(
     if exp.shape != (NUM_OUTPUT_POSES, 3):
         raise ValueError(f"expert: expected shape ({NUM_OUTPUT_POSES}, 3), got {exp.shape}")
 
-    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
-    return Scene(
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    scene = Scene(
         ego=EgoState(
             velocity=f32(velocity),
             acceleration=f32(acceleration),
@@ -394,31 +423,36 @@ def make_scene(
             history_poses=f32(hp),
             history_velocity=f32(hv),
             history_acceleration=f32(ha),
+            history_yaw_rate=f32(hyr),
+            history_yaw_accel=f32(hya),
+            history_valid=np.asarray(bool(history_valid)),
         ),
         agents=Agents(
             x=f32(ax), y=f32(ay), z=f32(az), heading=f32(ah), vx=f32(avx), vy=f32(avy),
             length=f32(alen), width=f32(awid), height=f32(ahei),
-            agent_type=jnp.asarray(atype, jnp.int32), valid=jnp.asarray(avalid),
+            agent_type=np.asarray(atype, np.int32), valid=np.asarray(avalid),
         ),
         map=MapData(
             drivable=Polygons(
-                vertices=f32(dv), valid=jnp.asarray(dvalid), kind=jnp.asarray(dkind),
-                on_route=jnp.zeros(sizes.num_drivable, bool),
+                vertices=f32(dv), valid=np.asarray(dvalid), kind=np.asarray(dkind),
+                on_route=np.zeros(sizes.num_drivable, bool),
             ),
             lanes=Polygons(
-                vertices=f32(lv), valid=jnp.asarray(lvalid), kind=jnp.asarray(lkind),
-                on_route=jnp.asarray(lroute),
+                vertices=f32(lv), valid=np.asarray(lvalid), kind=np.asarray(lkind),
+                on_route=np.asarray(lroute),
             ),
             lane_centerlines=f32(cl),
-            lane_centerline_valid=jnp.asarray(clvalid),
-            red_light=jnp.asarray(red),
+            lane_centerline_valid=np.asarray(clvalid),
+            red_light=np.asarray(red),
             speed_limit=f32(speed_limit),
         ),
-        route=Route(points=f32(rp), valid=jnp.asarray(rvalid)),
-        command=jnp.asarray(int(command), jnp.int32),
+        route=Route(points=f32(rp), valid=np.asarray(rvalid)),
+        command=np.asarray(int(command), np.int32),
         expert=f32(exp),
-        scene_id=jnp.asarray(int(scene_id), jnp.int32),
+        expert_valid=np.asarray(expert_valid),
+        scene_id=np.asarray(int(scene_id), np.int32),
     )
+    return scene if host else jax.tree.map(jnp.asarray, scene)
 
 
 # ---------------------------------------------------------------------------------------
@@ -548,10 +582,12 @@ def spec_sizes(spec: SceneSpec) -> SceneSizes:
 
 
 def stack_scenes(scenes: Sequence[Scene]) -> Scene:
-    """Stacks scenes of equal shapes along a new leading axis."""
+    """Stacks scenes of equal shapes along a new leading axis (on the host, with numpy
+    leaves, when every leaf is a numpy array)."""
     if not scenes:
         raise ValueError("stack_scenes: empty list")
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *scenes)
+    host = all(isinstance(x, np.ndarray) for x in jax.tree.leaves(scenes[0]))
+    return jax.tree.map(lambda *xs: np.stack(xs) if host else jnp.stack(xs), *scenes)
 
 
 def scene_to_numpy(scene: Scene) -> Scene:

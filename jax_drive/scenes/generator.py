@@ -669,6 +669,10 @@ def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = Generator
         history_poses=hp,
         history_velocity=hv,
         history_acceleration=ha,
+        # the history turns at the constant t0 yaw rate
+        history_yaw_rate=jnp.full(hp.shape[:1], ego_speed * kappa0),
+        history_yaw_accel=jnp.zeros(hp.shape[:1]),
+        history_valid=jnp.asarray(True),
     )
     n_slots = agents["x"].shape[0]
     pad = sizes.num_agents - n_slots
@@ -697,6 +701,7 @@ def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = Generator
         route=Route(points=route_pts, valid=jnp.ones(sizes.route_points, bool)),
         command=lay["command"],
         expert=expert,
+        expert_valid=jnp.asarray(True),
         scene_id=jnp.asarray(scene_id, jnp.int32),
     )
 

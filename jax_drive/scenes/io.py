@@ -20,7 +20,9 @@ SCENE (global frame: metres, e.g. UTM; radians from +x towards +y; seconds)::
              "history": {"dt": 0.1,              # optional: logged past states, oldest first,
                          "poses": [[x, y, heading], ...],     # the last one at t0 (= pose),
                          "velocity": [[vx, vy], ...],         # covering at least 1.5 s;
-                         "acceleration": [[ax, ay], ...]}},   # body frames
+                         "acceleration": [[ax, ay], ...],     # body frames;
+                         "yaw_rate": [w, ...],                # optional, rad/s, and
+                         "yaw_acceleration": [dw, ...]}},     # optional, rad/s^2 per state
      "observation": {"dt": 0.1,                   # 0.1 (41 or 51 frames) or 0.5 (9 or 11 frames)
                      "frames": [[BOX, ...], ...]},  # frame k at t0 + k dt, up to 4 or 5 s
      "map": {"polygons": [POLYGON, ...],
@@ -55,7 +57,10 @@ until the next annotation. Expert and PDM-Closed trajectories at any spacing cov
 are resampled like NAVSIM's interpolated trajectories (the t0 pose in front; x, y linear,
 heading on the unwrapped sequence) to 8 poses at 0.5 s and 40 poses at 0.1 s.
 Without a history, one consistent with the t0 speed and acceleration (driving straight)
-is used and noted; without an expert, constant velocity.
+stands in, marked ``history_valid`` False (NAVSIM v2's history comfort is then 1) and noted;
+without per-state yaw rates / accelerations, finite differences of the history headings;
+without an expert (NAVSIM's synthetic scenes), constant velocity stands in, marked
+``expert_valid`` False (NAVSIM v2's human penalty filter then does not apply).
 
 Errors raise :class:`SceneFileError` naming the file, the scene (index and token) and the
 field, e.g. ``scenes.json: scenes[3] (token 'a1b2'): observation.frames[12][0].length: must
@@ -67,71 +72,26 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import jax
 import numpy as np
 
-from jax_drive.scenes.builders import (
-    AgentTrack,
-    LaneSpec,
-    PolygonSpec,
-    SceneSizes,
-    SceneSpec,
-    history_from_motion,
-    polygon_rings,
-    spec_sizes,
-    stack_scenes,
+from jax_drive.scenes.builders import SceneSizes, SceneSpec, spec_sizes, stack_scenes
+from jax_drive.scenes.parse import (  # noqa: F401  (re-exported: the reader's names)
+    DRIVABLE_LAYERS,
+    DROPPED_LAYERS,
+    LANE_LAYERS,
+    ParsedScene,
+    SceneFileError,
+    parse_scene,
+    resample_poses,
 )
-from jax_drive.types import (
-    AGENT_TYPE_NAMES,
-    COMMAND_TEXT,
-    NUM_HISTORY_STEPS,
-    NUM_OBS_STEPS,
-    NUM_OUTPUT_POSES,
-    NUM_SCORE_STEPS,
-    OBS_DT,
-    OUTPUT_DT,
-    AgentType,
-    Command,
-    PolygonType,
-    Scene,
-)
+from jax_drive.scenes.records import LAYER_OF_KIND, scene_record  # noqa: F401  (the writer)
+from jax_drive.types import NUM_SCORE_STEPS, Scene
 
 FORMAT_NAME = "jax-drive-scenes"
 FORMAT_VERSION = 1
-
-# nuPlan semantic map layers -> what the PDM score uses them for (NAVSIM's PDM scorer).
-DRIVABLE_LAYERS = {
-    "ROADBLOCK": PolygonType.ROADBLOCK,
-    "DRIVABLE_AREA": PolygonType.ROADBLOCK,
-    "INTERSECTION": PolygonType.INTERSECTION,
-    "CARPARK_AREA": PolygonType.CARPARK,
-}
-LANE_LAYERS = {"LANE": 0, "LANE_CONNECTOR": 1}
-DROPPED_LAYERS = frozenset({
-    "ROADBLOCK_CONNECTOR", "CROSSWALK", "WALKWAYS", "STOP_LINE", "TURN_STOP", "YIELD", "TRAFFIC_LIGHT",
-    "STOP_SIGN", "PUDO", "EXTENDED_PUDO", "SPEED_BUMP", "BASELINE_PATHS", "BOUNDARIES", "LANE_GROUP_CONNECTOR",
-})
-LAYER_OF_KIND = {int(PolygonType.ROADBLOCK): "ROADBLOCK", int(PolygonType.INTERSECTION): "INTERSECTION",
-                 int(PolygonType.CARPARK): "CARPARK_AREA"}
-TYPE_OF_NAME = {name: int(kind) for kind, name in AGENT_TYPE_NAMES.items()}
-COMMAND_OF_TEXT = {text: int(c) for c, text in COMMAND_TEXT.items()}
-
-# Observation lengths accepted: NAVSIM v1 observes 0 .. 5 s, v2 0 .. 4 s.
-OBSERVATION_FRAMES = {0.1: (NUM_OBS_STEPS, 41), 0.5: (11, 9)}
-HISTORY_SECONDS = (NUM_HISTORY_STEPS - 1) * OBS_DT
-HORIZON_SECONDS = NUM_OUTPUT_POSES * OUTPUT_DT
-DEFAULT_SPEED_LIMIT = 15.0
-HISTORY_POSE_TOLERANCE = 1e-3  # m / rad: the last history pose must be the t0 pose
-
-
-class SceneFileError(ValueError):
-    """A bad scene file or record; the message names the file, the scene and the field."""
-
 
 # ---------------------------------------------------------------------------------------
 # reading and writing the document
@@ -175,362 +135,6 @@ def write_scene_file(path: str | Path, records: Sequence[dict]) -> Path:
     with opener(path, "wt", encoding="utf-8") as f:
         json.dump(doc, f, allow_nan=False, separators=(",", ":"))
     return path
-
-
-# ---------------------------------------------------------------------------------------
-# field checks
-
-
-class _Where:
-    """Error context: file, scene index and token; ``fail(field, reason)`` raises."""
-
-    def __init__(self, source: str, index: int, token: Any = None):
-        self.source, self.index, self.token = source, index, token
-
-    def fail(self, field: str, reason: str):
-        token = "" if self.token is None else f" (token {self.token!r})"
-        raise SceneFileError(f"{self.source}: scenes[{self.index}]{token}: {field}: {reason}")
-
-
-def _get(obj: Any, key: str, field: str, where: _Where, default=dataclasses.MISSING):
-    if not isinstance(obj, dict):
-        where.fail(field, f"expected an object, got {type(obj).__name__}")
-    if key not in obj:
-        if default is dataclasses.MISSING:
-            where.fail(f"{field}.{key}" if field else key, "missing")
-        return default
-    return obj[key]
-
-
-def _number(value: Any, field: str, where: _Where, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        where.fail(field, f"expected a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        where.fail(field, f"must be finite, got {value}")
-    if positive and value <= 0:
-        where.fail(field, f"must be > 0, got {value}")
-    return value
-
-
-def _array(value: Any, field: str, where: _Where, width: int, min_rows: int = 1) -> np.ndarray:
-    """(K, width) finite float64 from a list of number lists (width 0: a flat (K,) list)."""
-    if not isinstance(value, list):
-        where.fail(field, f"expected a list, got {type(value).__name__}")
-    rows = value if width else [value]
-    for k, row in enumerate(rows):
-        if width and (not isinstance(row, list) or len(row) != width):
-            where.fail(f"{field}[{k}]", f"expected a list of {width} numbers")
-        for j, item in enumerate(row):
-            if isinstance(item, bool) or not isinstance(item, (int, float)):
-                where.fail(f"{field}[{k}]" if width else f"{field}[{j}]", "expected numbers only")
-    arr = np.asarray(value, np.float64)
-    if not np.all(np.isfinite(arr)):
-        where.fail(field, "must contain finite numbers only")
-    if len(arr) < min_rows:
-        where.fail(field, f"needs at least {min_rows} entries, got {len(arr)}")
-    return arr
-
-
-def _string(value: Any, field: str, where: _Where) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        where.fail(field, f"expected a string id, got {type(value).__name__}")
-    value = str(value)
-    if not value:
-        where.fail(field, "must not be empty")
-    return value
-
-
-def _dt(value: Any, field: str, where: _Where, allowed=None) -> float:
-    dt = _number(value, field, where, positive=True)
-    if allowed is not None:
-        match = [a for a in allowed if abs(dt - a) < 1e-9]
-        if not match:
-            where.fail(field, f"must be one of {sorted(allowed)}, got {dt}")
-        dt = match[0]
-    return dt
-
-
-# ---------------------------------------------------------------------------------------
-# frames
-
-
-def _wrap(a):
-    return (np.asarray(a) + np.pi) % (2.0 * np.pi) - np.pi
-
-
-class _Frame:
-    """The t0 ego pose: global <-> ego-frame conversion in float64."""
-
-    def __init__(self, pose: np.ndarray):
-        self.x, self.y, self.h = (float(v) for v in pose)
-        self.c, self.s = math.cos(self.h), math.sin(self.h)
-
-    def points(self, xy: np.ndarray) -> np.ndarray:
-        dx, dy = xy[..., 0] - self.x, xy[..., 1] - self.y
-        return np.stack([self.c * dx + self.s * dy, -self.s * dx + self.c * dy], -1)
-
-    def poses(self, p: np.ndarray) -> np.ndarray:
-        return np.concatenate([self.points(p[..., :2]), _wrap(p[..., 2:3] - self.h)], -1)
-
-    def vectors(self, v: np.ndarray) -> np.ndarray:
-        return np.stack([self.c * v[..., 0] + self.s * v[..., 1], -self.s * v[..., 0] + self.c * v[..., 1]], -1)
-
-
-def resample_poses(poses: np.ndarray, dt: float, times: np.ndarray) -> np.ndarray:
-    """Ego-frame poses (K, 3) at dt, 2 dt, .. after t0 -> poses at ``times`` (> 0), with the
-    t0 pose (0, 0, 0) in front: x, y linear, heading linear on the unwrapped sequence."""
-    knots = np.concatenate([np.zeros((1, 3)), poses], 0)
-    knot_t = np.arange(len(knots)) * dt
-    heading = np.unwrap(knots[:, 2])
-    out = np.stack([np.interp(times, knot_t, knots[:, 0]), np.interp(times, knot_t, knots[:, 1]),
-                    np.interp(times, knot_t, heading)], -1)
-    out[:, 2] = _wrap(out[:, 2])
-    return out
-
-
-def _trajectory(obj: Any, field: str, where: _Where, frame: _Frame, times: np.ndarray) -> np.ndarray:
-    dt = _dt(_get(obj, "dt", field, where), f"{field}.dt", where)
-    poses = _array(_get(obj, "poses", field, where), f"{field}.poses", where, 3)
-    if len(poses) * dt < times[-1] - 1e-9:
-        where.fail(f"{field}.poses", f"{len(poses)} poses at {dt} s cover {len(poses) * dt:g} s, "
-                                     f"need {times[-1]:g} s")
-    return resample_poses(frame.poses(poses), dt, times)
-
-
-# ---------------------------------------------------------------------------------------
-# one scene
-
-
-@dataclasses.dataclass(frozen=True)
-class ParsedScene:
-    """One record in the ego frame (float64): the spec to build, its global t0 pose, the
-    PDM-Closed reference (40, 3) at 0.1 s or None, and notes on what was assumed."""
-
-    token: str
-    origin: np.ndarray
-    spec: SceneSpec
-    reference: np.ndarray | None
-    notes: tuple[str, ...]
-    dropped_layers: dict
-
-
-def _history(ego: dict, frame: _Frame, where: _Where, velocity, acceleration, notes: list):
-    hist = _get(ego, "history", "ego", where, None)
-    if hist is None:
-        notes.append("no history: derived from the t0 speed and acceleration (straight)")
-        return history_from_motion(float(np.hypot(*velocity)), float(acceleration[0]))
-    dt = _dt(_get(hist, "dt", "ego.history", where), "ego.history.dt", where)
-    poses = _array(_get(hist, "poses", "ego.history", where), "ego.history.poses", where, 3, 2)
-    vel = _array(_get(hist, "velocity", "ego.history", where), "ego.history.velocity", where, 2, 2)
-    acc = _array(_get(hist, "acceleration", "ego.history", where), "ego.history.acceleration", where, 2, 2)
-    if not len(poses) == len(vel) == len(acc):
-        where.fail("ego.history", f"poses, velocity and acceleration differ in length "
-                                  f"({len(poses)}, {len(vel)}, {len(acc)})")
-    if (len(poses) - 1) * dt < HISTORY_SECONDS - 1e-9:
-        where.fail("ego.history.poses", f"{len(poses)} states at {dt} s cover {(len(poses) - 1) * dt:g} s, "
-                                        f"need {HISTORY_SECONDS:g} s")
-    local = frame.poses(poses)
-    if np.any(np.abs(local[-1]) > HISTORY_POSE_TOLERANCE):
-        where.fail("ego.history.poses", "the last pose must be the t0 pose ego.pose")
-    t = (np.arange(len(poses)) - (len(poses) - 1)) * dt
-    query = (np.arange(NUM_HISTORY_STEPS) - (NUM_HISTORY_STEPS - 1)) * OBS_DT
-    heading = np.unwrap(local[:, 2])
-    interp = lambda a: np.stack([np.interp(query, t, a[:, j]) for j in range(a.shape[1])], -1)  # noqa: E731
-    out = interp(np.concatenate([local[:, :2], heading[:, None]], -1))
-    out[:, 2] = _wrap(out[:, 2])
-    out[-1] = 0.0
-    return out, interp(vel), interp(acc)
-
-
-def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[AgentTrack], int, float]:
-    """Objects as 51-frame tracks; returns (tracks, observed frames, observation dt)."""
-    dt = _dt(_get(obs, "dt", "observation", where), "observation.dt", where, OBSERVATION_FRAMES)
-    frames = _get(obs, "frames", "observation", where)
-    if not isinstance(frames, list) or len(frames) not in OBSERVATION_FRAMES[dt]:
-        got = len(frames) if isinstance(frames, list) else type(frames).__name__
-        where.fail("observation.frames", f"expected {' or '.join(map(str, OBSERVATION_FRAMES[dt]))} frames "
-                                         f"at {dt} s (t0 .. 5 s or 4 s), got {got}")
-    seen: dict[str, list] = {}
-    for k, boxes in enumerate(frames):
-        if not isinstance(boxes, list):
-            where.fail(f"observation.frames[{k}]", "expected a list of boxes")
-        tokens_here = set()
-        for j, box in enumerate(boxes):
-            f = f"observation.frames[{k}][{j}]"
-            token = _string(_get(box, "token", f, where), f"{f}.token", where)
-            if token in tokens_here:
-                where.fail(f"{f}.token", f"track {token!r} appears twice in frame {k}")
-            tokens_here.add(token)
-            kind = _get(box, "type", f, where)
-            if not isinstance(kind, str) or kind.lower() not in TYPE_OF_NAME:
-                where.fail(f"{f}.type", f"unknown object type {kind!r}; expected one of {sorted(TYPE_OF_NAME)}")
-            values = [_number(_get(box, key, f, where), f"{f}.{key}", where) for key in ("x", "y", "heading")]
-            values += [_number(_get(box, key, f, where), f"{f}.{key}", where, positive=True)
-                       for key in ("length", "width", "height")]
-            values += [_number(_get(box, key, f, where, 0.0), f"{f}.{key}", where) for key in ("vx", "vy", "z")]
-            seen.setdefault(token, []).append((k, TYPE_OF_NAME[kind.lower()], np.asarray(values)))
-    times = np.arange(NUM_OBS_STEPS) * OBS_DT
-    tracks = []
-    for token, entries in seen.items():
-        k0, kind, first = entries[0]
-        states = np.stack([e[2] for e in entries])  # (A, 9) x y h l w h vx vy z
-        if len({e[1] for e in entries}) > 1:
-            notes.append(f"object {token!r}: type changes; its first type is used (NAVSIM)")
-        if np.any(np.abs(states[:, 3:6] - first[3:6]) > 1e-6):
-            notes.append(f"object {token!r}: box size changes by up to "
-                         f"{np.abs(states[:, 3:6] - first[3:6]).max():.3g} m; its first size is used (NAVSIM)")
-        pos = frame.points(states[:, :2])
-        heading = _wrap(states[:, 2] - frame.h)
-        vel = frame.vectors(states[:, 6:8])
-        valid = np.zeros(NUM_OBS_STEPS, bool)
-        out = np.zeros((NUM_OBS_STEPS, 5))
-        if dt == OBS_DT:
-            idx = np.asarray([e[0] for e in entries])
-            valid[idx] = True
-            out[idx] = np.concatenate([pos, heading[:, None], vel], -1)
-        elif len(entries) == 1:  # annotated once: stands in every frame (NAVSIM)
-            valid[:] = True
-            out[:] = np.concatenate([pos[0], heading[:1], vel[0]])
-        else:
-            t = np.asarray([e[0] for e in entries]) * dt
-            inside = (times >= t[0] - 1e-9) & (times <= t[-1] + 1e-9)
-            valid[inside] = True
-            cols = np.concatenate([pos, np.unwrap(heading)[:, None], vel], -1)
-            out[inside] = np.stack([np.interp(times[inside], t, cols[:, j]) for j in range(5)], -1)
-            out[:, 2] = _wrap(out[:, 2])
-        tracks.append(AgentTrack(x=out[:, 0], y=out[:, 1], heading=out[:, 2], vx=out[:, 3], vy=out[:, 4],
-                                 length=float(first[3]), width=float(first[4]), height=float(first[5]),
-                                 agent_type=kind, valid=valid, z=float(first[8])))
-    return tracks, len(frames), dt
-
-
-def _red_frames(value: Any, field: str, where: _Where, num_frames: int, dt: float) -> np.ndarray:
-    """(51,) red flags from a bool or a per-frame list (0.5 s states hold for 0.5 s)."""
-    if isinstance(value, bool):
-        return np.full(NUM_OBS_STEPS, value)
-    if not isinstance(value, list) or len(value) != num_frames or not all(isinstance(v, bool) for v in value):
-        where.fail(field, f"expected true/false or a list of {num_frames} booleans (one per observation frame)")
-    per = np.asarray(value, bool)
-    idx = np.minimum((np.arange(NUM_OBS_STEPS) * OBS_DT / dt + 1e-9).astype(int), num_frames - 1)
-    red = per[idx]
-    red[int(round((num_frames - 1) * dt / OBS_DT)) + 1:] = False  # past the observation: unknown
-    return red
-
-
-def _map(mp: Any, frame: _Frame, where: _Where, num_frames: int, dt: float, notes: list):
-    polygons = _get(mp, "polygons", "map", where)
-    if not isinstance(polygons, list):
-        where.fail("map.polygons", "expected a list of polygons")
-    drivable, lanes, lane_index, dropped = [], [], {}, {}
-    for i, poly in enumerate(polygons):
-        f = f"map.polygons[{i}]"
-        layer = _get(poly, "layer", f, where)
-        if not isinstance(layer, str):
-            where.fail(f"{f}.layer", "expected a nuPlan layer name")
-        if layer in DROPPED_LAYERS:
-            dropped[layer] = dropped.get(layer, 0) + 1
-            continue
-        if layer not in DRIVABLE_LAYERS and layer not in LANE_LAYERS:
-            where.fail(f"{f}.layer", f"unknown layer {layer!r}; known: "
-                                     f"{sorted(DRIVABLE_LAYERS) + sorted(LANE_LAYERS) + sorted(DROPPED_LAYERS)}")
-        ident = _string(_get(poly, "id", f, where), f"{f}.id", where)
-        exterior = frame.points(_array(_get(poly, "exterior", f, where), f"{f}.exterior", where, 2, 3))
-        holes_raw = _get(poly, "holes", f, where, [])
-        if not isinstance(holes_raw, list):
-            where.fail(f"{f}.holes", "expected a list of rings")
-        holes = [frame.points(_array(h, f"{f}.holes[{k}]", where, 2, 3)) for k, h in enumerate(holes_raw)]
-        if layer in DRIVABLE_LAYERS:
-            drivable.append((f, PolygonSpec(exterior, int(DRIVABLE_LAYERS[layer]), holes)))
-            continue
-        if ident in lane_index:
-            where.fail(f"{f}.id", f"lane id {ident!r} used twice")
-        centre = _get(poly, "centerline", f, where, None)
-        centre = None if centre is None else frame.points(_array(centre, f"{f}.centerline", where, 2, 2))
-        lane_index[ident] = len(lanes)
-        lanes.append((f, LaneSpec(exterior, centre, kind=LANE_LAYERS[layer], holes=holes)))
-    route_ids = _get(mp, "route_lane_ids", "map", where)
-    if not isinstance(route_ids, list):
-        where.fail("map.route_lane_ids", "expected a list of lane ids")
-    for k, rid in enumerate(route_ids):
-        rid = _string(rid, f"map.route_lane_ids[{k}]", where)
-        if rid in lane_index:
-            lanes[lane_index[rid]][1].on_route = True
-    if route_ids and not any(lane.on_route for _, lane in lanes):
-        notes.append("none of map.route_lane_ids is a lane in map.polygons: every step counts as oncoming")
-    lights = _get(mp, "traffic_lights", "map", where, [])
-    if not isinstance(lights, list):
-        where.fail("map.traffic_lights", "expected a list of {lane_id, red} objects")
-    for k, light in enumerate(lights):
-        f = f"map.traffic_lights[{k}]"
-        lid = _string(_get(light, "lane_id", f, where), f"{f}.lane_id", where)
-        if lid not in lane_index:
-            where.fail(f"{f}.lane_id", f"{lid!r} is not a LANE / LANE_CONNECTOR id in map.polygons")
-        lanes[lane_index[lid]][1].red_light = _red_frames(_get(light, "red", f, where), f"{f}.red", where,
-                                                          num_frames, dt)
-    route = frame.points(_array(_get(mp, "route", "map", where), "map.route", where, 2, 2))
-    speed = _get(mp, "speed_limit", "map", where, None)
-    speed = DEFAULT_SPEED_LIMIT if speed is None else _number(speed, "map.speed_limit", where, positive=True)
-    return drivable, lanes, route, speed, dropped
-
-
-def parse_scene(record: Any, index: int = 0, source: str = "<records>") -> ParsedScene:
-    """Checks one record and converts it (float64) to an ego-frame :class:`ParsedScene`."""
-    where = _Where(source, index)
-    if not isinstance(record, dict):
-        where.fail("scene", f"expected an object, got {type(record).__name__}")
-    where.token = _string(_get(record, "token", "", where), "token", where)
-    notes: list[str] = []
-    ego = _get(record, "ego", "", where)
-    origin = _array(_get(ego, "pose", "ego", where), "ego.pose", where, 0, 3)
-    if origin.shape != (3,):
-        where.fail("ego.pose", f"expected [x, y, heading], got {len(origin)} numbers")
-    frame = _Frame(origin)
-    velocity = _array(_get(ego, "velocity", "ego", where), "ego.velocity", where, 0, 2)
-    acceleration = _array(_get(ego, "acceleration", "ego", where), "ego.acceleration", where, 0, 2)
-    for name, arr in (("ego.velocity", velocity), ("ego.acceleration", acceleration)):
-        if arr.shape != (2,):
-            where.fail(name, f"expected 2 numbers, got {len(arr)}")
-    steering = _number(_get(ego, "steering_angle", "ego", where, 0.0), "ego.steering_angle", where)
-    history = _history(ego, frame, where, velocity, acceleration, notes)
-    tracks, num_frames, dt = _tracks(_get(record, "observation", "", where), frame, where, notes)
-    drivable, lanes, route, speed, dropped = _map(_get(record, "map", "", where), frame, where, num_frames, dt, notes)
-    command = _get(record, "command", "", where, "UNKNOWN")
-    if not isinstance(command, str) or command not in COMMAND_OF_TEXT:
-        where.fail("command", f"expected one of {sorted(COMMAND_OF_TEXT)}, got {command!r}")
-    out_times = (np.arange(NUM_OUTPUT_POSES) + 1) * OUTPUT_DT
-    expert = _get(record, "expert", "", where, None)
-    if expert is None:
-        notes.append("no expert trajectory: constant velocity")
-    else:
-        expert = _trajectory(expert, "expert", where, frame, out_times)
-    reference = _get(record, "pdm_closed", "", where, None)
-    if reference is not None:
-        reference = _trajectory(reference, "pdm_closed", where, frame, (np.arange(NUM_SCORE_STEPS - 1) + 1) * OBS_DT)
-    spec = SceneSpec(route=route, ego_velocity=tuple(velocity), ego_acceleration=tuple(acceleration),
-                     ego_steering=steering, agents=tracks, drivable=[p for _, p in drivable],
-                     lanes=[lane for _, lane in lanes], speed_limit=speed, command=COMMAND_OF_TEXT[command],
-                     expert=expert, history_poses=history[0], history_velocity=history[1],
-                     history_acceleration=history[2])
-    try:  # the rings' checks (at least 3 vertices, non-zero area, holes), named as in the record
-        spec_sizes(spec)
-    except ValueError as e:
-        _raise_spec_error(where, e, drivable, lanes)
-    return ParsedScene(token=where.token, origin=origin, spec=spec, reference=reference, notes=tuple(notes),
-                       dropped_layers=dropped)
-
-
-def _raise_spec_error(where: _Where, error: ValueError, drivable, lanes):
-    """Maps a builder error ("drivable[3]: ...") back to the record's polygon field."""
-    message = str(error)
-    for prefix, items in (("drivable", drivable), ("lanes", lanes)):
-        for i, (field, _) in enumerate(items):
-            tag = f"{prefix}[{i}]"
-            if message.startswith(tag):
-                rest = message[len(tag):].lstrip(".").lstrip(":").strip()
-                part = rest.split(":")[0] if rest.startswith("holes") else "exterior"
-                where.fail(f"{field}.{part}", rest.split(":", 1)[-1].strip())
-    where.fail("scene", message)
 
 
 # ---------------------------------------------------------------------------------------
@@ -588,16 +192,23 @@ class SceneFile:
             order.setdefault(s, []).append(i)
         return [(np.asarray(idx), s) for s, idx in order.items()]
 
+    def largest_sizes(self) -> SceneSizes:
+        """The largest bucketed capacities of the file: padding every scene to them gives one
+        shape (one compiled program) for the whole file, and similar files the same one."""
+        return _max_sizes(self.sizes())
+
     def build(self, indices: Sequence[int] | None = None, sizes: SceneSizes | None = None) -> Scene:
         """Scenes ``indices`` (default all) padded to ``sizes`` (default the largest of
-        their buckets), stacked: a Scene with batch dim (len(indices),); scene_id = index."""
+        their buckets), stacked: a Scene with batch dim (len(indices),) and numpy leaves
+        (built on the host; moved to the device by the first jitted call); scene_id = index."""
         indices = range(len(self)) if indices is None else [int(i) for i in indices]
         if sizes is None:
-            sizes = _max_sizes([self.sizes()[i] for i in indices])
+            every = self.sizes()
+            sizes = _max_sizes([every[i] for i in indices])
         built = []
         for i in indices:
             try:
-                built.append(self.specs[i].build(scene_id=i, sizes=sizes))
+                built.append(self.specs[i].build(scene_id=i, sizes=sizes, host=True))
             except ValueError as e:
                 raise SceneFileError(f"{self.source}: scenes[{i}] (token {self.tokens[i]!r}): {e}") from None
         return stack_scenes(built)
@@ -640,78 +251,3 @@ def load_scenes(source: str | Path | Sequence[dict]) -> SceneFile:
                      specs=tuple(p.spec for p in parsed), references=refs,
                      has_reference=np.asarray([p.reference is not None for p in parsed]),
                      notes=tuple(p.notes for p in parsed), dropped_layers=dropped, source=name)
-
-
-# ---------------------------------------------------------------------------------------
-# writing our own scenes
-
-
-def _global_points(xy: np.ndarray, origin: np.ndarray) -> np.ndarray:
-    c, s = math.cos(origin[2]), math.sin(origin[2])
-    return np.stack([origin[0] + c * xy[..., 0] - s * xy[..., 1], origin[1] + s * xy[..., 0] + c * xy[..., 1]], -1)
-
-
-def _global_poses(p: np.ndarray, origin: np.ndarray) -> np.ndarray:
-    return np.concatenate([_global_points(p[..., :2], origin), _wrap(p[..., 2:3] + origin[2])], -1)
-
-
-def scene_record(scene: Scene, origin, token: str, reference=None) -> dict:
-    """A version-1 record of one ego-frame Scene placed with its t0 rear axle at ``origin``
-    (global [x, y, heading], float64); ``reference``: optional (40, 3) PDM-Closed poses."""
-    sc = jax.tree.map(np.asarray, scene)
-    if np.shape(sc.command) != ():
-        raise ValueError(f"scene_record takes one scene (no batch dims), got batch shape {np.shape(sc.command)}")
-    origin = np.asarray(origin, np.float64)
-    lst = lambda a: np.asarray(a, np.float64).tolist()  # noqa: E731
-    ag = sc.agents
-    c, s = math.cos(origin[2]), math.sin(origin[2])
-    frames = []
-    for k in range(ag.valid.shape[1]):
-        boxes = []
-        for n in np.flatnonzero(ag.valid[:, k]):
-            x, y = _global_points(np.asarray([ag.x[n, k], ag.y[n, k]], np.float64), origin)
-            vx, vy = float(ag.vx[n, k]), float(ag.vy[n, k])
-            boxes.append({"token": f"object-{n}", "type": AGENT_TYPE_NAMES[AgentType(int(ag.agent_type[n]))],
-                          "x": float(x), "y": float(y), "heading": float(_wrap(float(ag.heading[n, k]) + origin[2])),
-                          "length": float(ag.length[n]), "width": float(ag.width[n]), "height": float(ag.height[n]),
-                          "vx": c * vx - s * vy, "vy": s * vx + c * vy, "z": float(ag.z[n, k])})
-        frames.append(boxes)
-    polygons, lights = [], []
-    drv = sc.map.drivable
-    for i in np.flatnonzero(drv.valid):
-        exterior, holes = polygon_rings(np.asarray(drv.vertices[i], np.float64))
-        polygons.append({"id": f"drivable-{i}", "layer": LAYER_OF_KIND[int(drv.kind[i])],
-                         "exterior": lst(_global_points(exterior, origin)),
-                         "holes": [lst(_global_points(h, origin)) for h in holes]})
-    lanes = sc.map.lanes
-    route_ids = []
-    for i in np.flatnonzero(lanes.valid):
-        exterior, holes = polygon_rings(np.asarray(lanes.vertices[i], np.float64))
-        entry = {"id": f"lane-{i}", "layer": "LANE_CONNECTOR" if int(lanes.kind[i]) == 1 else "LANE",
-                 "exterior": lst(_global_points(exterior, origin)),
-                 "holes": [lst(_global_points(h, origin)) for h in holes]}
-        ok = sc.map.lane_centerline_valid[i]
-        if ok.sum() >= 2:
-            entry["centerline"] = lst(_global_points(np.asarray(sc.map.lane_centerlines[i][ok], np.float64), origin))
-        polygons.append(entry)
-        if lanes.on_route[i]:
-            route_ids.append(f"lane-{i}")
-        if sc.map.red_light[i].any():
-            lights.append({"lane_id": f"lane-{i}", "red": [bool(v) for v in sc.map.red_light[i]]})
-    ego = sc.ego
-    record = {
-        "token": token,
-        "ego": {"pose": lst(origin), "velocity": lst(ego.velocity), "acceleration": lst(ego.acceleration),
-                "steering_angle": float(ego.steering_angle),
-                "history": {"dt": OBS_DT, "poses": lst(_global_poses(np.asarray(ego.history_poses, np.float64), origin)),
-                            "velocity": lst(ego.history_velocity), "acceleration": lst(ego.history_acceleration)}},
-        "observation": {"dt": OBS_DT, "frames": frames},
-        "map": {"polygons": polygons, "route_lane_ids": route_ids,
-                "route": lst(_global_points(np.asarray(sc.route.points[sc.route.valid], np.float64), origin)),
-                "traffic_lights": lights, "speed_limit": float(sc.map.speed_limit)},
-        "command": COMMAND_TEXT[Command(int(sc.command))],
-        "expert": {"dt": OUTPUT_DT, "poses": lst(_global_poses(np.asarray(sc.expert, np.float64), origin))},
-    }
-    if reference is not None:
-        record["pdm_closed"] = {"dt": OBS_DT, "poses": lst(_global_poses(np.asarray(reference, np.float64), origin))}
-    return record

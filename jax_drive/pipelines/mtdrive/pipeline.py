@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.compile_cache import enable_compile_cache
 from jax_drive.data.arrays import rows_from_arrays, rows_to_arrays, tree_from_arrays, tree_to_arrays
 from jax_drive.data.builders import BuildConfig
 from jax_drive.data.sft import curate, onpolicy_rows, sft_rows
@@ -361,6 +362,7 @@ def run_mtdrive(preset: Preset, out_dir: str | os.PathLike, *, advantage: str | 
       ValueError for an unknown stage or an image preset with ``engine_url``;
       :class:`jax_drive.pipelines.journal.RunDirError` when ``out_dir`` cannot be used as asked.
     """
+    enable_compile_cache()
     check_options(preset, evaluate, engine_url)
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)

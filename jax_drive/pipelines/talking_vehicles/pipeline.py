@@ -15,6 +15,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 
+from jax_drive.compile_cache import enable_compile_cache
 from jax_drive.names import BASELINES, TALKING_VEHICLES_METHODS
 from jax_drive.pipelines.journal import FileJournal
 from jax_drive.pipelines.stages import RunContext, Stage, StageOutput, run_stages
@@ -54,6 +55,7 @@ def run(preset: Preset, methods: Sequence[str], run_dir: str, *, engines: Engine
         progress: bool = True, force: bool = False, story: str = DEFAULT_STORY,
         on_method: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     """Runs (or loads) the methods in order, sharing engines; returns {method: result}."""
+    enable_compile_cache()
     stages = method_stages(methods)
     ctx = RunContext(preset, run_dir, {"story": story}, progress=progress)
     ctx = run_stages(stages, ctx, engines or Engines(preset), FileJournal(run_dir, force=force), after=on_method)
