@@ -306,16 +306,22 @@ class GrammarCompiler:
     def vocab_size(self) -> int:
         return self.vocabulary.vocab_size
 
+    @property
+    def outlines_vocabulary(self):
+        """outlines-core's ``Vocabulary`` of the tokenizer (built on first use, then kept)."""
+        if self._outlines_vocab is None:
+            self._outlines_vocab = outlines_vocabulary(self.vocabulary)
+        return self._outlines_vocab
+
     def compile(self, grammar: Grammar, budget: int | None = None) -> CompiledGrammar:
         """The compiled ``grammar`` (cached by its language and the tokenizer); refuses it when
         its shortest answer exceeds ``budget`` tokens."""
         key = (grammar.key, self.vocabulary.fingerprint, self.max_states)
         compiled = self._cache.get(key)
         if compiled is None:
-            if grammar.kind != "anything" and self._outlines_vocab is None:
-                self._outlines_vocab = outlines_vocabulary(self.vocabulary)
+            outlines_vocab = self.outlines_vocabulary if grammar.kind != "anything" else None
             compiled = compile_grammar(grammar, self.vocabulary, max_states=self.max_states,
-                                       outlines_vocab=self._outlines_vocab, encode=self._encode)
+                                       outlines_vocab=outlines_vocab, encode=self._encode)
             self._cache[key] = compiled
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)

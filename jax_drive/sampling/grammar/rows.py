@@ -94,3 +94,20 @@ class RowGrammars:
         padded = np.full((batch,), anything, np.int32)
         padded[:len(ids)] = ids
         return GrammarMask(tables, padded, max_forced)
+
+
+def engine_grammar(engine, grammar: Grammar, stop_ids: Sequence[int] | None = None) -> CompiledGrammar | None:
+    """``grammar`` compiled over ``engine``'s tokenizer (its ``grammars`` cache when it has one,
+    e.g. ``JaxEngine``; else a compiler over ``engine.tokenizer``), or None for an engine
+    without a local tokenizer. Answer budgets are set from its ``min_tokens`` / ``max_tokens``.
+    stop_ids: default the tokenizer's EOS ids (``SamplingParams``' default)."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    stops = tuple(int(i) for i in (tokenizer.eos_token_ids if stop_ids is None else stop_ids))
+    grammars = getattr(engine, "grammars", None)
+    if not isinstance(grammars, RowGrammars):
+        model = getattr(engine, "model", None)
+        vocab = model.config.vocab_size if hasattr(model, "config") else tokenizer.backend.get_vocab_size()
+        grammars = RowGrammars(tokenizer, vocab)
+    return grammars.compile(grammar, stops)
