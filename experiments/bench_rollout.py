@@ -17,8 +17,14 @@ PDM Agent feedback (or the format feedback), stop rows without violations.
     no_lookup       full without prompt-lookup speculative decoding
     no_sessions     neither sessions nor prompt lookup (every turn re-prefills each row's
                     whole context; prompt lookup only runs in session turns)
+    constrained     no_lookup with every answer sampled under MTDrive's trajectory grammar
+                    (``RolloutConfig(constrain_answers=True)``: canonical literal spellings,
+                    every answer well-formed and ending at its last character)
+    constrained_jump  constrained with jump-forward (``JaxEngine(jump_forward=7)``: tokens
+                    the grammar forces ride along with the next sampled token's forward pass)
   contribution of prefix sharing = t(no_prefix) / t(full); of prompt lookup =
-  t(no_lookup) / t(full); of KV reuse = t(no_sessions) / t(no_lookup).
+  t(no_lookup) / t(full); of KV reuse = t(no_sessions) / t(no_lookup); of constrained answers =
+  t(no_lookup) / t(constrained); of jump-forward = t(constrained) / t(constrained_jump).
 * transformers: the way a user would write it today: the conversation as chat messages,
   ``apply_chat_template`` + the tokenizer every turn, ``model.generate`` (its own KV cache
   per call, nothing shared across calls or rows) on ``--batch`` left-padded rows at a time,
@@ -54,12 +60,15 @@ from jax_drive.runinfo import (CompileClock, InputError, add_output_args, requir
 
 script_environment()
 
-CONFIGS = {  # name -> (share_prefix and pack_prompts, use_sessions, prompt_lookup)
-    "full": (True, True, True),
-    "no_prefix": (False, True, True),
-    "no_lookup": (True, True, False),
-    "no_sessions": (True, False, False),
+CONFIGS = {  # name -> (share_prefix and pack_prompts, use_sessions, prompt_lookup, constrained, jump_forward)
+    "full": (True, True, True, False, 0),
+    "no_prefix": (False, True, True, False, 0),
+    "no_lookup": (True, True, False, False, 0),
+    "no_sessions": (True, False, False, False, 0),
+    "constrained": (True, True, False, True, 0),
+    "constrained_jump": (True, True, False, True, 7),
 }
+CONFIG_FIELDS = ("share_prefix", "sessions", "prompt_lookup", "constrained", "jump_forward")
 
 
 def load_avg() -> list[float]:
@@ -84,13 +93,14 @@ def run_ours(model, tokenizer, scenes, refs, prompts, args, name: str, key, cloc
     from jax_drive.sampling import JaxEngine, PromptLookup, SamplingParams
     from jax_drive.sampling.sampler import SamplerConfig
 
-    share, sessions, lookup = CONFIGS[name]
+    share, sessions, lookup, constrained, jump = CONFIGS[name]
     engine = JaxEngine(model, tokenizer, SamplerConfig(prompt_buckets=tuple(range(128, 32_769, 128)),
                                                        share_prefix=share, pack_prompts=share),
-                       max_batch_size=args.batch, prompt_lookup=PromptLookup() if lookup else None)
+                       max_batch_size=args.batch, prompt_lookup=PromptLookup() if lookup else None, jump_forward=jump)
     config = RolloutConfig(group_size=args.group, max_turns=args.turns, prompt=TEXT_PROMPT,
                            sampling=SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
-                           use_sessions=sessions, max_context_tokens=args.max_context_tokens)
+                           use_sessions=sessions, max_context_tokens=args.max_context_tokens,
+                           constrain_answers=constrained)
     compile0, wall, cpu = clock.seconds, time.perf_counter(), time.process_time()
     result = run_rollouts(engine, tokenizer, scenes, key, config, reference=refs, prompts=prompts)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -197,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-context-tokens", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--batch", type=int, default=16, help="rows per generate call / device batch (both sides)")
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=["full", "no_prefix", "no_lookup", "no_sessions"],
+                        choices=list(CONFIGS), help="configurations of ours to run (see the module docstring)")
     parser.add_argument("--warmup", action="store_true", help="one untimed step per JAX configuration first")
     parser.add_argument("--sft-from", default=None, help="a cpu-demo run directory: use its SFT LoRA adapters")
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers peer")
@@ -243,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                      else "SmolLM2-135M-Instruct (untrained)",
                      "prompt_tokens": [len(tokenizer.encode(tokenizer.apply_chat_template(
                          [{"role": "user", "content": p}], add_generation_prompt=True))) for p in prompts]},
-        "configs": {name: dict(zip(("share_prefix", "sessions", "prompt_lookup"), CONFIGS[name]))
-                    for name in args.configs},
+        "configs": {name: dict(zip(CONFIG_FIELDS, CONFIGS[name])) for name in args.configs},
         "warmup": args.warmup,
         "host": {},
         "ours": {},
@@ -292,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     contributions = {}
     for feature, (slow, fast) in {"shared_prefix_prefill": ("no_prefix", "full"),
                                   "prompt_lookup": ("no_lookup", "full"),
-                                  "cross_turn_kv_reuse": ("no_sessions", "no_lookup")}.items():
+                                  "cross_turn_kv_reuse": ("no_sessions", "no_lookup"),
+                                  "constrained_answers": ("no_lookup", "constrained"),
+                                  "jump_forward": ("constrained", "constrained_jump")}.items():
         if slow in ours and fast in ours:
             contributions[feature] = {
                 "speedup": ratio(ours[slow], ours[fast], "seconds_excluding_compile"),
@@ -302,20 +314,24 @@ def main(argv: list[str] | None = None) -> int:
                                            / per_token(ours[fast], "seconds_excluding_compile"), 3),
                 "compared": f"{slow} / {fast}"}
     results["contributions"] = contributions
-    if "transformers" in results and "full" in ours:
-        peer, full = results["transformers"], ours["full"]
-        results["speedup_vs_transformers"] = {
-            "step": ratio(peer, full, "seconds"),
-            "step_excluding_compile": round(peer["seconds"] / full["seconds_excluding_compile"], 3),
-            "cpu": ratio(peer, full, "cpu_seconds"),
-            "per_generated_token": round(per_token(peer, "seconds") / per_token(full, "seconds_excluding_compile"), 3),
-        }
+    if "transformers" in results:
+        peer = results["transformers"]
+        speedups = {name: {
+            "step": ratio(peer, run, "seconds"),
+            "step_excluding_compile": round(peer["seconds"] / run["seconds_excluding_compile"], 3),
+            "cpu": ratio(peer, run, "cpu_seconds"),
+            "per_generated_token": round(per_token(peer, "seconds") / per_token(run, "seconds_excluding_compile"), 3),
+        } for name, run in ours.items()}
+        if "full" in speedups:
+            results["speedup_vs_transformers"] = speedups["full"]
+        results["speedup_vs_transformers_by_config"] = speedups
     results["load_avg_before"] = load_before
     results["load_avg_after"] = load_avg()
     write_json(args.json, results)
-    print(json.dumps({k: results[k] for k in ("contributions", "speedup_vs_transformers") if k in results}, indent=2))
+    print(json.dumps({k: results[k] for k in ("contributions", "speedup_vs_transformers_by_config") if k in results},
+                     indent=2))
     for name, run in [*ours.items(), *([("transformers", results["transformers"])] if "transformers" in results else [])]:
-        print(f"{name:>13}: {run['seconds']:8.1f} s (cpu {run['cpu_seconds']:.1f} s, compile "
+        print(f"{name:>16}: {run['seconds']:8.1f} s (cpu {run['cpu_seconds']:.1f} s, compile "
               f"{run.get('compile_seconds', 0):.1f} s), {run['generated_tokens']} tokens, rows per turn "
               f"{run['rows_per_turn']}, format {run['format_rate']:.2f}, PDMS {run['pdms_mean']:.3f}")
     return 0

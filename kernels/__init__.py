@@ -12,9 +12,10 @@ choice per call (see :mod:`kernels.dispatch`).
 
 from kernels.box_overlap import BoxOverlapConfig, boxes_overlap, rectangles_overlap
 from kernels.dispatch import IMPLS, resolve_impl
-from kernels.logprob import LogprobConfig, token_logprobs
+from kernels.logprob import AllowedTokens, LogprobConfig, token_logprobs
 
 __all__ = [
+    "AllowedTokens",
     "IMPLS",
     "BoxOverlapConfig",
     "LogprobConfig",

@@ -17,6 +17,13 @@ recomputes each logits block in the backward pass:
 
 The gradient of the head is skipped when the head is not differentiated (LoRA training).
 
+With an :class:`AllowedTokens` mask (structured generation: the tokens a grammar allowed at
+each position) the sum runs over the allowed columns only: disallowed logits are -inf in
+every block of both passes, so logp_n is the log-probability under the masked policy (0 for
+a token that was the only one allowed, whose gradient is then 0 too). The mask is given per
+token as allowed token *classes* plus a class per vocabulary column (one row per grammar),
+never as a (tokens, V) array.
+
 Two implementations of the per-block work share the loops above: the pure-JAX twin (an
 einsum per block) and a Pallas kernel (tiles of ``token_block`` x ``vocab_block`` logits,
 accumulated over ``hidden_block`` slices of D); :mod:`kernels.dispatch` picks one.
@@ -64,6 +71,24 @@ class LogprobConfig:
             raise ValueError(f"LogprobConfig sizes must be positive ints, got {sizes}")
         if self.token_block & (self.token_block - 1) or self.vocab_block & (self.vocab_block - 1):
             raise ValueError(f"token_block and vocab_block must be powers of two, got {sizes}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AllowedTokens:
+    """Which vocabulary entries each target position may take (the rest get probability 0).
+
+    Fields:
+      classes: (..., C) bool, the allowed token classes at each position (the targets' shape
+        plus C); a position with every class allowed is unmasked.
+      token_class: (G, V) int32, the class of each vocabulary entry, one row per grammar.
+      grammar: (...) int32, the row of ``token_class`` each position uses.
+    Token v is allowed at position n iff ``classes[n, token_class[grammar[n], v]]``.
+    """
+
+    classes: jax.Array
+    token_class: jax.Array
+    grammar: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +153,7 @@ def _block_dlogits(logits: jax.Array, cols: jax.Array, t_local: jax.Array, lse: 
 # ----------------------------------------------------------------------------- twin blocks
 def _twin_logits(h, w, bias, plan: _Plan):
     dots = jnp.einsum("nd,cd->nc", h, w, preferred_element_type=jnp.float32)
-    return _scaled(dots, plan.temperature) + bias[None, :]
+    return _scaled(dots, plan.temperature) + (bias if bias.ndim == 2 else bias[None, :])
 
 
 def _twin_stats(h, w, bias, t_local, plan: _Plan):
@@ -159,7 +184,8 @@ def _kernel_logits(h_ref, w_ref, bias_ref, plan: _Plan):
 
     acc = jnp.zeros((h_ref.shape[0], w_ref.shape[0]), jnp.float32)
     acc = jax.lax.fori_loop(0, d // hb, body, acc)
-    return _scaled(acc, plan.temperature) + bias_ref[...][None, :]
+    bias = bias_ref[...]
+    return _scaled(acc, plan.temperature) + (bias if bias.ndim == 2 else bias[None, :])
 
 
 def _kernel_cols(plan: _Plan):
@@ -179,18 +205,21 @@ def _dlogits_kernel(h_ref, w_ref, bias_ref, t_ref, lse_ref, scale_ref, out_ref, 
                                   scale_ref[...])
 
 
-def _pallas_specs(plan: _Plan, d: int):
+def _pallas_specs(plan: _Plan, d: int, bias_ndim: int):
+    """Block specs of (hidden, head, bias) and of per-token vectors; a (n, c) bias (a per-token
+    mask) is tiled like the logits."""
     tb, vb = plan.token_block, plan.vocab_block
     rows = pl.BlockSpec((tb,), lambda i, j: (i,))
-    return [pl.BlockSpec((tb, d), lambda i, j: (i, 0)), pl.BlockSpec((vb, d), lambda i, j: (j, 0)),
-            pl.BlockSpec((vb,), lambda i, j: (j,))], rows
+    bias = (pl.BlockSpec((tb, vb), lambda i, j: (i, j)) if bias_ndim == 2
+            else pl.BlockSpec((vb,), lambda i, j: (j,)))
+    return [pl.BlockSpec((tb, d), lambda i, j: (i, 0)), pl.BlockSpec((vb, d), lambda i, j: (j, 0)), bias], rows
 
 
 def _pallas_stats(h, w, bias, t_local, plan: _Plan):
     n, d = h.shape
     c = w.shape[0]
     grid = (n // plan.token_block, c // plan.vocab_block)
-    specs, rows = _pallas_specs(plan, d)
+    specs, rows = _pallas_specs(plan, d, bias.ndim)
     partial_shape = jax.ShapeDtypeStruct((grid[1], n), jnp.float32)
     partial_spec = pl.BlockSpec((None, plan.token_block), lambda i, j: (j, i))
     m, s, p = pl.pallas_call(
@@ -211,7 +240,7 @@ def _pallas_stats(h, w, bias, t_local, plan: _Plan):
 def _pallas_dlogits(h, w, bias, t_local, lse, scale, plan: _Plan):
     n, d = h.shape
     c = w.shape[0]
-    specs, rows = _pallas_specs(plan, d)
+    specs, rows = _pallas_specs(plan, d, bias.ndim)
     return pl.pallas_call(
         functools.partial(_dlogits_kernel, plan=plan),
         out_shape=jax.ShapeDtypeStruct((n, c), jnp.float32),
@@ -249,6 +278,18 @@ def _vocab_chunk(head: jax.Array, targets: jax.Array, j: jax.Array, plan: _Plan)
     return start, w, bias, jnp.where(mine, targets - start, -1)
 
 
+def _masked_bias(bias: jax.Array, start: jax.Array, allowed, plan: _Plan) -> jax.Array:
+    """The chunk's bias (vocab_chunk,) without a mask, or (n, vocab_chunk) with -inf where a
+    token's allowed classes (``allowed``: classes (n, C), token_class (G, head_rows), grammar
+    (n,)) exclude the column."""
+    if allowed is None:
+        return bias
+    classes, token_class, grammar = allowed
+    cols = jax.lax.dynamic_slice_in_dim(token_class, start, plan.vocab_chunk, axis=1)  # (G, c)
+    ok = jnp.take_along_axis(classes, cols[grammar], axis=1)  # (n, c)
+    return jnp.where(ok, bias[None, :], -jnp.inf)
+
+
 def _add_to_chunk(grad: jax.Array, start: jax.Array, update: jax.Array, plan: _Plan) -> jax.Array:
     """grad (head layout) += update (vocab_chunk, D) at rows [start, start + vocab_chunk)."""
     axis = 0 if plan.head_layout == "vd" else 1
@@ -262,16 +303,26 @@ def _token_chunks(x: jax.Array, plan: _Plan) -> jax.Array:
     return x.reshape(-1, plan.token_chunk, *x.shape[1:])
 
 
-def _forward(hidden, head, targets, plan: _Plan):
-    """(logp, lse), each (N,), N a multiple of token_chunk."""
+def _chunk_mask(allowed, token_class):
+    """Per token chunk: (classes, token_class, grammar) for :func:`_masked_bias`, or None."""
+    return None if allowed is None else (allowed[0], token_class, allowed[1])
+
+
+def _forward(hidden, head, targets, plan: _Plan, allowed=None):
+    """(logp, lse), each (N,), N a multiple of token_chunk. allowed: (classes (N, C),
+    grammar (N,), token_class (G, head_rows)) or None."""
     stats_fn, _ = _block_fns(plan)
     hidden = hidden.astype(head.dtype)
+    per_token = () if allowed is None else tuple(_token_chunks(x, plan) for x in allowed[:2])
+    token_class = None if allowed is None else allowed[2]
 
     def token_chunk(args):
-        h, t = args
+        h, t, *mask = args
+        mask = _chunk_mask(mask or None, token_class)
 
         def vocab_step(carry, j):
-            _, w, bias, t_local = _vocab_chunk(head, t, j, plan)
+            start, w, bias, t_local = _vocab_chunk(head, t, j, plan)
+            bias = _masked_bias(bias, start, mask, plan)
             return _merge_stats(carry, stats_fn(h, w, bias, t_local, plan)), None
 
         init = (jnp.full(t.shape, -jnp.inf), jnp.zeros(t.shape), jnp.zeros(t.shape))
@@ -279,21 +330,25 @@ def _forward(hidden, head, targets, plan: _Plan):
         lse = m + jnp.log(s)
         return picked - lse, lse
 
-    logp, lse = jax.lax.map(token_chunk, (_token_chunks(hidden, plan), _token_chunks(targets, plan)))
+    logp, lse = jax.lax.map(token_chunk, (_token_chunks(hidden, plan), _token_chunks(targets, plan), *per_token))
     return logp.reshape(-1), lse.reshape(-1)
 
 
-def _backward_loops(hidden, head, targets, lse, scale, need_head: bool, plan: _Plan):
+def _backward_loops(hidden, head, targets, lse, scale, need_head: bool, plan: _Plan, allowed=None):
     """(d hidden (N, D) float32, d head (head layout) float32 or None)."""
     _, dlogits_fn = _block_fns(plan)
     h_compute = hidden.astype(head.dtype)
+    per_token = () if allowed is None else tuple(_token_chunks(x, plan) for x in allowed[:2])
+    token_class = None if allowed is None else allowed[2]
 
     def token_chunk(grad_head, args):
-        h, t, lse_c, scale_c = args
+        h, t, lse_c, scale_c, *mask = args
+        mask = _chunk_mask(mask or None, token_class)
 
         def vocab_step(carry, j):
             grad_h, grad_head = carry
             start, w, bias, t_local = _vocab_chunk(head, t, j, plan)
+            bias = _masked_bias(bias, start, mask, plan)
             dz = dlogits_fn(h, w, bias, t_local, lse_c, scale_c, plan)  # (n, vocab_chunk)
             grad_h = grad_h + jnp.einsum("nc,cd->nd", dz, w.astype(jnp.float32))
             if need_head:
@@ -307,32 +362,33 @@ def _backward_loops(hidden, head, targets, lse, scale, need_head: bool, plan: _P
         return grad_head, grad_h
 
     grad_head = jnp.zeros(head.shape if need_head else (0,), jnp.float32)
-    chunks = tuple(_token_chunks(x, plan) for x in (h_compute, targets, lse, scale))
+    chunks = tuple(_token_chunks(x, plan) for x in (h_compute, targets, lse, scale)) + per_token
     grad_head, grad_h = jax.lax.scan(token_chunk, grad_head, chunks)
     return grad_h.reshape(hidden.shape), grad_head if need_head else None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _logprobs(hidden, head, targets, mask, plan: _Plan):
-    logp, _ = _forward(hidden, head, targets, plan)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _logprobs(hidden, head, targets, mask, allowed, plan: _Plan):
+    logp, _ = _forward(hidden, head, targets, plan, allowed)
     return jnp.where(mask, logp, 0.0)
 
 
-def _logprobs_fwd(hidden, head, targets, mask, plan: _Plan):
+def _logprobs_fwd(hidden, head, targets, mask, allowed, plan: _Plan):
     h, w, t, m = hidden.value, head.value, targets.value, mask.value
-    logp, lse = _forward(h, w, t, plan)
+    allowed = jax.tree.map(lambda x: x.value, allowed)
+    logp, lse = _forward(h, w, t, plan, allowed)
     need_head = (None,) if head.perturbed else ()  # a static flag carried in the pytree structure
-    return jnp.where(m, logp, 0.0), (h, w, t, m, lse, need_head)
+    return jnp.where(m, logp, 0.0), (h, w, t, m, allowed, lse, need_head)
 
 
 def _logprobs_bwd(plan: _Plan, res, g):
-    hidden, head, targets, mask, lse, need_head = res
+    hidden, head, targets, mask, allowed, lse, need_head = res
     if isinstance(g, jax.custom_derivatives.SymbolicZero):
-        return None, None, None, None
+        return None, None, None, None, None
     scale = jnp.where(mask, g, 0.0).astype(jnp.float32) / plan.temperature
-    grad_h, grad_head = _backward_loops(hidden, head, targets, lse, scale, bool(need_head), plan)
+    grad_h, grad_head = _backward_loops(hidden, head, targets, lse, scale, bool(need_head), plan, allowed)
     grad_head = None if grad_head is None else grad_head.astype(head.dtype)
-    return grad_h.astype(hidden.dtype), grad_head, None, None
+    return grad_h.astype(hidden.dtype), grad_head, None, None, None
 
 
 _logprobs.defvjp(_logprobs_fwd, _logprobs_bwd, symbolic_zeros=True)
@@ -343,7 +399,7 @@ _logprobs.defvjp(_logprobs_fwd, _logprobs_bwd, symbolic_zeros=True)
 def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
                    mask: jax.Array | None = None, *, temperature: float = 1.0,
                    head_layout: HeadLayout = "vd", config: LogprobConfig = LogprobConfig(),
-                   impl: str | None = None) -> jax.Array:
+                   impl: str | None = None, allowed: AllowedTokens | None = None) -> jax.Array:
     """log softmax(hidden @ W.T / temperature)[targets], never a (..., V) logits tensor.
 
     Args:
@@ -356,6 +412,8 @@ def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
       temperature: static float > 0; the distribution of a sampler at that temperature.
       config: chunk and tile sizes (:class:`LogprobConfig`).
       impl: "jax" (twin), "pallas", "interpret" or None (see :mod:`kernels.dispatch`).
+      allowed: normalise each position over its allowed tokens only (:class:`AllowedTokens`;
+        None: the whole vocabulary).
     Returns:
       (...) float32 log-probs. Differentiable in hidden and head (custom VJP).
     """
@@ -389,4 +447,18 @@ def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     flat_h = jnp.pad(hidden.reshape(n, d), ((0, rows), (0, 0)))
     flat_t = jnp.pad(targets.reshape(n).astype(jnp.int32), (0, rows))
     flat_m = jnp.pad(mask.reshape(n), (0, rows))
-    return _logprobs(flat_h, head, flat_t, flat_m, plan)[:n].reshape(lead)
+    flat_a = None if allowed is None else _flat_allowed(allowed, lead, n, rows, plan.head_rows)
+    return _logprobs(flat_h, head, flat_t, flat_m, flat_a, plan)[:n].reshape(lead)
+
+
+def _flat_allowed(allowed: AllowedTokens, lead: tuple, n: int, rows: int, head_rows: int):
+    """(classes (N, C), grammar (N,), token_class (G, head_rows)) of a mask for ``lead``-shaped
+    targets, padded like the tokens (padding rows: everything allowed)."""
+    classes = jnp.asarray(allowed.classes, bool)
+    if classes.shape[:-1] != lead:
+        raise ValueError(f"allowed.classes {classes.shape} must be the targets' shape {lead} plus classes")
+    grammar = jnp.broadcast_to(jnp.asarray(allowed.grammar, jnp.int32), lead).reshape(n)
+    token_class = jnp.asarray(allowed.token_class, jnp.int32)
+    token_class = jnp.pad(token_class, ((0, 0), (0, head_rows - token_class.shape[1])))
+    classes = jnp.pad(classes.reshape(n, -1), ((0, rows), (0, 0)), constant_values=True)
+    return classes, jnp.pad(grammar, (0, rows)), token_class

@@ -301,6 +301,16 @@ class AgentConfig:
         the parser reads prefix + continuation). Small models that ignore the answer format
         then still pick a command. Needs an engine with a local chat template
         (``engine.tokenizer``); "" = off (the seed's protocol).
+      constrain_answers: sample every answer under the action grammar
+        (``sampling.grammar.action_grammar``: ``{"command": <one of the seven>, "message":
+        <at most max_message_chars characters>}``, with a one-line reasoning of at most
+        ``max_reasoning_chars`` before it when ``chain_of_thought``), so every answer parses.
+        The answer budget is then derived from the grammar, not ``max_new_tokens``: its
+        fewest tokens over the engine's tokenizer plus the message (and reasoning) cap plus
+        the stop token. Default False (the seed's unconstrained protocol).
+      max_message_chars: the grammar's message cap in characters (TalkingVehicles keeps
+        messages short; 80).
+      max_reasoning_chars: the grammar's cap on the chain-of-thought sentence.
     """
 
     style: Literal["full", "compact"] = "full"
@@ -310,16 +320,56 @@ class AgentConfig:
     max_new_tokens: int = 48
     max_message_bytes: int = MAX_MESSAGE_BYTES
     answer_prefix: str = ""
+    constrain_answers: bool = False
+    max_message_chars: int = 80
+    max_reasoning_chars: int = 240
 
     def __post_init__(self):
         if self.style not in PROMPT_STYLES:
             raise ValueError(f"style must be one of {sorted(PROMPT_STYLES)}, got {self.style!r}")
         if self.max_new_tokens < 1 or self.max_message_bytes < 1:
             raise ValueError("max_new_tokens and max_message_bytes must be >= 1")
+        if self.max_message_chars < 0 or self.max_reasoning_chars < 1:
+            raise ValueError("max_message_chars must be >= 0 and max_reasoning_chars >= 1")
+        if self.constrain_answers and self.answer_prefix:
+            raise ValueError("answer_prefix and constrain_answers both fix how the answer starts: use one")
 
     @property
     def sampling(self) -> SamplingParams:
+        """The unconstrained decoding settings (``LanguagePolicy.sampling`` adds the grammar)."""
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+
+    def answer_grammar(self):
+        """The grammar of every answer (None unless ``constrain_answers``)."""
+        if not self.constrain_answers:
+            return None
+        from jax_drive.sampling.grammar import Grammar, action_grammar
+
+        action = action_grammar(tuple(COMMANDS), self.max_message_chars)
+        if not self.chain_of_thought:
+            return action
+        return Grammar.regex(f"(?:[^{{}}\\x00-\\x1f]{{1,{self.max_reasoning_chars}}} )?{action.pattern}")
+
+    def answer_budget(self, engine) -> int:
+        """Tokens per answer: with ``constrain_answers``, the grammar's fewest tokens over the
+        engine's tokenizer (the shortest command, an empty message) plus the characters the
+        longest command and the message (and reasoning) cap add, plus one for the stop token
+        (a token spells at least one character; where the tokenizer needs several tokens for a
+        character, the finish-in-budget mask shortens the message); else ``max_new_tokens``."""
+        grammar = self.answer_grammar()
+        if grammar is None:
+            return self.max_new_tokens
+        from jax_drive.sampling.grammar.rows import engine_grammar
+
+        compiled = engine_grammar(engine, grammar)
+        if compiled is None:
+            raise ValueError("constrain_answers needs an engine with a local tokenizer (engine.tokenizer) to size "
+                             "the answer budget")
+        commands = [len(c) for c in COMMANDS]
+        extra = max(commands) - min(commands) + self.max_message_chars
+        extra += self.max_reasoning_chars + 1 if self.chain_of_thought else 0
+        budget = compiled.min_tokens + extra + 1
+        return budget if compiled.max_tokens is None else min(budget, compiled.max_tokens + 1)
 
 
 @dataclasses.dataclass
@@ -369,6 +419,9 @@ class LanguagePolicy:
         self._count = 0
         if config.answer_prefix and getattr(engine, "tokenizer", None) is None:
             raise ValueError("answer_prefix needs an engine with a local chat template (engine.tokenizer)")
+        # every call's decoding settings: with constrain_answers the grammar and its budget
+        self.sampling = config.sampling.replace(max_new_tokens=config.answer_budget(engine),
+                                                grammar=config.answer_grammar())
 
     def reset(self) -> None:
         """Forget call records and failure counters (before a new batch of episodes)."""
@@ -386,10 +439,10 @@ class LanguagePolicy:
         end in the prefix and go through ``generate``."""
         cfg = self.config
         if not cfg.answer_prefix:
-            return self.engine.generate_chat(prompts, cfg.sampling, key)
+            return self.engine.generate_chat(prompts, self.sampling, key)
         tok = self.engine.tokenizer
         texts = [tok.apply_chat_template(p, add_generation_prompt=True) + cfg.answer_prefix for p in prompts]
-        return self.engine.generate(texts, cfg.sampling, key)
+        return self.engine.generate(texts, self.sampling, key)
 
     def decide(self, batch: DecisionBatch) -> PolicyOutput:
         out = PolicyOutput.keep(batch)

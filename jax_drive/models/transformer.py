@@ -380,11 +380,11 @@ def forward_logits(params: dict[str, Any], config: ModelConfig, input_ids: jax.A
 @partial(jax.jit, static_argnames=("config", "chunk_size", "temperature"))
 def forward_token_logprobs(params: dict[str, Any], config: ModelConfig, input_ids: jax.Array,
                            positions: jax.Array, attention_mask: jax.Array, targets: jax.Array,
-                           chunk_size: int, temperature: float = 1.0) -> jax.Array:
+                           chunk_size: int, temperature: float = 1.0, allowed=None) -> jax.Array:
     """Pure (B, L) log p(targets) via `head_token_logprobs` (see CausalLM.token_logprobs)."""
     hidden, _ = forward_hidden(params, config, input_ids, positions, attention_mask, None,
                                jnp.int32(0))
-    return head_token_logprobs(params, hidden, targets, chunk_size, temperature)
+    return head_token_logprobs(params, hidden, targets, chunk_size, temperature, allowed)
 
 
 class CausalLM(nnx.Module):
@@ -518,11 +518,13 @@ class CausalLM(nnx.Module):
 
     def token_logprobs(self, input_ids: jax.Array, positions: jax.Array,
                        attention_mask: jax.Array, targets: jax.Array,
-                       chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
+                       chunk_size: int = 256, temperature: float = 1.0, allowed=None) -> jax.Array:
         """log p(targets[b, t] | input_ids[b, :t+1]) as (B, L) float32.
 
         ``temperature`` (a static float > 0) scores under softmax(logits / temperature), the
         distribution a sampler at that temperature draws from (no top-k/top-p filtering).
+        ``allowed`` (``kernels.AllowedTokens``, per position): normalise over the tokens a
+        grammar allowed there only (the masked policy of structured generation).
 
         The B*L hidden states are processed `chunk_size` tokens by one vocabulary chunk at a
         time (`head_token_logprobs`; recomputed in the backward pass), so no (B, L, V) or even
@@ -532,7 +534,7 @@ class CausalLM(nnx.Module):
         check_logprob_args(input_ids, targets, chunk_size, temperature)
         self._check(input_ids, positions, attention_mask, None, 0)
         return forward_token_logprobs(self.arrays(), self.config, input_ids, positions,
-                                      attention_mask, targets, int(chunk_size), float(temperature))
+                                      attention_mask, targets, int(chunk_size), float(temperature), allowed)
 
 
 def check_logprob_args(input_ids, targets, chunk_size: int, temperature: float) -> None:
@@ -546,7 +548,7 @@ def check_logprob_args(input_ids, targets, chunk_size: int, temperature: float) 
 
 
 def head_token_logprobs(params: dict[str, Any], hidden: jax.Array, targets: jax.Array,
-                        chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
+                        chunk_size: int = 256, temperature: float = 1.0, allowed=None) -> jax.Array:
     """log_softmax(lm_logits(params, hidden) / temperature)[targets], never a (B, L, V) tensor.
 
     The LM head goes to ``kernels.token_logprobs`` as stored (the (V, H) embedding when tied,
@@ -556,7 +558,7 @@ def head_token_logprobs(params: dict[str, Any], hidden: jax.Array, targets: jax.
 
     Args:
       hidden: (B, L, H); targets: (B, L) int; chunk_size: tokens per step; temperature:
-        static float > 0.
+        static float > 0; allowed: ``kernels.AllowedTokens`` (per-position allowed tokens) or None.
     Returns:
       (B, L) float32.
     """
@@ -565,4 +567,4 @@ def head_token_logprobs(params: dict[str, Any], hidden: jax.Array, targets: jax.
     else:
         head, layout = params["lm_head"], "dv"
     return token_logprobs(hidden, head, targets, temperature=temperature, head_layout=layout,
-                          config=LogprobConfig(token_chunk=chunk_size))
+                          config=LogprobConfig(token_chunk=chunk_size), allowed=allowed)

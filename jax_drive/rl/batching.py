@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.data.tokens import TokenRow
+from jax_drive.sampling.grammar.tables import allowed_classes, replay_states, token_allowed
+from kernels import AllowedTokens
 
 
 def bucket_length(n: int, bucket_size: int, max_length: int | None = None) -> int:
@@ -89,13 +92,52 @@ def add_images(batch: dict, rows: Sequence[TokenRow], model) -> dict:
     return {**batch, "positions": np.moveaxis(np.asarray(positions), 0, 1), "vision": vision}
 
 
-def batch_token_logprobs(model, batch: dict, chunk_size: int = 256, temperature: float = 1.0):
-    """(B, L) ``model.token_logprobs`` of a training batch's targets (with its images, if any)."""
-    positions, images = batch["positions"], {}
+GRAMMAR_KEYS = ("turn_id", "grammar_id", "grammar_budget")  # a batch's per-row grammar data
+
+
+def answer_allowed(tables, batch: dict) -> tuple[AllowedTokens, jax.Array]:
+    """The tokens the sampler's grammar mask allowed at each target of a training batch.
+
+    Each answer (a run of targets with the same ``turn_id`` >= 0; a session turn) restarts its
+    row's automaton at state 0 with the row's budget, and the states are replayed from the
+    targets (``grammar.replay_states``), so the log-softmax runs over exactly the tokens the
+    sampler allowed, the finish-in-budget rule included. Targets outside answers are unmasked.
+
+    Args:
+      tables: ``GrammarTables`` of the rollout's grammars (the same compiled automata).
+      batch: ``targets``, ``turn_id`` (B, L) int (-1 off answers), ``grammar_id`` (B,) int32,
+        ``grammar_budget`` (B,) int32 (``max_new_tokens`` per turn).
+    Returns:
+      (``kernels.AllowedTokens`` for the targets, (B,) bool: the row's tokens were all legal).
+      A row with a token its grammar refuses (an answer from a server whose automaton spells
+      text differently) is scored unmasked rather than with log-prob -inf.
+    """
+    turn = jnp.asarray(batch["turn_id"], jnp.int32)
+    answer = turn >= 0
+    starts = answer & (turn != jnp.pad(turn[:, :-1], ((0, 0), (1, 0)), constant_values=-1))
+    grammar = jnp.asarray(batch["grammar_id"], jnp.int32)
+    targets = jnp.asarray(batch["targets"], jnp.int32)
+    states, remaining = replay_states(tables, grammar, targets, batch["grammar_budget"], starts)
+    legal = jnp.all(token_allowed(tables, grammar[:, None], states, remaining, targets) | ~answer, axis=1)
+    classes = allowed_classes(tables, grammar[:, None], states, remaining)
+    classes = classes | ~(answer & legal[:, None])[..., None]
+    return AllowedTokens(classes, tables.token_class, jnp.broadcast_to(grammar[:, None], turn.shape)), legal
+
+
+def batch_token_logprobs(model, batch: dict, chunk_size: int = 256, temperature: float = 1.0, grammar=None):
+    """(B, L) ``model.token_logprobs`` of a training batch's targets (with its images, if any).
+
+    grammar: the rollout's ``GrammarTables`` when its answers were sampled under grammars; the
+    batch then carries :data:`GRAMMAR_KEYS` and every answer token is scored under the masked
+    policy (:func:`answer_allowed`; a forced token has log-prob 0 and no gradient).
+    """
+    positions, extra = batch["positions"], {}
     if "vision" in batch:
-        positions, images = jnp.moveaxis(positions, 1, 0), {"vision": batch["vision"]}
+        positions, extra = jnp.moveaxis(positions, 1, 0), {"vision": batch["vision"]}
+    if grammar is not None:
+        extra["allowed"] = answer_allowed(grammar, batch)[0]
     return model.token_logprobs(batch["input_ids"], positions, batch["attention_mask"], batch["targets"],
-                                chunk_size=chunk_size, temperature=temperature, **images)
+                                chunk_size=chunk_size, temperature=temperature, **extra)
 
 
 def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator,

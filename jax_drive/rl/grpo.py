@@ -32,7 +32,7 @@ import numpy as np
 from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, shard_batch, shard_model, shard_params
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
 from jax_drive.data.tokens import TokenRow
-from jax_drive.rl.batching import add_images, batch_token_logprobs, bucket_length, pad_rows
+from jax_drive.rl.batching import GRAMMAR_KEYS, add_images, batch_token_logprobs, bucket_length, pad_rows
 from jax_drive.rl.checkpoint import RunState
 from jax_drive.rl.logging import peak_rss_gb
 from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, open_checkpointer, restored, train_loop
@@ -134,6 +134,9 @@ class GRPOConfig:
         if (self.stream_logprobs or self.share_prompt_prefix) and self.rollout.prompt.uses_images:
             raise ValueError("stream_logprobs / share_prompt_prefix score text rows only; prompts with images "
                              "(PromptConfig perception='image') need the plain log-prob pass")
+        if (self.stream_logprobs or self.share_prompt_prefix) and self.rollout.answer_grammar() is not None:
+            raise ValueError("stream_logprobs / share_prompt_prefix score unmasked log-probs; constrained answers "
+                             "(rollout.constrain_answers) need the plain log-prob pass")
         if (self.stream_logprobs or self.share_prompt_prefix) and not self.mesh.single_device:
             # the streamed log-probs are computed unsharded; not combined with a mesh (untested)
             raise ValueError("stream_logprobs / share_prompt_prefix run on one device; use the default "
@@ -148,7 +151,7 @@ class GRPOConfig:
 
 # ----------------------------------------------------------------------------- batches
 def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucket_size: int = 128,
-                      multiple_of: int = 1, model=None) -> dict[str, np.ndarray]:
+                      multiple_of: int = 1, model=None, grammar_rows=None) -> dict[str, np.ndarray]:
     """Padded training arrays from rollouts.
 
     Args:
@@ -159,10 +162,13 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
       multiple_of: the row count is padded (with empty rows) to a multiple of this.
       model: the policy, needed when the rollouts' prompts hold images (see
         :func:`jax_drive.rl.batching.add_images`).
+      grammar_rows: (grammar id, token budget per turn) of every row's answers when they were
+        sampled under a grammar (its index in the update's ``GrammarTables``), else None.
     Returns:
       dict of (R', L) arrays: input_ids, targets, positions, attention_mask, loss_mask
       (1 on generated tokens), old_logp (sampling log-probs), advantages (the token's turn
-      advantage), turn_id (float, -1 off-loss); with images, positions (R', 3, L) and vision.
+      advantage), turn_id (float, -1 off-loss); with images, positions (R', 3, L) and vision;
+      with ``grammar_rows``, grammar_id and grammar_budget (R',) int32.
     """
     adv = np.asarray(advantages, np.float32)
     if adv.shape[:2] != result.pdms.shape[:2]:
@@ -178,12 +184,16 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
     row_adv[:len(rows)] = adv.reshape(len(rows), -1)
     batch["turn_id"] = turn_id
     batch["advantages"] = np.asarray(token_advantages(row_adv, turn_id))
+    if grammar_rows is not None:
+        grammar_id, budget = grammar_rows
+        batch["grammar_id"] = np.full((num_rows,), grammar_id, np.int32)
+        batch["grammar_budget"] = np.full((num_rows,), budget, np.int32)
     return add_images(batch, rows, model)
 
 
 def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
-    def loss_fn(model, batch):
-        logp = batch_token_logprobs(model, batch, chunk_size, temperature)
+    def loss_fn(model, batch, grammar=None):
+        logp = batch_token_logprobs(model, batch, chunk_size, temperature, grammar)
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"],
                            ref_logp=batch.get("ref_logp"), config=loss_config)
 
@@ -191,8 +201,8 @@ def _loss_fn(loss_config: LossConfig, chunk_size: int, temperature: float):
 
 
 def _logp_fn(chunk_size: int, temperature: float):
-    def fn(model, batch):
-        return batch_token_logprobs(model, batch, chunk_size, temperature)
+    def fn(model, batch, grammar=None):  # grammar: the rollout's GrammarTables (masked policy)
+        return batch_token_logprobs(model, batch, chunk_size, temperature, grammar)
 
     return fn
 
@@ -206,7 +216,7 @@ def _compiled(graphdef, loss_config: LossConfig, chunk_size: int, optim: OptimCo
     return step, logp
 
 
-_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask", "vision")
+_MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask", "vision") + GRAMMAR_KEYS
 
 
 def _rows(batch: dict, index) -> dict:
@@ -214,19 +224,20 @@ def _rows(batch: dict, index) -> dict:
     return jax.tree.map(lambda v: v[index], batch)
 
 
-def batch_logprobs(logp_fn, params, rest, batch: dict, rows_per_call: int) -> jax.Array:
-    """Log-probs of the batch's targets, ``rows_per_call`` rows at a time (bounded memory)."""
+def batch_logprobs(logp_fn, params, rest, batch: dict, rows_per_call: int, grammar=None) -> jax.Array:
+    """Log-probs of the batch's targets, ``rows_per_call`` rows at a time (bounded memory);
+    ``grammar``: the rollout's GrammarTables when its answers were constrained."""
     n = batch["input_ids"].shape[0]
     parts = []
     model_inputs = {k: batch[k] for k in _MODEL_KEYS if k in batch}
     for start in range(0, n, rows_per_call):
         sub = _rows(model_inputs, slice(start, start + rows_per_call))
-        parts.append(logp_fn(params, rest, sub))
+        parts.append(logp_fn(params, rest, sub, grammar))
     return jnp.concatenate(parts, axis=0)
 
 
 def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, config: GRPOConfig,
-                key: jax.Array, precomputed: dict | None = None):
+                key: jax.Array, precomputed: dict | None = None, grammar=None):
     """mu epochs of mini-batch steps on one step's rollouts.
 
     Args:
@@ -237,6 +248,9 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
       precomputed: optional 'old_logp' / 'ref_logp' arrays shaped like the batch, already
         computed under params / ref_params (:class:`jax_drive.rl.streaming.RowLogprobs`);
         they replace the recomputation here.
+      grammar: the rollout's ``GrammarTables`` when its answers were sampled under grammars
+        (the batch then has ``grammar_id`` / ``grammar_budget``): pi_old, pi_ref and pi_theta
+        are then the masked policies the sampler drew from.
     Returns:
       (params, opt_state, metrics) with metrics averaged over the mini-batch steps, plus
       ``logp_mismatch`` (mean |sampler - trainer| log-prob on generated tokens).
@@ -252,7 +266,7 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
     precomputed = precomputed or {}
     if config.recompute_old_logprobs:
         old = (jnp.asarray(precomputed["old_logp"]) if "old_logp" in precomputed
-               else batch_logprobs(logp_fn, params, rest, batch, mbs))
+               else batch_logprobs(logp_fn, params, rest, batch, mbs, grammar))
         n = jnp.maximum(mask.sum(), 1.0)
         extra["logp_mismatch"] = jnp.sum(jnp.abs(old - batch["old_logp"]) * mask) / n
         batch["old_logp"] = old
@@ -260,11 +274,11 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
         if ref_params is None:
             raise ValueError("the loss uses a reference model but ref_params is None")
         batch["ref_logp"] = (jnp.asarray(precomputed["ref_logp"]) if "ref_logp" in precomputed
-                             else batch_logprobs(logp_fn, ref_params, rest, batch, mbs))
+                             else batch_logprobs(logp_fn, ref_params, rest, batch, mbs, grammar))
     history = []
     for epoch in range(config.ppo_epochs):
         for index in minibatch_indices(jax.random.fold_in(key, epoch), rows, mbs):
-            params, opt_state, loss, metrics = step_fn(params, rest, opt_state, _rows(batch, index))
+            params, opt_state, loss, metrics = step_fn(params, rest, opt_state, _rows(batch, index), grammar)
             history.append(dict(metrics, loss=loss))
     metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
     metrics.update({k: float(v) for k, v in extra.items()})
@@ -307,6 +321,19 @@ def _precomputed(rows_logp, result: RolloutResult, keep: np.ndarray, group_size:
     rows = [int(s) * group_size + g for s in keep for g in range(group_size)]
     shape = batch["input_ids"].shape
     return {name: rows_to_batch([by_row[r] for r in rows], shape[1], shape[0]) for name, by_row in values.items()}
+
+
+def answer_grammar_tables(tokenizer, vocab_size: int, rollout: RolloutConfig):
+    """(GrammarTables, (grammar id, budget)) of the rollouts' answer grammar, compiled exactly
+    as the engine compiles it (the same grammar and stop ids), or (None, None) without one."""
+    grammar = rollout.answer_grammar()
+    if grammar is None:
+        return None, None
+    from jax_drive.sampling.grammar.rows import RowGrammars
+
+    stops = rollout.sampling.resolved_stop_ids(tuple(int(i) for i in tokenizer.eos_token_ids))
+    tables, ids, _ = RowGrammars(tokenizer, vocab_size).tables([grammar], stops)
+    return tables, (int(ids[0]), rollout.sampling.max_new_tokens)
 
 
 # ----------------------------------------------------------------------------- data
@@ -389,6 +416,7 @@ def grpo_train(
     ckpt = open_checkpointer(out_dir, "grpo")
     state = restored(state, ckpt, resume)
     rows_multiple = min(config.minibatch_size, config.prompts_per_step * config.rollout.group_size)
+    grammar, grammar_rows = answer_grammar_tables(tokenizer, model.config.vocab_size, config.rollout)
 
     def step(state: RunState) -> StepOutcome:
         rng, k_roll, k_mb = jax.random.split(state.rng, 3)
@@ -409,12 +437,12 @@ def grpo_train(
         if kept:
             multiple = int(np.lcm(min(rows_multiple, kept * config.rollout.group_size), shards))
             batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
-                                      model=model)
+                                      model=model, grammar_rows=grammar_rows)
             precomputed = None
             if rows_logp is not None:
                 precomputed = _precomputed(rows_logp, result, keep, config.rollout.group_size, batch)
             params, opt_state, update = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
-                                                    batch, config, k_mb, precomputed)
+                                                    batch, config, k_mb, precomputed, grammar)
             jax.block_until_ready(params)
             if rows_logp is not None:  # scoring time, and the part the trainer waited for
                 update.update(logprob_seconds=rows_logp.compute_seconds, logprob_wait_seconds=rows_logp.wait_seconds)

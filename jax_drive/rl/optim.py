@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 from jax_drive.models import LoRAParam
-from jax_drive.parallel import constrain_batch, constrain_params
+from jax_drive.parallel import constrain_batch, constrain_params, replicated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,21 +104,37 @@ def copy_tree(tree):
 LossFn = Callable[[nnx.Module, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
+def _shared(tree, mesh):
+    """Inside a jitted function: ``tree`` (inputs every row reads, e.g. grammar tables) copied
+    to every device."""
+    if mesh is None or tree is None:
+        return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, replicated(mesh)), tree)
+
+
+def _call(fn, model, batch, shared):
+    return fn(model, batch) if shared is None else fn(model, batch, shared)
+
+
 def make_train_step(graphdef, loss_fn: LossFn, tx: optax.GradientTransformation, mesh=None):
-    """A jitted ``step(params, rest, opt_state, batch) -> (params, opt_state, loss, metrics)``.
+    """A jitted ``step(params, rest, opt_state, batch, shared=None) -> (params, opt_state, loss,
+    metrics)``.
 
     ``loss_fn(model, batch) -> (scalar loss, metrics dict)`` sees the merged model; gradients
     flow only into ``params``. metrics gain ``grad_norm`` (before clipping). ``mesh``: a
     ``jax_drive.parallel`` mesh (None = one device); the batch's row count must then be a
-    multiple of ``parallel.batch_shards(mesh)``.
+    multiple of ``parallel.batch_shards(mesh)``. ``shared``: a pytree that is not split by rows
+    (e.g. grammar tables), replicated on every device and passed as
+    ``loss_fn(model, batch, shared)`` when given.
     """
 
-    def step(params, rest, opt_state, batch):
+    def step(params, rest, opt_state, batch, shared=None):
         params, rest, opt_state = constrain_params((params, rest, opt_state), mesh)
         batch = constrain_batch(batch, mesh)
+        shared = _shared(shared, mesh)
 
         def f(p):
-            return loss_fn(nnx.merge(graphdef, p, rest), batch)
+            return _call(loss_fn, nnx.merge(graphdef, p, rest), batch, shared)
 
         (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
         grads = constrain_params(grads, mesh)  # reduce-scatter, not all-reduce
@@ -133,12 +149,12 @@ def make_train_step(graphdef, loss_fn: LossFn, tx: optax.GradientTransformation,
 
 
 def make_eval_fn(graphdef, fn: Callable[[nnx.Module, Any], Any], mesh=None):
-    """A jitted ``f(params, rest, batch) = fn(merged model, batch)`` (no gradient); ``mesh``
-    as in :func:`make_train_step`."""
+    """A jitted ``f(params, rest, batch, shared=None) = fn(merged model, batch[, shared])`` (no
+    gradient); ``mesh`` and ``shared`` as in :func:`make_train_step`."""
 
-    def run(params, rest, batch):
+    def run(params, rest, batch, shared=None):
         params, rest = constrain_params((params, rest), mesh)
-        return fn(nnx.merge(graphdef, params, rest), constrain_batch(batch, mesh))
+        return _call(fn, nnx.merge(graphdef, params, rest), constrain_batch(batch, mesh), _shared(shared, mesh))
 
     return jax.jit(run)
 

@@ -80,6 +80,16 @@ class RolloutConfig:
         the caption of the SFT data, ``BuildConfig.caption``).
       use_sessions: continue rows through the engine's session (KV caches kept between
         turns) when it has one (default True); False sends whole contexts every turn.
+      constrain_answers: sample every answer under MTDrive's trajectory grammar
+        (``sampling.grammar.trajectory_grammar`` with this config's ``format`` ranges: exactly
+        what ``text.codec.format_trajectory`` writes, so every answer is usable); the sampler
+        and the trainer then use the masked policy (docs/structured.md). ``sampling.
+        max_new_tokens`` must hold the grammar's shortest answer (SmolLM2: 128 tokens).
+        Default False (MTDrive's unconstrained setting).
+      canonical_literals: with ``constrain_answers``, the grammar's fixed text is spelled only
+        as the tokenizer spells it (more tokens forced: jump-forward skips them). Keep True
+        for ``JaxEngine``; set False with a remote server, whose grammar allows every spelling
+        (the trainer then replays the server's automaton exactly).
     """
 
     group_size: int = 8
@@ -95,6 +105,8 @@ class RolloutConfig:
     format_feedback: str = FORMAT_FEEDBACK
     caption: CaptionConfig = CaptionConfig()
     use_sessions: bool = True
+    constrain_answers: bool = False
+    canonical_literals: bool = True
 
     def __post_init__(self):
         if not self.format_feedback:
@@ -105,6 +117,22 @@ class RolloutConfig:
             raise ValueError("max_context_tokens must be >= 2")
         if not self.improvement_weight >= 0:  # also refuses NaN
             raise ValueError(f"improvement_weight must be >= 0, got {self.improvement_weight}")
+        if self.constrain_answers and self.sampling.grammar is not None:
+            raise ValueError("constrain_answers sets the grammar: leave sampling.grammar None")
+
+    def answer_grammar(self):
+        """The grammar every answer is sampled under (None when not ``constrain_answers``)."""
+        if not self.constrain_answers:
+            return None
+        from jax_drive.sampling.grammar import trajectory_grammar
+
+        return trajectory_grammar(ranges=self.format).canonical(self.canonical_literals)
+
+    @property
+    def answer_sampling(self) -> SamplingParams:
+        """The decoding settings of every turn: ``sampling`` with one completion per row and
+        the answer grammar."""
+        return self.sampling.replace(n=1, grammar=self.answer_grammar() or self.sampling.grammar)
 
 
 # ------------------------------------------------------------------------------ prompts
@@ -284,7 +312,7 @@ def run_rollouts(
         raise ValueError(f"{len(prompts)} prompts for {num_scenes} scenes")
     cont = ChatContinuation.from_tokenizer(tokenizer, config.system_prompt)
     eos_text = {int(i): tokenizer.decode([int(i)], skip_special_tokens=False) for i in tokenizer.eos_token_ids}
-    sampling = config.sampling.replace(n=1)
+    sampling = config.answer_sampling
 
     prompt_ids = [
         tokenizer.encode(tokenizer.apply_chat_template(first_turn_messages(p, config.system_prompt), add_generation_prompt=True))

@@ -15,7 +15,13 @@ the compiled program. The loop carries the mask's per-row state in ``DecodeState
 - ``propose`` in the speculative step, on the prompt-lookup drafts: a mask that forces a run
   of tokens (``grammar.forced_run``) proposes it as drafts (masked to one allowed token, a
   draft has probability 1 and the verification accepts it: jump-forward), and cuts lookup
-  drafts that the mask would refuse.
+  drafts that the mask would refuse. A mask's ``max_forced`` (static; 0 for none) is the
+  longest run it proposes: with it > 0 the loop runs speculative steps even without prompt
+  lookup (``Request.draft_len``).
+
+A row whose masked logits leave no token (a grammar complete without stop ids, or stop ids
+held back by ``min_new_tokens`` in a state where only they are allowed) ends there: it emits
+nothing more and counts as stopped.
 
 Rows: B, the loop's rows (dummy rows included); a mask's per-row arrays have B rows.
 :class:`NoMask`, the default, has no leaves and returns its inputs, so it compiles to nothing.
@@ -31,6 +37,8 @@ import jax
 @runtime_checkable
 class LogitsMask(Protocol):
     """Per-row constraint on the tokens the decode loop may emit (B rows, V vocabulary)."""
+
+    max_forced: int  # longest run of forced tokens ``propose`` offers (static; 0: none)
 
     def init_state(self, rows: int) -> Any:
         """The state before the first generated token: a pytree whose leaves lead with
@@ -56,6 +64,8 @@ class LogitsMask(Protocol):
 @jax.tree_util.register_pytree_node_class
 class NoMask:
     """The identity :class:`LogitsMask`: no state, no leaves, no work in the compiled loop."""
+
+    max_forced = 0
 
     def init_state(self, rows: int) -> None:
         return None

@@ -33,6 +33,7 @@ from flax import nnx
 from jax_drive.models.protocol import DecoderLM
 from jax_drive.models.transformer import forward_hidden, lm_logits
 from jax_drive.parallel import make_mesh, replicate
+from jax_drive.sampling.constraints import NoMask
 from jax_drive.sampling.outputs import reported_logprobs
 from jax_drive.sampling.request import DecodeMode, DecodeSettings, Request, split_keys
 from jax_drive.sampling.selection import NEG_INF, select_tokens
@@ -44,6 +45,14 @@ from jax_drive.sampling.state import DecodeState
 def _id_table(ids: jax.Array, vocab: int) -> jax.Array:
     """(V,) bool: True at the (-1 padded) ``ids``."""
     return jnp.zeros((vocab,), bool).at[jnp.where(ids >= 0, ids, vocab)].set(True, mode="drop")
+
+
+def _empty_rows(constraint, masked: jax.Array) -> jax.Array | None:
+    """(...) bool: positions whose masked logits (..., V) leave no token (None without a mask:
+    only a logits mask can empty a row, and the plain program then has no such check)."""
+    if isinstance(constraint, NoMask):
+        return None
+    return jnp.max(masked, axis=-1) <= NEG_INF / 2
 
 
 def _plain_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
@@ -63,22 +72,25 @@ def _plain_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
         token, processed = select_tokens(masked, sub, settings.temperature, settings.top_k,
                                          settings.top_p, greedy=mode.greedy, use_filter=mode.use_filter)
         logprob = reported_logprobs(mode, logits, token, processed)
-        token = jnp.where(s.done, settings.pad_id, token)
-        logprob = jnp.where(s.done, 0.0, logprob)
-        hit_stop = ~s.done & jnp.any(token[:, None] == settings.stop_ids[None, :], axis=-1)
+        empty = _empty_rows(constraint, masked)
+        ended = jnp.zeros_like(s.done) if empty is None else ~s.done & empty  # ends without a token
+        emits = ~s.done & ~ended
+        token = jnp.where(emits, token, settings.pad_id)
+        logprob = jnp.where(emits, logprob, 0.0)
+        hit_stop = emits & jnp.any(token[:, None] == settings.stop_ids[None, :], axis=-1)
         return s.replace(
             cache=cache,
-            token=token,
+            token=jnp.where(ended, s.token, token),
             position=s.position + 1,
             index=s.index + 1,
             step=s.step + 1,
-            done=s.done | hit_stop,
+            done=s.done | hit_stop | ended,
             tokens=jax.lax.dynamic_update_slice(s.tokens, token[:, None], (0, s.step)),
             logprobs=jax.lax.dynamic_update_slice(s.logprobs, logprob[:, None], (0, s.step)),
-            lengths=s.lengths + (~s.done).astype(jnp.int32),
-            stopped=s.stopped | hit_stop,
+            lengths=s.lengths + emits.astype(jnp.int32),
+            stopped=s.stopped | hit_stop | ended,
             key=key,
-            constraint=constraint.advance(s.constraint, token[:, None], (~s.done).astype(jnp.int32)),
+            constraint=constraint.advance(s.constraint, token[:, None], emits.astype(jnp.int32)),
         )
 
     return body
@@ -89,23 +101,59 @@ def _write_rows(buffer: jax.Array, values: jax.Array, start: jax.Array) -> jax.A
     return jax.vmap(lambda buf, val, i: jax.lax.dynamic_update_slice(buf, val, (i,)))(buffer, values, start)
 
 
+def draft_widths(k: int) -> tuple[int, ...]:
+    """The forward widths a speculative step with K drafts chooses from: 1, 2, 4, ... and K + 1."""
+    widths = [1]
+    while widths[-1] * 2 < k + 1:
+        widths.append(widths[-1] * 2)
+    return tuple(widths) + ((k + 1,) if widths[-1] < k + 1 else ())
+
+
+def _adaptive_forward(step_fn, k: int):
+    """step_fn on the first w of K + 1 positions, w the smallest of :func:`draft_widths` that
+    holds ``need`` (every row's drafts in use plus one): a step whose rows draft little (or
+    nothing) pays for a narrow pass. Logits (B, K + 1, V) float32, zero past w (never read:
+    rows accept at most need - 1 drafts)."""
+    widths = draft_widths(k)
+
+    def forward(cache, feed, positions, index, need):
+        def branch(w):
+            def run(cache):
+                logits, cache = step_fn(cache, feed[:, :w], positions[:, :w], index)
+                return jnp.pad(logits.astype(jnp.float32), ((0, 0), (0, k + 1 - w), (0, 0))), cache
+            return run
+
+        if len(widths) == 1:
+            return branch(widths[0])(cache)
+        which = jnp.searchsorted(jnp.asarray(widths, jnp.int32), need).astype(jnp.int32)
+        return jax.lax.switch(which, [branch(w) for w in widths], cache)
+
+    return forward
+
+
 def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode):
-    """Loop body verifying K prompt-lookup drafts per row: each row emits 1 to K + 1 tokens."""
+    """Loop body verifying K drafts per row (prompt lookup's, or forced runs of the logits mask:
+    jump-forward): each row emits 1 to K + 1 tokens."""
     is_stop_vocab = _id_table(settings.stop_ids, vocab)
     is_never_vocab = _id_table(settings.never_ids, vocab)
     constraint = settings.logits_mask
     lookup = mode.lookup
-    k = lookup.num_draft
+    k = mode.draft_len
+    forward = _adaptive_forward(step_fn, k)
 
     def body(s: DecodeState) -> DecodeState:
         remaining = settings.max_new_tokens - s.lengths  # (B,) at the first new position, it included
-        drafts, num_valid = constraint.propose(s.constraint, *lookup_drafts(s.history, s.history_len, lookup),
-                                               remaining)
+        if lookup is not None:
+            drafts, num_valid = lookup_drafts(s.history, s.history_len, lookup)
+            drafts = jnp.pad(drafts, ((0, 0), (0, k - drafts.shape[1])))
+        else:
+            drafts, num_valid = jnp.zeros((s.token.shape[0], k), jnp.int32), jnp.zeros_like(s.lengths)
+        drafts, num_valid = constraint.propose(s.constraint, drafts, num_valid, remaining)
         feed = jnp.concatenate([s.token[:, None], drafts], axis=1)  # (B, K + 1)
         offsets = jnp.arange(k + 1)
-        logits, cache = step_fn(s.cache, feed, s.position[:, None] + offsets, s.index)
-        logits = constraint.mask_logits(s.constraint, logits.astype(jnp.float32), drafts,
-                                        remaining[:, None] - offsets)  # (B, K + 1, V)
+        need = jnp.max(jnp.where(s.done, 1, num_valid + 1))
+        logits, cache = forward(s.cache, feed, s.position[:, None] + offsets, s.index, need)
+        logits = constraint.mask_logits(s.constraint, logits, drafts, remaining[:, None] - offsets)  # (B, K + 1, V)
         key, sub = split_keys(s.key)
         generated = s.lengths[:, None] + offsets  # index of the token each position predicts
         masked = jnp.where(((generated < settings.min_new_tokens)[..., None] & is_stop_vocab) | is_never_vocab,
@@ -119,12 +167,17 @@ def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode
                 lambda lg, d, n, kk: jax.tree.map(lambda x: x[0], accept(lg[None], d[None], n[None], kk))
             )(masked, drafts, num_valid, sub)
         logprobs = reported_logprobs(mode, logits, tokens, processed)
-        # emitted: tokens[:, :count], cut after the first stop token and at max_new_tokens
+        # emitted: tokens[:, :count], cut after the first stop token and at max_new_tokens; a
+        # row whose mask leaves nothing after its accepted drafts emits only them, and ends
         is_stop = jnp.any(tokens[..., None] == settings.stop_ids, axis=-1) & (offsets <= accepted[:, None])
         first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), k + 1)
-        count = jnp.minimum(jnp.minimum(accepted, first_stop) + 1, settings.max_new_tokens - s.lengths)
+        empty = _empty_rows(constraint, masked)
+        empty_last = (jnp.zeros_like(s.done) if empty is None
+                      else jnp.take_along_axis(empty, accepted[:, None], axis=1)[:, 0] & (first_stop > accepted))
+        count = jnp.minimum(jnp.minimum(accepted, first_stop) + 1 - empty_last, remaining)
         count = jnp.where(s.done, 0, count)
         hit_stop = first_stop < count
+        ended = ~s.done & empty_last & (count == accepted)
         lengths = s.lengths + count
         last = jnp.take_along_axis(tokens, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
         return s.replace(
@@ -133,11 +186,11 @@ def _speculative_step(step_fn, vocab, settings: DecodeSettings, mode: DecodeMode
             position=s.position + count,
             index=s.index + count,
             step=s.step + 1,
-            done=s.done | hit_stop | (lengths >= settings.max_new_tokens),
+            done=s.done | hit_stop | ended | (lengths >= settings.max_new_tokens),
             tokens=_write_rows(s.tokens, tokens, s.lengths),
             logprobs=_write_rows(s.logprobs, logprobs, s.lengths),
             lengths=lengths,
-            stopped=s.stopped | hit_stop,
+            stopped=s.stopped | hit_stop | ended,
             key=key,
             history=_write_rows(s.history, tokens, s.history_len),
             history_len=s.history_len + count,
@@ -153,7 +206,7 @@ def _decode_loop(step_fn, vocab: int, loop: DecodeState, settings: DecodeSetting
 
     step_fn(cache, tokens (B, L), positions (B, L), index) -> (logits (B, L, V), cache).
     """
-    if mode.lookup is None:
+    if not mode.draft_len:
         body = _plain_step(step_fn, vocab, settings, mode)
 
         def cond(s: DecodeState):

@@ -4,6 +4,7 @@ chunked generation for streaming and cancellation (``stream`` / ``DecodeStream``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -18,6 +19,8 @@ from jax_drive.sampling.engine import (
     validate_prompts,
 )
 from jax_drive.sampling.decode import decode
+from jax_drive.sampling.grammar.rows import RowGrammars
+from jax_drive.sampling.grammar.spec import Grammar
 from jax_drive.sampling.outputs import SamplerOutput
 from jax_drive.sampling.params import SamplingParams
 from jax_drive.sampling.request import Request, check_token_ids, row_keys
@@ -43,6 +46,9 @@ class JaxEngine:
         several calls (each with its own key, folded in from ``key``). None = one call.
       prompt_lookup: speculative decoding by prompt lookup for ``Session.extend`` turns
         (refinement turns, which repeat much of their context); None = off.
+      jump_forward: with a grammar (``SamplingParams.grammar``), emit up to this many tokens
+        the grammar forces (exactly one allowed token each) without sampling, in the forward
+        pass of the token after them (docs/structured.md); 0 = off (default).
 
     ``supports_sessions`` is True: ``start`` returns a ``Session`` whose rows keep their KV
     caches between turns (engines without it, e.g. HTTP servers, re-send whole contexts).
@@ -57,16 +63,21 @@ class JaxEngine:
         sampler_config: SamplerConfig = SamplerConfig(),
         max_batch_size: int | None = None,
         prompt_lookup: PromptLookup | None = None,
+        jump_forward: int = 0,
     ):
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if not isinstance(jump_forward, int) or jump_forward < 0:
+            raise ValueError(f"jump_forward must be an int >= 0, got {jump_forward!r}")
         check_model(model)
         self.model = model
         self.tokenizer = tokenizer
         self.sampler_config = sampler_config
         self.max_batch_size = max_batch_size
         self.prompt_lookup = prompt_lookup
+        self.jump_forward = jump_forward
         self.decode_weights = DecodeWeightCache()  # rebuilt when the model's arrays change
+        self._grammars: RowGrammars | None = None  # compiled on first use (needs the tokenizer)
 
     # ------------------------------------------------------------------ helpers
     def _encode(self, prompts: list[Prompt]) -> list[list[int]]:
@@ -102,6 +113,23 @@ class JaxEngine:
         request.check(self.model.config.vocab_size)
         return request
 
+    @property
+    def grammars(self) -> RowGrammars:
+        """The engine's compiled grammars (``RowGrammars``; thread-safe)."""
+        if self._grammars is None:
+            self._grammars = RowGrammars(self.tokenizer, self.model.config.vocab_size)
+        return self._grammars
+
+    def constrained(self, request: Request, grammars: Sequence[Grammar | None], batch: int) -> Request:
+        """``request`` with the logits mask of rows with ``grammars`` (a loop of ``batch`` rows);
+        unchanged when no row has a grammar. Raises GrammarError (a ValueError) for a grammar
+        that cannot be compiled or cannot finish within ``max_new_tokens``."""
+        if all(g is None for g in grammars):
+            return request
+        mask = self.grammars.mask(grammars, request.stop_token_ids, request.max_new_tokens, batch,
+                                  self.jump_forward)
+        return request if mask is None else dataclasses.replace(request, logits_mask=mask)
+
     def completion(self, prompt_ids: Sequence[int], output: SamplerOutput, i: int,
                    request: Request, skip_special_tokens: bool = True) -> Completion:
         """Row ``i`` of a sampler output as a Completion."""
@@ -116,15 +144,16 @@ class JaxEngine:
 
     def _rows(self, prompts: Sequence[Prompt], params: SamplingParams, images=None):
         """The completion rows of a request (prompt-major, ``params.n`` per prompt) as token
-        ids, with their images (None without)."""
+        ids, with their images (None without) and grammars."""
         prompts = validate_prompts(prompts)
         rows = [ids for ids in self._encode(prompts) for _ in range(params.n)]
+        grammars = [g for g in params.row_grammars(len(prompts)) for _ in range(params.n)]
         check_token_ids(rows, self.model.config.vocab_size)
         if images is not None:
             if len(images) != len(prompts):
                 raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
             images = [row for row in images for _ in range(params.n)]
-        return rows, images
+        return rows, images, grammars
 
     def _calls(self, rows: list[list[int]], key: jax.Array):
         """The sampler calls of ``rows`` (``max_batch_size`` rows each): (first row, rows, key)
@@ -142,7 +171,7 @@ class JaxEngine:
              keep_caches: bool, images=None):
         """First-turn generation: (completions, rows, session groups, decode steps, the
         unrolled weights used or None, per kept row its RoPE position shift (see Session))."""
-        rows, images = self._rows(prompts, params, images)
+        rows, images, grammars = self._rows(prompts, params, images)
         request = self.request(params)
         config = self.sampler_config
         weights = None
@@ -156,15 +185,16 @@ class JaxEngine:
         shift: list[int] = []  # per row, the last prompt token's position minus its index
         steps = 0
         for start, part, part_key in self._calls(rows, key):
-            loop, n, plen = start_decode(self.model, part, part_key, request, config, graph_and_state, weights,
+            call = self.constrained(request, grammars[start : start + len(part)], config.batch_size(len(part)))
+            loop, n, plen = start_decode(self.model, part, part_key, call, config, graph_and_state, weights,
                                          None if images is None else images[start : start + len(part)])
             if keep_caches:
                 last = np.asarray(loop.position)[:n] if images is not None else [len(p) - 1 for p in part]
                 shift.extend(int(pos) - (len(p) - 1) for pos, p in zip(last, part))
-            out = decode(self.model, weights, loop, request, config, graph_and_state)
-            output = SamplerOutput.from_state(out, n, request)
+            out = decode(self.model, weights, loop, call, config, graph_and_state)
+            output = SamplerOutput.from_state(out, n, call)
             steps += output.steps
-            completions.extend(self.completion(p, output, i, request, params.skip_special_tokens)
+            completions.extend(self.completion(p, output, i, call, params.skip_special_tokens)
                                for i, p in enumerate(part))
             if keep_caches:
                 groups.append(SessionGroup(rows=list(range(start, start + n)), cache=out.cache,
@@ -205,16 +235,17 @@ class JaxEngine:
         ``DecodeStream`` for each chunk's new tokens per row, ``cancel`` rows between chunks,
         ``completions()`` for the final completions. The prefills run here; chunks reuse the
         one-call decode program (no extra compilation)."""
-        rows, images = self._rows(prompts, params, images)
+        rows, images, grammars = self._rows(prompts, params, images)
         request = self.request(params)
         config = self.sampler_config
         weights = self.decode_weights.get(self.model) if config.unroll_layers else None
         graph_and_state = nnx.split(self.model)
         runs = []
         for start, part, part_key in self._calls(rows, key):
-            loop, n, _ = start_decode(self.model, part, part_key, request, config, graph_and_state, weights,
+            call = self.constrained(request, grammars[start : start + len(part)], config.batch_size(len(part)))
+            loop, n, _ = start_decode(self.model, part, part_key, call, config, graph_and_state, weights,
                                       None if images is None else images[start : start + len(part)])
-            runs.append((start, DecodeRun(self.model, weights, loop, n, request, config, graph_and_state), part))
+            runs.append((start, DecodeRun(self.model, weights, loop, n, call, config, graph_and_state), part))
         return DecodeStream(self, runs, request, chunk_steps, params.skip_special_tokens)
 
     def generate_chat(

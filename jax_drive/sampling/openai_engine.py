@@ -28,6 +28,16 @@ it talks to (``remote.dialects``, from ``GET /v1/models``) and then:
 Failures (``remote.transport``): connection errors and HTTP 429 / 502 / 503 / 504 are
 retried with exponential backoff, everything else fails at once with the server's message.
 An unknown model name is an error (llama.cpp would silently serve its default model).
+
+Grammars (``SamplingParams.grammar``) go in each dialect's form (``remote.requests.
+grammar_fields``): vLLM and jax-drive serve ``structured_outputs`` (``regex``), llama.cpp a
+GBNF ``grammar`` (completions and chat). With ``grammar_mode="exact"`` (default) the server's
+language is the local automaton's, so a trainer recomputes the answers' log-probs locally
+under the same masks; ``"native"`` sends JSON schemas / choices in the dialect's own form
+(vLLM ``structured_outputs`` ``json`` / ``choice``; llama.cpp chat ``response_format``
+``json_object`` + schema; a plain OpenAI server ``response_format`` ``json_schema``), where
+the server picks the JSON whitespace. What a dialect cannot express is refused before
+anything is sent (``UnsupportedParameterError``).
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ from jax_drive.sampling.remote.requests import (
     build_chat_request,
     build_completion_request,
     build_prompt_logprobs_request,
+    grammar_fields,
     normalize_base_url,
     row_seeds,
 )
@@ -101,6 +112,8 @@ class OpenAIEngine:
         llama.cpp serves them one at a time.
       check_model: raise when ``model`` is not listed by the server (default True).
       transport: the HTTP function (default ``urllib_transport``).
+      grammar_mode: how grammars are sent: 'exact' (default: the local automaton's language)
+        or 'native' (the dialect's JSON / choice forms; see the module docstring).
     """
 
     def __init__(
@@ -119,6 +132,7 @@ class OpenAIEngine:
         max_concurrency: int = 8,
         check_model: bool = True,
         transport: Transport | None = None,
+        grammar_mode: str = "exact",
     ):
         if not model or not isinstance(model, str):
             raise ValueError("model must be a non-empty string (served model or LoRA name)")
@@ -127,6 +141,8 @@ class OpenAIEngine:
             raise ValueError("max_concurrency must be >= 1")
         if server != "auto" and server not in DIALECTS:
             raise ValueError(f"server must be 'auto' or one of {sorted(DIALECTS)}, got {server!r}")
+        if grammar_mode not in ("exact", "native"):
+            raise ValueError(f"grammar_mode must be 'exact' or 'native', got {grammar_mode!r}")
         if server_logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"server_logprobs_mode must be 'raw' or 'processed', got {server_logprobs_mode!r}")
         self.base_url = normalize_base_url(base_url)
@@ -142,6 +158,7 @@ class OpenAIEngine:
         self.max_concurrency = int(max_concurrency)
         self.check_model = bool(check_model)
         self.transport = transport or urllib_transport
+        self.grammar_mode = grammar_mode
         self._dialect: ServerDialect | None = None if server == "auto" else DIALECTS[server]
         self._models: list[str] | None = None
         self._pieces: TokenPieces | None = None
@@ -284,11 +301,14 @@ class OpenAIEngine:
         return self._map(run, prompts)
 
     # --------------------------------------------------------------- interface
-    def _prepare(self, params: SamplingParams) -> ServerDialect:
+    def _prepare(self, params: SamplingParams, endpoint: str = "completions") -> ServerDialect:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         dialect = self.dialect
         check_sampling_params(params, dialect, self.server_logprobs_mode, self._eos_ids())
+        grammars = params.grammar if isinstance(params.grammar, tuple) else (params.grammar,)
+        for grammar in {g for g in grammars if g is not None}:
+            grammar_fields(grammar, dialect, endpoint, self.exact_grammars)  # refused before sending
         if self.require_token_logprobs and not dialect.returns_token_ids and self.tokenizer is None:
             raise UnsupportedParameterError(
                 f"require_token_logprobs on a {dialect.name} server needs the local tokenizer "
@@ -296,6 +316,10 @@ class OpenAIEngine:
             )
         self._require_model()
         return dialect
+
+    @property
+    def exact_grammars(self) -> bool:
+        return self.grammar_mode == "exact"
 
     def _logprobs_mode(self, params: SamplingParams, dialect: ServerDialect) -> str:
         if dialect.logprobs_per_request or logprobs_equivalent(params):
@@ -355,10 +379,12 @@ class OpenAIEngine:
         rows = [p for p in range(len(prompts)) for _ in range(params.n)]
         seeds = row_seeds(key, len(rows))
         mode = self._logprobs_mode(params, dialect)
+        grammars = params.row_grammars(len(prompts))
 
         def run(i: int) -> Completion:
             p = rows[i]
-            body = build_completion_request(wire[p], params, self.model, seeds[i], dialect)
+            body = build_completion_request(wire[p], params, self.model, seeds[i], dialect, grammars[p],
+                                            self.exact_grammars)
             answer = self.request("POST", "completions", body)
             return parse_completion_choice(
                 answer, chat=False, dialect=dialect, logprobs_mode=mode,
@@ -379,13 +405,15 @@ class OpenAIEngine:
                 for c in conversations
             ]
             return self.generate(prompts, params, key)
-        dialect = self._prepare(params)
+        dialect = self._prepare(params, "chat")
         rows = [c for c in range(len(conversations)) for _ in range(params.n)]
         seeds = row_seeds(key, len(rows))
         mode = self._logprobs_mode(params, dialect)
+        grammars = params.row_grammars(len(conversations))
 
         def run(i: int) -> Completion:
-            body = build_chat_request(conversations[rows[i]], params, self.model, seeds[i], dialect)
+            body = build_chat_request(conversations[rows[i]], params, self.model, seeds[i], dialect,
+                                      grammars[rows[i]], self.exact_grammars)
             return parse_completion_choice(
                 self.request("POST", "chat/completions", body), chat=True, dialect=dialect,
                 logprobs_mode=mode, prompt_ids=None, sent_token_ids=False, seed=seeds[i],

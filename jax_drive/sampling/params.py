@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, Union
+
+from jax_drive.sampling.grammar.spec import Grammar
 
 LogprobsMode = Literal["raw", "processed"]
+GrammarField = Union[Grammar, tuple[Union[Grammar, None], ...], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,11 @@ class SamplingParams:
         probability of the distribution the token was actually drawn from. Under greedy
         decoding ``"processed"`` is reported as 0 (the argmax has probability one).
       skip_special_tokens: drop special tokens when decoding ``Completion.text``.
+      grammar: constrain every answer to a :class:`~jax_drive.sampling.grammar.Grammar`
+        (regex, JSON schema, choice), or one entry per prompt (None: that prompt's answer is
+        free; a list is stored as a tuple). ``JaxEngine`` masks the logits inside its decode
+        loop (raw log-probs are then the masked policy's: docs/structured.md); ``OpenAIEngine``
+        sends the grammar in the server's dialect. ``None`` (default): unconstrained.
     """
 
     max_new_tokens: int = 64
@@ -48,8 +57,10 @@ class SamplingParams:
     n: int = 1
     logprobs_mode: LogprobsMode = "raw"
     skip_special_tokens: bool = True
+    grammar: GrammarField = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "grammar", _grammar_field(self.grammar))
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -79,6 +90,16 @@ class SamplingParams:
         """True when decoding is deterministic argmax (temperature 0)."""
         return self.temperature == 0.0
 
+    def row_grammars(self, prompts: int) -> list[Grammar | None]:
+        """The grammar of each of ``prompts`` prompts (None: unconstrained).
+
+        Raises ValueError when ``grammar`` is a sequence of another length."""
+        if self.grammar is None or isinstance(self.grammar, Grammar):
+            return [self.grammar] * prompts
+        if len(self.grammar) != prompts:
+            raise ValueError(f"grammar has {len(self.grammar)} entries for {prompts} prompts")
+        return list(self.grammar)
+
     def replace(self, **changes) -> "SamplingParams":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -86,3 +107,16 @@ class SamplingParams:
     def resolved_stop_ids(self, default: tuple[int, ...]) -> tuple[int, ...]:
         """The stop ids to use: ``stop_token_ids`` or ``default`` when it is None."""
         return tuple(default) if self.stop_token_ids is None else self.stop_token_ids
+
+
+def _grammar_field(value) -> GrammarField:
+    """``SamplingParams.grammar`` checked and made hashable (a sequence becomes a tuple)."""
+    if value is None or isinstance(value, Grammar):
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"grammar must be a Grammar, a sequence of Grammar / None, or None; got "
+                        f"{type(value).__name__} (build one with Grammar.regex / json_schema / choice)")
+    items = tuple(value)
+    if any(g is not None and not isinstance(g, Grammar) for g in items):
+        raise TypeError("every entry of a grammar sequence must be a Grammar or None")
+    return items

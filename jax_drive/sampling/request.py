@@ -61,14 +61,16 @@ class Request:
 
     @property
     def draft_len(self) -> int:
-        """K drafted tokens per step (0 without prompt lookup)."""
-        return 0 if self.prompt_lookup is None else self.prompt_lookup.num_draft
+        """K drafted tokens per step: prompt lookup's, or the logits mask's longest forced run
+        (jump-forward), whichever is larger; 0 (one token per step) without either."""
+        lookup = 0 if self.prompt_lookup is None else self.prompt_lookup.num_draft
+        return max(lookup, int(getattr(self.logits_mask, "max_forced", 0)))
 
     def mode(self) -> "DecodeMode":
         return DecodeMode(greedy=self.greedy,
                           use_filter=(not self.greedy) and (self.top_k > 0 or self.top_p < 1.0),
                           processed_logprobs=self.logprobs_mode == "processed",
-                          lookup=self.prompt_lookup)
+                          lookup=self.prompt_lookup, draft_len=self.draft_len)
 
     def settings(self, config: SamplerConfig, never_ids: Sequence[int] = (),
                  until: int | None = None) -> "DecodeSettings":
@@ -116,12 +118,15 @@ class DecodeSettings:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeMode:
-    """Static decoding settings (one compiled program each)."""
+    """Static decoding settings (one compiled program each). draft_len: K tokens verified per
+    step besides the pending one (0: the plain one-token step); lookup: where drafts come
+    from besides the logits mask (prompt lookup, or None)."""
 
     greedy: bool
     use_filter: bool
     processed_logprobs: bool
     lookup: PromptLookup | None = None
+    draft_len: int = 0
 
 
 def check_token_ids(rows: Sequence[Sequence[int]], vocab: int, what: str = "prompt") -> None:

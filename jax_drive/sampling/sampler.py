@@ -32,6 +32,7 @@ from jax_drive.models.protocol import DecoderLM, VisionLM
 from jax_drive.parallel import make_mesh
 from jax_drive.sampling.cache import prefill, sampler_prefill
 from jax_drive.sampling.compiles import CompileCounter
+from jax_drive.sampling.constraints import NO_MASK, LogitsMask
 from jax_drive.sampling.decode import decode, sampler_decode_generic, sampler_decode_unrolled
 from jax_drive.sampling.outputs import SamplerOutput
 from jax_drive.sampling.plan import (
@@ -146,6 +147,7 @@ def generate_tokens(
     weights: dict | None = None,
     prompt_lookup: PromptLookup | None = None,
     images: Sequence[Sequence[Any] | None] | None = None,
+    logits_mask: LogitsMask = NO_MASK,
 ) -> SamplerOutput:
     """Samples continuations of token-id prompts with the jitted KV-cache sampler.
 
@@ -166,6 +168,8 @@ def generate_tokens(
       images: for a vision-language model, per prompt the processed images whose
         ``<|image_pad|>`` tokens (already expanded) the prompt holds, in reading order (None
         or empty for a text-only prompt); the model lays them out (``multimodal_inputs``).
+      logits_mask: a per-row constraint (``constraints.LogitsMask``, e.g. a
+        ``grammar.GrammarMask`` whose rows are the call's loop rows: ``config.batch_size(R)``).
 
     Returns:
       SamplerOutput with (R, max_new_tokens) arrays.
@@ -173,7 +177,7 @@ def generate_tokens(
     request = Request(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                       top_k=top_k, stop_token_ids=tuple(int(s) for s in stop_token_ids),
                       min_new_tokens=min_new_tokens, pad_id=pad_id, logprobs_mode=logprobs_mode,
-                      prompt_lookup=prompt_lookup)
+                      prompt_lookup=prompt_lookup, logits_mask=logits_mask)
     prompts, weights = prepare_call(model, prompts, request, config, weights)
     graph_and_state = graph_and_state if graph_and_state is not None else nnx.split(model)
     loop, rows, _ = start_decode(model, prompts, key, request, config, graph_and_state, weights, images)

@@ -92,7 +92,9 @@ class Session:
         Args:
           appended: one entry per session row (``num_rows`` entries): the token ids that
             follow the row's context (may be empty), or None to drop the row for good.
-          params: ``SamplingParams`` (``n`` must be 1; stop ids default to the tokenizer's).
+          params: ``SamplingParams`` (``n`` must be 1; stop ids default to the tokenizer's; a
+            grammar per row when ``grammar`` is a sequence: each turn's answer starts its
+            own automaton).
           key: PRNG key (group g samples with ``fold_in(key, g)`` when there are several).
         Returns:
           ``num_rows`` entries: a ``Completion`` (its ``prompt_token_ids`` are the whole
@@ -127,22 +129,25 @@ class Session:
         for r in range(self.num_rows):
             if r not in new_rows:
                 self.contexts[r] = None
+        grammars = params.row_grammars(self.num_rows)
         groups = [g for g in self._groups if any(r in new_rows for r in g.rows)]
         completions: list = [None] * self.num_rows
         self.last_decode_steps = 0
         for gi, group in enumerate(groups):
             group_key = jax.random.fold_in(key, gi) if len(groups) > 1 else key
-            completions_g, groups[gi], steps = self._extend_group(group, new_rows, request, weights, group_key)
+            completions_g, groups[gi], steps = self._extend_group(group, new_rows, request, weights, group_key,
+                                                                  grammars)
             self.last_decode_steps += steps
             for r, c in completions_g:
                 completions[r] = c
         self._groups = groups
         return completions
 
-    def _extend_group(self, group: SessionGroup, new_rows: dict, request: Request, weights, key):
+    def _extend_group(self, group: SessionGroup, new_rows: dict, request: Request, weights, key, grammars):
         engine = self._engine
         keep = [i for i, r in enumerate(group.rows) if r in new_rows]
         rows = [group.rows[i] for i in keep]
+        request = engine.constrained(request, [grammars[r] for r in rows], engine.sampler_config.batch_size(len(rows)))
         plan = plan_continuation([self.contexts[r] for r in rows], [new_rows[r] for r in rows], keep,
                                  group.slot[keep], [self._position_shift[r] for r in rows], request,
                                  engine.sampler_config)

@@ -5,6 +5,12 @@ Every field a request may carry is declared; unknown fields and values the polic
 honour (penalties, ``min_p``, ``logit_bias``, streaming, ``echo``, ``best_of`` != ``n``,
 ``logprobs`` > 1) are rejected with a 400 rather than ignored. Log-probs cover the sampled
 token only: ``top_logprobs`` is always null.
+
+Structured answers, on both endpoints: OpenAI's ``response_format`` (``{"type":
+"json_schema", "json_schema": {"name", "schema", ...}}``; ``{"type": "json_object"}`` only
+with a ``schema``, llama.cpp's form, as an unbounded JSON value is refused) and vLLM's
+``structured_outputs`` (exactly one of ``regex``, ``json``, ``choice``). JSON answers are
+written with ``json.dumps``' separators (``", "``, ``": "``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jax_drive.sampling.engine import Completion
+from jax_drive.sampling.grammar.formats import JSON_SEPARATORS
+from jax_drive.sampling.grammar.regex import GrammarError
+from jax_drive.sampling.grammar.spec import Grammar
 from jax_drive.sampling.params import SamplingParams
 from jax_drive.serve.errors import InvalidRequest, error_body  # noqa: F401 - re-exported
 
@@ -31,6 +40,70 @@ def validation_message(errors: Sequence[dict]) -> str:
         where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
     return "; ".join(parts) or "invalid request"
+
+
+class JsonSchemaSpec(BaseModel):
+    """OpenAI's ``response_format.json_schema``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = "answer"
+    description: Optional[str] = None
+    schema_: Optional[dict] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format`` (and llama.cpp's ``json_object`` + ``schema``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+    schema_: Optional[dict] = Field(default=None, alias="schema")
+
+    def schema(self) -> dict | None:
+        """The JSON schema the answer must follow, or None for free text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_schema":
+            if self.json_schema is None or self.json_schema.schema_ is None:
+                raise InvalidRequest("response_format json_schema needs json_schema.schema", "response_format")
+            return self.json_schema.schema_
+        if self.schema_ is None:
+            raise InvalidRequest("response_format json_object without a schema is an unbounded JSON value, which "
+                                 "this server does not constrain: give {\"type\": \"json_schema\", \"json_schema\": "
+                                 "{\"name\": ..., \"schema\": ...}}", "response_format")
+        return self.schema_
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` (one constraint)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    regex: Optional[str] = None
+    json_: Optional[Union[dict, str]] = Field(default=None, alias="json")
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+
+    def to_grammar(self) -> Grammar:
+        given = [name for name in ("regex", "json_", "choice", "grammar", "json_object")
+                 if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise InvalidRequest("structured_outputs needs exactly one of regex, json, choice", "structured_outputs")
+        if self.grammar is not None:
+            raise InvalidRequest("structured_outputs.grammar (EBNF / GBNF) is not supported: use regex, json or "
+                                 "choice", "structured_outputs")
+        if self.json_object:
+            raise InvalidRequest("structured_outputs.json_object is an unbounded JSON value, which this server does "
+                                 "not constrain: give a json schema", "structured_outputs")
+        if self.regex is not None:
+            return Grammar.regex(self.regex)
+        if self.choice is not None:
+            return Grammar.choice(self.choice)
+        return Grammar.json_schema(self.json_, JSON_SEPARATORS)
 
 
 class _Sampling(BaseModel):
@@ -61,6 +134,8 @@ class _Sampling(BaseModel):
     logprobs_mode: Literal["raw", "processed"] = "raw"
     return_token_ids: bool = True
     return_tokens_as_token_ids: bool = False
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputs] = None
 
     @model_validator(mode="after")
     def _neutral_only(self):
@@ -93,9 +168,25 @@ class _Sampling(BaseModel):
         base = () if self.ignore_eos else tuple(int(i) for i in eos_ids)
         return tuple(dict.fromkeys(base + extra))
 
+    def grammar(self) -> Grammar | None:
+        """The grammar every answer must follow (None: free text). Raises InvalidRequest (400)
+        naming what is wrong: both fields given, an invalid regex or schema, unsupported
+        features, an unbounded JSON value."""
+        fields = [name for name in ("response_format", "structured_outputs") if getattr(self, name) is not None]
+        if len(fields) > 1:
+            raise InvalidRequest("give response_format or structured_outputs, not both", fields[1])
+        try:
+            if self.structured_outputs is not None:
+                return self.structured_outputs.to_grammar()
+            schema = None if self.response_format is None else self.response_format.schema()
+            return None if schema is None else Grammar.json_schema(schema, JSON_SEPARATORS)
+        except GrammarError as error:
+            raise InvalidRequest(f"{fields[0]}: {error}", fields[0], code="invalid_grammar") from None
+
     def sampling_params(self, default_max_tokens: int, eos_ids: Sequence[int]) -> SamplingParams:
         """The request as SamplingParams with n = 1 (rows are expanded by the caller)."""
         max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
+        grammar = self.grammar()
         try:
             return SamplingParams(
                 max_new_tokens=int(max_tokens),
@@ -107,6 +198,7 @@ class _Sampling(BaseModel):
                 n=1,
                 logprobs_mode=self.logprobs_mode,
                 skip_special_tokens=bool(self.skip_special_tokens),
+                grammar=grammar,
             )
         except ValueError as error:
             raise InvalidRequest(str(error)) from None

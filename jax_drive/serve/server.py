@@ -9,6 +9,13 @@ A generation request (``/v1/completions``, ``/v1/chat/completions``) runs in thr
    (429 when its queue is full). Cancelling the await (client gone, timeout) cancels the job.
 3. ``finish_*`` in the parse pool again: stop strings, token strings, the answer body.
 
+Structured answers (``response_format`` / ``structured_outputs``): step 1 turns the field
+into a grammar and compiles it for the model's engine (cached there), so a grammar that is
+invalid, too large, too slow to compile (``ServeConfig.grammar_compile_s``) or unable to
+finish within ``max_tokens`` is a 400 naming the problem before anything is queued. The
+returned log-probs are those of the masked policy the answer was sampled from (a token the
+grammar forced has log-prob 0).
+
 The admin endpoints (adapters, base weights) need the server's API key and load only from
 the directories given at start (``ServeConfig.allowed_weights_dirs``). Their answers never
 say whether a path exists: a path outside those directories gets one 403 whatever it names,
@@ -29,6 +36,7 @@ from typing import Union
 from pydantic import BaseModel, ValidationError
 
 from jax_drive.sampling import Completion, SamplingParams
+from jax_drive.sampling.grammar.regex import GrammarError, expanded_size, parse
 from jax_drive.serve.batcher import BatcherConfig, GenerationJob, QueueFull, RequestBatcher
 from jax_drive.serve.errors import FORBIDDEN, TOO_MANY_REQUESTS
 from jax_drive.serve.limits import DEFAULT_MAX_QUEUED_ROWS, ServeLimits
@@ -67,6 +75,10 @@ class ServeConfig:
       allowed_weights_dirs: the only directories the admin endpoints load from (none: every
         load is refused).
       parse_workers: threads that parse, tokenise and detokenise requests.
+      grammar_compile_s: longest wait for a request's grammar to compile (a 400 beyond it;
+        the compilation finishes in the background and is cached).
+      max_grammar_size: the largest grammar compiled, in character positions of its regex
+        with counted repetitions written out (a 400 beyond it, before any work).
     """
 
     batcher: BatcherConfig = BatcherConfig(max_queued_rows=DEFAULT_MAX_QUEUED_ROWS)
@@ -76,10 +88,14 @@ class ServeConfig:
     api_key: str | None = dataclasses.field(default=None, repr=False)
     allowed_weights_dirs: tuple[str, ...] = ()
     parse_workers: int = 4
+    grammar_compile_s: float = 10.0
+    max_grammar_size: int = 20_000
 
     def __post_init__(self):
         if self.default_max_tokens < 1 or self.parse_workers < 1:
             raise ValueError("default_max_tokens and parse_workers must be >= 1")
+        if not self.grammar_compile_s > 0 or self.max_grammar_size < 1:
+            raise ValueError("grammar_compile_s must be > 0 and max_grammar_size >= 1")
         self.limits.check_settings(self.batcher.max_queued_rows, self.default_max_tokens)
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty (None: no key)")
@@ -126,6 +142,9 @@ class PolicyServer:
         self.allowed_dirs = AllowedDirs(config.allowed_weights_dirs)
         self.batcher = RequestBatcher(registry.engine, config.batcher, config.seed)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # one thread compiles grammars (the compiler is not thread-safe; a request waits at most
+        # grammar_compile_s for it)
+        self._grammar_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.status_counts: Counter = Counter()  # answers by HTTP status (the HTTP layer counts)
 
     # ---------------------------------------------------------------- lifecycle
@@ -134,6 +153,7 @@ class PolicyServer:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self.config.parse_workers, thread_name_prefix="jax-drive-parse")
+            self._grammar_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-drive-grammar")
         self.batcher.start()
 
     def stop(self) -> None:
@@ -141,6 +161,9 @@ class PolicyServer:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        if self._grammar_pool is not None:
+            self._grammar_pool.shutdown(wait=False, cancel_futures=True)
+            self._grammar_pool = None
 
     async def in_pool(self, fn: Callable, *args):
         """``fn(*args)`` in the parse pool, awaited from the event loop."""
@@ -177,7 +200,34 @@ class PolicyServer:
     def _params(self, request) -> SamplingParams:
         params = request.sampling_params(self.config.default_max_tokens, self._eos_ids())
         self.limits.check_max_tokens(params.max_new_tokens)
+        self._check_grammar(request, params)
         return params
+
+    def _check_grammar(self, request, params: SamplingParams) -> None:
+        """Compiles the request's grammar for its model's engine (in the grammar thread, at most
+        ``grammar_compile_s``), so every problem is a 400 before the request is queued."""
+        grammar = params.grammar
+        if grammar is None:
+            return
+        field = "structured_outputs" if request.structured_outputs is not None else "response_format"
+        size = expanded_size(parse(grammar.pattern))
+        if size > self.config.max_grammar_size:
+            raise InvalidRequest(f"{field}: the grammar is too large ({size} character positions with its "
+                                 f"repetitions written out; this server compiles at most "
+                                 f"{self.config.max_grammar_size})", field, code="grammar_too_large")
+        grammars = getattr(self.registry.engine(request.model), "grammars", None)
+        if grammars is None or self._grammar_pool is None:
+            return  # an engine without local grammars checks at generation
+        stops = params.resolved_stop_ids(self._eos_ids())
+        future = self._grammar_pool.submit(grammars.compile, grammar, stops, params.max_new_tokens)
+        try:
+            future.result(timeout=self.config.grammar_compile_s)
+        except concurrent.futures.TimeoutError:
+            raise InvalidRequest(f"{field}: compiling the grammar takes longer than this server's limit of "
+                                 f"{self.config.grammar_compile_s:g} s; simplify it (fewer or smaller "
+                                 "repetitions)", field, code="grammar_timeout") from None
+        except GrammarError as error:
+            raise InvalidRequest(f"{field}: {error}", field, code="invalid_grammar") from None
 
     def _check_length(self, prompts: list[list[int]], params: SamplingParams) -> None:
         limit = self.registry.max_model_len

@@ -188,11 +188,19 @@ class LLMNegotiator:
 
     Every method makes exactly one ``engine.generate_chat`` call for its whole batch.
     Greedy decoding by default (``temperature=0``); ``key`` seeds sampled decoding.
+
+    constrain_answers: sample every answer under its grammar (``sampling.grammar``):
+    actor replies one line ``I will ...`` of at most ``max_words`` words, the sum-actions JSON
+    with exactly the group's members in order (one grammar per group in the batched call; its
+    budget is the grammar's longest answer plus the stop token), the consensus answer ending
+    in ``Consensus score: <n>`` (n one of ``consensus_scores``, or 0..100). Default False (the
+    paper's unconstrained prompts).
     """
 
     def __init__(self, engine, style: P.PromptStyle = "compact", *, actor_tokens: int = 40,
                  sum_tokens_per_member: int = 14, consensus_tokens: int = 40, temperature: float = 0.0,
-                 key: jax.Array | None = None, name: str = "llm"):
+                 key: jax.Array | None = None, name: str = "llm", constrain_answers: bool = False,
+                 max_words: int = P.MAX_WORDS, consensus_scores=None):
         self.engine, self.style, self.name = engine, style, name
         self.actor_tokens, self.sum_tokens_per_member, self.consensus_tokens = (
             actor_tokens, sum_tokens_per_member, consensus_tokens)
@@ -200,10 +208,26 @@ class LLMNegotiator:
         self.key = jax.random.key(0) if key is None else key
         self.usage = EngineCalls()
         self._n = 0
+        self.constrain_answers = bool(constrain_answers)
+        self.max_words = int(max_words)
+        self.consensus_scores = None if consensus_scores is None else tuple(int(s) for s in consensus_scores)
 
-    def _generate(self, kind: str, conversations: list[list[dict]], max_new_tokens: int) -> list[str]:
+    def _sum_grammars(self, groups) -> tuple[list, int]:
+        """(one sum-actions grammar per group, a budget that holds the longest of them)."""
+        from jax_drive.sampling.grammar import sum_actions_grammar
+        from jax_drive.sampling.grammar.rows import engine_grammar
+
+        grammars = [sum_actions_grammar(g.vids) for g in groups]
+        budget = 16 + self.sum_tokens_per_member * max(len(g.vids) for g in groups)
+        for grammar in dict.fromkeys(grammars):
+            compiled = engine_grammar(self.engine, grammar)
+            if compiled is not None and compiled.max_tokens is not None:
+                budget = max(budget, compiled.max_tokens + 1)
+        return grammars, budget
+
+    def _generate(self, kind: str, conversations: list[list[dict]], max_new_tokens: int, grammar=None) -> list[str]:
         self._n += 1
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature)
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, grammar=grammar)
         outs = self.engine.generate_chat(conversations, params, jax.random.fold_in(self.key, self._n))
         self.usage.calls[kind] += 1
         self.usage.prompts[kind] += len(conversations)
@@ -212,16 +236,26 @@ class LLMNegotiator:
         return [o.text for o in outs]
 
     def speak(self, requests):
+        from jax_drive.sampling.grammar import actor_reply_grammar
+
+        grammar = actor_reply_grammar(self.max_words) if self.constrain_answers else None
         return self._generate("actor", [actor_request(g, k, vis, self.style) for g, k, vis in requests],
-                              self.actor_tokens)
+                              self.actor_tokens, grammar)
 
     def sum_actions(self, groups):
-        n = max(len(g.vids) for g in groups)
-        return self._generate("sum", [sum_request(g, self.style) for g in groups],
-                              16 + self.sum_tokens_per_member * n)
+        conversations = [sum_request(g, self.style) for g in groups]
+        if not self.constrain_answers:
+            n = max(len(g.vids) for g in groups)
+            return self._generate("sum", conversations, 16 + self.sum_tokens_per_member * n)
+        grammars, budget = self._sum_grammars(groups)
+        return self._generate("sum", conversations, budget, grammars)
 
     def consensus(self, groups):
-        return self._generate("consensus", [consensus_request(g, self.style) for g in groups], self.consensus_tokens)
+        from jax_drive.sampling.grammar import consensus_grammar
+
+        grammar = consensus_grammar(self.consensus_scores) if self.constrain_answers else None
+        return self._generate("consensus", [consensus_request(g, self.style) for g in groups], self.consensus_tokens,
+                              grammar)
 
 
 class RecordingNegotiator:

@@ -99,11 +99,11 @@ def vlm_forward_logits(params, config: VLMConfig, input_ids, positions, attentio
 
 @partial(jax.jit, static_argnames=("config", "chunk_size", "temperature"))
 def vlm_token_logprobs(params, config: VLMConfig, input_ids, positions, attention_mask, targets,
-                       vision, chunk_size: int, temperature: float = 1.0) -> jax.Array:
+                       vision, chunk_size: int, temperature: float = 1.0, allowed=None) -> jax.Array:
     """(B, L) log p(targets) (see `CausalLM.token_logprobs`), images included."""
     hidden, _ = vlm_forward_hidden(params, config, input_ids, positions, attention_mask, None,
                                    jnp.int32(0), vision)
-    return head_token_logprobs(params, hidden, targets, chunk_size, temperature)
+    return head_token_logprobs(params, hidden, targets, chunk_size, temperature, allowed)
 
 
 class Qwen2_5_VL(CausalLM):
@@ -234,10 +234,10 @@ class Qwen2_5_VL(CausalLM):
 
     def token_logprobs(self, input_ids: jax.Array, positions: jax.Array,
                        attention_mask: jax.Array, targets: jax.Array, chunk_size: int = 256,
-                       temperature: float = 1.0, *, vision: VisionBatch | None = None):
+                       temperature: float = 1.0, allowed=None, *, vision: VisionBatch | None = None):
         """`CausalLM.token_logprobs` with images (B, L) float32."""
         check_logprob_args(input_ids, targets, chunk_size, temperature)
         self._check(input_ids, positions, attention_mask, None, 0)
         return vlm_token_logprobs(self.arrays(), self.config, input_ids, positions,
                                   attention_mask, targets, vision, int(chunk_size),
-                                  float(temperature))
+                                  float(temperature), allowed)

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from jax_drive.sampling.grammar.canonical import canonical_edges, reachable
 from jax_drive.sampling.grammar.regex import GrammarError
 from jax_drive.sampling.grammar.spec import Grammar
 from jax_drive.sampling.grammar.vocab import TokenVocabulary, outlines_vocabulary, token_vocabulary
@@ -235,7 +236,7 @@ def _token_classes(edges, accepting: np.ndarray, stop_ids: tuple[int, ...], voca
 
 
 def compile_grammar(grammar: Grammar, vocabulary: TokenVocabulary, *, max_states: int = DEFAULT_MAX_STATES,
-                    budget: int | None = None, outlines_vocab=None) -> CompiledGrammar:
+                    budget: int | None = None, outlines_vocab=None, encode=None) -> CompiledGrammar:
     """Compiles ``grammar`` over ``vocabulary`` (see the module docstring).
 
     Args:
@@ -244,6 +245,8 @@ def compile_grammar(grammar: Grammar, vocabulary: TokenVocabulary, *, max_states
       max_states: refuse grammars with more states.
       budget: when given, refuse grammars whose shortest answer needs more tokens.
       outlines_vocab: ``outlines_vocabulary(vocabulary)``, when the caller keeps one.
+      encode: text -> token ids of the vocabulary's tokenizer (no special tokens); needed by a
+        grammar with ``canonical_literals`` (:mod:`.canonical`).
     Raises GrammarError (dead end, state cap, budget, or what outlines-core refuses).
     """
     start = time.perf_counter()
@@ -253,6 +256,11 @@ def compile_grammar(grammar: Grammar, vocabulary: TokenVocabulary, *, max_states
     index = _outlines_index(grammar.pattern, outlines_vocab)
     edges, successors, accepting = _renumbered(index.get_transitions(), index.get_initial_state(),
                                                vocabulary.vocab_size, max_states)
+    if grammar.canonical_literals:
+        if encode is None:
+            raise GrammarError("a grammar with canonical_literals needs the tokenizer's encoder (encode=...)")
+        edges, accepting = reachable(canonical_edges(edges, accepting, vocabulary.token_bytes, encode), accepting)
+        successors = [np.unique(nxt).tolist() for _, nxt in edges]
     min_to_accept = _min_to_accept(successors, accepting)
     stuck = np.flatnonzero(min_to_accept == UNREACHABLE)
     if stuck.size:
@@ -288,6 +296,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int | None = None, stop_ids=None, *,
                  max_states: int = DEFAULT_MAX_STATES, cache_size: int = 64):
         self.vocabulary = token_vocabulary(tokenizer, vocab_size, stop_ids)
+        self._encode = getattr(tokenizer, "encode", None)
         self.max_states = int(max_states)
         self.cache_size = int(cache_size)
         self._outlines_vocab = None
@@ -297,16 +306,22 @@ class GrammarCompiler:
     def vocab_size(self) -> int:
         return self.vocabulary.vocab_size
 
+    @property
+    def outlines_vocabulary(self):
+        """outlines-core's ``Vocabulary`` of the tokenizer (built on first use, then kept)."""
+        if self._outlines_vocab is None:
+            self._outlines_vocab = outlines_vocabulary(self.vocabulary)
+        return self._outlines_vocab
+
     def compile(self, grammar: Grammar, budget: int | None = None) -> CompiledGrammar:
         """The compiled ``grammar`` (cached by its language and the tokenizer); refuses it when
         its shortest answer exceeds ``budget`` tokens."""
         key = (grammar.key, self.vocabulary.fingerprint, self.max_states)
         compiled = self._cache.get(key)
         if compiled is None:
-            if grammar.kind != "anything" and self._outlines_vocab is None:
-                self._outlines_vocab = outlines_vocabulary(self.vocabulary)
+            outlines_vocab = self.outlines_vocabulary if grammar.kind != "anything" else None
             compiled = compile_grammar(grammar, self.vocabulary, max_states=self.max_states,
-                                       outlines_vocab=self._outlines_vocab)
+                                       outlines_vocab=outlines_vocab, encode=self._encode)
             self._cache[key] = compiled
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)

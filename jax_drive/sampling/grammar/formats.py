@@ -126,13 +126,15 @@ def sum_actions_grammar(vids: Sequence[int], classes: Sequence[str] = tuple(s.na
     return Grammar.json_schema(schema, separators)
 
 
-def consensus_grammar(scores: Sequence[int] | None = None) -> Grammar:
+def consensus_grammar(scores: Sequence[int] | None = None, max_analysis_chars: int | None = None) -> Grammar:
     """The critic's consensus answer ``Short analysis: <sentence> Consensus score: <n>``.
 
     The sentence is one line without digits or colons (so the score the parser finds is the
-    final one; its length is left to the token budget); the score is an integer in 0..100,
-    or one of ``scores`` when given. A space or a line break precedes ``Consensus score``
-    (the compact and paper prompt styles).
+    final one) of at most ``max_analysis_chars`` characters (None: its length is left to the
+    token budget, which the local sampler's finish-in-budget mask enforces; a server has no
+    such mask, so bound it there); the score is an integer in 0..100, or one of ``scores``
+    when given. A space or a line break precedes ``Consensus score`` (the compact and paper
+    prompt styles).
     """
     if scores is None:
         score = int_range_regex(0, 100)
@@ -141,4 +143,7 @@ def consensus_grammar(scores: Sequence[int] | None = None) -> Grammar:
         if not values or values[0] < 0 or values[-1] > 100:
             raise GrammarError(f"consensus scores must be integers in 0..100, got {scores}")
         score = "(?:" + "|".join(str(v) for v in values) + ")"
-    return Grammar.regex(f"Short analysis: [^\\x00-\\x1f:0-9]+[ \\n]Consensus score: {score}")
+    if max_analysis_chars is not None and max_analysis_chars < 1:
+        raise GrammarError(f"max_analysis_chars must be >= 1 or None, got {max_analysis_chars}")
+    length = "+" if max_analysis_chars is None else f"{{1,{int(max_analysis_chars)}}}"
+    return Grammar.regex(f"Short analysis: [^\\x00-\\x1f:0-9]{length}[ \\n]Consensus score: {score}")

@@ -369,3 +369,16 @@ def without_nul(node):
 def normalize(regex: str) -> str:
     """The canonical Rust-syntax spelling of ``regex`` without NUL (what every consumer sees)."""
     return to_regex(without_nul(parse(regex)))
+
+
+def expanded_size(node) -> int:
+    """Character positions of a parsed regex with its counted repetitions written out (an
+    unbounded one counted once): a cheap bound on the work of compiling it, checked before
+    compiling untrusted grammars."""
+    if isinstance(node, Chars):
+        return 1
+    if isinstance(node, (Concat, Alt)):
+        return sum(expanded_size(x) for x in (node.items if isinstance(node, Concat) else node.options))
+    if isinstance(node, Repeat):
+        return expanded_size(node.item) * max(node.lo, node.hi if node.hi is not None else node.lo, 1)
+    raise TypeError(f"not a regex tree node: {node!r}")

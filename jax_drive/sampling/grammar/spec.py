@@ -12,6 +12,10 @@ construction, so the local compiler and every server dialect see the same langua
   ones are allowed (the decoder's finish-in-budget mask still ends them in time);
 * ``Grammar.choice(options)``: exactly one of the strings;
 * ``Grammar.anything()``: no constraint (unconstrained rows of a batch).
+
+``canonical_literals`` (``grammar.canonical()``) changes the local token automaton, not the
+language: inside fixed text only the tokenizer's own spelling is allowed (:mod:`.canonical`),
+so jump-forward finds the literal parts forced. Servers get the same language either way.
 """
 
 from __future__ import annotations
@@ -33,6 +37,38 @@ _WS = "\ue000"
 def _literal(text: str) -> str:
     """A regex matching exactly ``text``."""
     return "".join("\\" + ch if ch in "\\.+*?()|[]{}^$" else ch for ch in text)
+
+
+# JSON-schema keywords outlines-core's regex builder ignores (the answer would not honour them):
+# refused rather than silently dropped.
+UNSUPPORTED_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems",
+                        "maxProperties", "patternProperties", "dependentRequired", "dependentSchemas", "if", "then",
+                        "else", "not", "contains", "minContains", "maxContains", "propertyNames",
+                        "unevaluatedProperties", "unevaluatedItems")
+
+
+def check_schema_keywords(schema: Any, path: str = "$") -> None:
+    """Raises GrammarError naming the first keyword of :data:`UNSUPPORTED_KEYWORDS` used by a
+    (sub)schema of ``schema`` (property names and enum / const values are data, not schemas)."""
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            check_schema_keywords(item, f"{path}[{i}]")
+        return
+    if not isinstance(schema, Mapping):
+        return
+    for key, value in schema.items():
+        if key in UNSUPPORTED_KEYWORDS:
+            raise GrammarError(f"JSON schema keyword {key!r} at {path} is not supported (the answer could not "
+                               f"honour it); supported: type, properties, required, additionalProperties, enum, "
+                               f"const, items, prefixItems, minItems, maxItems, minLength, maxLength, pattern, "
+                               f"format, anyOf, oneOf, allOf, $ref / $defs")
+        if key in ("enum", "const", "default", "examples", "description", "title"):
+            continue
+        if key in ("properties", "$defs", "definitions"):
+            for name, sub in (value.items() if isinstance(value, Mapping) else ()):
+                check_schema_keywords(sub, f"{path}.{key}.{name}")
+        else:
+            check_schema_keywords(value, f"{path}.{key}")
 
 
 def schema_regex(schema: Mapping[str, Any] | str, separators: tuple[str, str] = (",", ":")) -> str:
@@ -68,12 +104,15 @@ class Grammar:
         JSON list; "" for anything).
       pattern: the normalised regex of the language (see :mod:`.regex`; "" for anything).
       separators: the (item, key) separators of a JSON schema's values.
+      canonical_literals: the local automaton spells fixed text only as the tokenizer does
+        (see the module docstring; default False: every spelling).
     """
 
     kind: GrammarKind
     source: str
     pattern: str
     separators: tuple[str, str] = (",", ":")
+    canonical_literals: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -92,6 +131,7 @@ class Grammar:
                 raise GrammarError(f"the JSON schema is not valid JSON: {error}") from None
         if not isinstance(schema, Mapping):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        check_schema_keywords(schema)
         separators = (str(separators[0]), str(separators[1]))
         text = json.dumps(schema)  # key order kept: it is the order of the answer's members
         return cls("json_schema", text, normalize(schema_regex(text, separators)), separators)
@@ -121,7 +161,12 @@ class Grammar:
             raise GrammarError(f"a {self.kind} grammar has no choices")
         return json.loads(self.source)
 
+    def canonical(self, on: bool = True) -> "Grammar":
+        """This grammar with ``canonical_literals`` set to ``on``."""
+        return dataclasses.replace(self, canonical_literals=bool(on))
+
     @property
     def key(self) -> str:
-        """A text that identifies the language (part of the compiled-grammar cache key)."""
-        return f"{self.kind}\x00{self.pattern}"
+        """A text that identifies the token automaton (the compiled-grammar cache key): the
+        language and the spelling rule."""
+        return f"{self.kind}\x00{self.pattern}\x00{int(self.canonical_literals)}"

@@ -194,26 +194,36 @@ def forced_run(tables: GrammarTables, grammar_id, state, remaining, max_len: int
     return tokens, jnp.sum(tokens >= 0, axis=-1).astype(jnp.int32)
 
 
-def replay_states(tables: GrammarTables, grammar_ids, ids, budgets):
+def replay_states(tables: GrammarTables, grammar_ids, ids, budgets, starts=None):
     """The automaton states and budgets the sampler saw, recomputed from its sampled ids.
 
     Args:
       grammar_ids: (B,) int32, each row's grammar.
-      ids: (B, L) int32, the generated tokens (answer only, from its first token).
-      budgets: (B,) int32, each row's token budget at the answer's first token
+      ids: (B, L) int32, the generated tokens (answer only, from its first token), or a
+        training row's targets with ``starts``.
+      budgets: (B,) int32, each row's token budget at an answer's first token
         (``max_new_tokens``).
+      starts: (B, L) bool, positions where an answer starts (its automaton restarts at state
+        0 with the whole budget: each turn of a multi-turn row); None: only position 0.
     Returns:
-      states: (B, L) int32, the state before token t (state 0 at t = 0; -1 after an illegal token).
-      remaining: (B, L) int32, ``budgets - t``.
+      states: (B, L) int32, the state before token t (-1 after an illegal token).
+      remaining: (B, L) int32, the budget left at t, t's token included.
     The mask the sampler applied at position t is ``allowed_tokens(tables, grammar_ids[:, None],
-    states, remaining)``.
+    states, remaining)`` (positions outside answers are the caller's to ignore).
     """
     grammar_ids = jnp.asarray(grammar_ids, jnp.int32)
     ids = jnp.asarray(ids, jnp.int32)
+    budgets = jnp.asarray(budgets, jnp.int32)
+    if starts is None:
+        starts = jnp.zeros(ids.shape, bool).at[:, 0].set(True)
 
-    def step(state, token):
-        return advance(tables, grammar_ids, state, token), state
+    def step(carry, inputs):
+        state, remaining = carry
+        token, start = inputs
+        state = jnp.where(start, 0, state)
+        remaining = jnp.where(start, budgets, remaining)
+        return (advance(tables, grammar_ids, state, token), remaining - 1), (state, remaining)
 
-    _, states = jax.lax.scan(step, jnp.zeros(ids.shape[:1], jnp.int32), ids.T)
-    remaining = jnp.asarray(budgets, jnp.int32)[:, None] - jnp.arange(ids.shape[1], dtype=jnp.int32)
-    return states.T, remaining
+    init = (jnp.zeros(ids.shape[:1], jnp.int32), budgets)
+    _, (states, remaining) = jax.lax.scan(step, init, (ids.T, jnp.asarray(starts, bool).T))
+    return states.T, remaining.T

@@ -15,6 +15,9 @@ from typing import Any
 import jax
 
 from jax_drive.sampling.engine import Message, Prompt
+from jax_drive.sampling.grammar.dialects import request_fields
+from jax_drive.sampling.grammar.regex import GrammarError
+from jax_drive.sampling.grammar.spec import Grammar
 from jax_drive.sampling.params import SamplingParams
 from jax_drive.sampling.remote.dialects import ServerDialect
 from jax_drive.sampling.remote.errors import UnsupportedParameterError
@@ -75,16 +78,36 @@ def sampling_fields(params: SamplingParams, seed: int | None, dialect: ServerDia
     return body
 
 
+def grammar_fields(grammar: Grammar | None, dialect: ServerDialect, endpoint: str, exact: bool = True) -> dict:
+    """The fields that make ``dialect``'s server constrain an answer to ``grammar`` ({} for
+    none; ``grammar.dialects.request_fields``). exact: the server's language must be the
+    local automaton's (training recomputes log-probs under it); False allows a dialect's
+    native JSON / choice forms.
+
+    Raises UnsupportedParameterError naming what the dialect cannot express."""
+    if grammar is None:
+        return {}
+    try:
+        return request_fields(grammar, dialect.name, endpoint, exact=exact)
+    except GrammarError as error:
+        hint = " (OpenAIEngine(grammar_mode='native') sends JSON schemas natively)" if exact else ""
+        raise UnsupportedParameterError(f"the {dialect.name} server cannot take this {grammar.kind} "
+                                        f"grammar on /{endpoint}: {error}{hint}") from None
+
+
 def build_completion_request(
     prompt: Prompt,
     params: SamplingParams,
     model: str,
     seed: int | None,
     dialect: ServerDialect,
+    grammar: Grammar | None = None,
+    exact: bool = True,
 ) -> dict:
     """JSON body of a POST /v1/completions for one completion row of one prompt.
 
     ``prompt`` is text or token ids; ids are only valid for dialects that accept them.
+    ``grammar``: the row's grammar (:func:`grammar_fields`).
     """
     if isinstance(prompt, str):
         prompt_field: Any = prompt
@@ -94,6 +117,7 @@ def build_completion_request(
         prompt_field = [int(t) for t in prompt]
     body = {"model": model, "prompt": prompt_field, "logprobs": 1, "echo": False}
     body.update(sampling_fields(params, seed, dialect))
+    body.update(grammar_fields(grammar, dialect, "completions", exact))
     return body
 
 
@@ -103,8 +127,11 @@ def build_chat_request(
     model: str,
     seed: int | None,
     dialect: ServerDialect,
+    grammar: Grammar | None = None,
+    exact: bool = True,
 ) -> dict:
-    """JSON body of a POST /v1/chat/completions for one completion row of a conversation."""
+    """JSON body of a POST /v1/chat/completions for one completion row of a conversation
+    (``grammar``: the row's grammar, :func:`grammar_fields`)."""
     body = {
         "model": model,
         "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
@@ -112,6 +139,7 @@ def build_chat_request(
         "top_logprobs": 1,
     }
     body.update(sampling_fields(params, seed, dialect))
+    body.update(grammar_fields(grammar, dialect, "chat", exact))
     return body
 
 

@@ -1,0 +1,102 @@
+"""Structured answers from ``jax-drive serve`` with the official ``openai`` client (a tiny random
+Llama over the byte tokenizer, served in-process): OpenAI's ``response_format`` json_schema on
+chat, vLLM's ``structured_outputs`` (regex, json, choice) on completions and chat, the masked
+log-probs (forced tokens 0), and a 400 naming the problem for every kind of bad grammar input
+(invalid regex / schema, unsupported features, an unbounded JSON value, both fields, no way to
+finish within max_tokens, too large, compile time over the limit)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jax
+import openai
+import pytest
+from flax import nnx
+
+from jax_drive.models import CausalLM, ModelConfig
+from jax_drive.models.tiny import byte_tokenizer
+from jax_drive.serve import PolicyRegistry, PolicyServer, ServeConfig
+from jax_drive.serve.protocol import InvalidRequest
+from servers import inprocess_server
+
+MODEL = "tiny-structured"
+SCHEMA = {"type": "object", "properties": {"command": {"type": "string", "enum": ["go", "stop"]},
+                                           "speed": {"type": "integer", "maxDigits": 2}},
+          "required": ["command", "speed"], "additionalProperties": False}
+
+
+def _registry() -> PolicyRegistry:
+    model = CausalLM(ModelConfig.tiny("llama", vocab_size=259, tie_embeddings=False), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    model = nnx.merge(graphdef, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, state))
+    return PolicyRegistry(model, byte_tokenizer(), MODEL)
+
+
+@pytest.fixture(scope="module")
+def client():
+    server = PolicyServer(_registry(), ServeConfig(api_key="k"))
+    with inprocess_server(server) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=120)
+
+
+def test_chat_response_format_json_schema(client):
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Command?"}], max_tokens=48, n=4, seed=1,
+        logprobs=True, response_format={"type": "json_schema", "json_schema": {"name": "action", "schema": SCHEMA}})
+    for choice in answer.choices:
+        value = json.loads(choice.message.content)
+        assert value["command"] in ("go", "stop") and -99 <= value["speed"] <= 99
+        assert choice.message.content.startswith('{"command": "')  # json.dumps' separators
+        logprobs = [t.logprob for t in choice.logprobs.content]
+        assert logprobs[:3] == [0.0, 0.0, 0.0]  # forced: the masked policy's log-probs
+        assert min(logprobs) < 0.0
+
+
+def test_structured_outputs_on_completions_and_chat(client):
+    regex = r"(left|right) in [1-9]\d? m"
+    texts = [c.text for c in client.completions.create(
+        model=MODEL, prompt="Turn where?", max_tokens=48, n=4, seed=2,
+        extra_body={"structured_outputs": {"regex": regex}}).choices]
+    assert all(re.fullmatch(regex, t) for t in texts), texts
+    choice = client.completions.create(model=MODEL, prompt="Yes or no?", max_tokens=48, n=4, seed=3,
+                                       extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert {c.text for c in choice.choices} <= {"yes", "no"}
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Command?"}],
+                                          max_tokens=48, n=4, extra_body={"structured_outputs": {"json": SCHEMA}})
+    assert set(json.loads(chat.choices[0].message.content)) == {"command", "speed"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"structured_outputs": {"regex": "a(?=b)"}}, "look-around"),
+    ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}},
+     "structured_outputs"),
+    ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "not supported"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"v": {"type": "integer", "maximum": 3}}}}}}, "'maximum' at $.properties.v"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
+    ({"structured_outputs": {"json_object": True}}, "unbounded"),
+    ({"response_format": {"type": "json_object"}}, "unbounded"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
+      "structured_outputs": {"regex": "a"}}, "not both"),
+    ({"structured_outputs": {"regex": "[a-z]{30}"}}, "needs at least 30 tokens"),
+    ({"structured_outputs": {"regex": "([a-z]{100}){300}"}}, "too large"),
+])
+def test_bad_grammar_input_is_a_400_naming_the_problem(client, extra, message):
+    with pytest.raises(openai.BadRequestError, match=re.escape(message)):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=16, extra_body=extra)
+
+
+def test_compile_time_over_the_limit_is_a_400():
+    server = PolicyServer(_registry(), ServeConfig(grammar_compile_s=1e-4))
+    server.start()
+    try:
+        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 64,
+                           "structured_outputs": {"regex": r"[a-z]{1,40}( [a-z]{1,9}){0,5}"}}).encode()
+        with pytest.raises(InvalidRequest, match="longer than this server's limit") as error:
+            server.prepare_completion(body)
+        assert error.value.status == 400 and error.value.code == "grammar_timeout"
+    finally:
+        server.stop()
