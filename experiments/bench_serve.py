@@ -17,6 +17,14 @@ calls after one untimed warm-up call (XLA compilation for JAX, model load for ll
   deployment runs); ``limits_overhead`` = 1 - serve_limits / serve. Both servers parse off
   the event loop and watch for hang-ups (not switchable), so this measures the limits and
   the key check, not the thread pool.
+- ``serve_requests`` / ``serve_stream``: the limits-on server again, driven by the official
+  ``openai`` client (``--batch`` concurrent completions requests, one row each, token-id
+  prompts), without and with ``stream=true``, in the same server process: per request its
+  latency (send to last token) and, streamed, its time to first token (send to the first
+  chunk with tokens); per call tokens/s. ``ttft_over_latency`` = median streamed time to
+  first token / median non-streamed latency; ``stream_over_requests`` = streamed tokens/s /
+  non-streamed tokens/s (the cost of the chunked decode's one-step first chunk and of the
+  events).
 - ``llama_cpp``: llama-cpp-python's server (``--llama-threads`` threads) on the same GGUF
   (Q4_1 weights; ours dequantise them to float32), same client. It serves one request at a
   time (no batching), so its rate is per-stream.
@@ -90,9 +98,62 @@ LIMITS_OFF = ["--max-body-bytes", "0", "--max-request-rows", "0", "--max-prompt-
 BENCH_KEY = "bench-serve-key"
 
 
+def time_requests(base_url: str, api_key: str | None, prompts, max_new_tokens: int, repeats: int, stream: bool,
+                  label: str, show_progress: bool) -> dict:
+    """One warm-up call and ``repeats`` timed calls of ``len(prompts)`` concurrent requests
+    through the ``openai`` client (see the module docstring)."""
+    import concurrent.futures
+
+    import openai
+
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key=api_key or "none", max_retries=0, timeout=1800)
+
+    def one(prompt, seed) -> dict:
+        kwargs = dict(model="policy", prompt=prompt, max_tokens=max_new_tokens, temperature=1.0, seed=seed,
+                      extra_body={"min_tokens": max_new_tokens})
+        start = time.perf_counter()
+        first, tokens = None, 0
+        if stream:
+            for chunk in client.completions.create(**kwargs, stream=True):
+                new = sum(len(c.model_extra.get("token_ids") or ()) for c in chunk.choices)
+                if new and first is None:
+                    first = time.perf_counter() - start
+                tokens += new
+        else:
+            tokens = len(client.completions.create(**kwargs).choices[0].model_extra["token_ids"])
+        latency = time.perf_counter() - start
+        return {"ttft_s": latency if first is None else first, "latency_s": latency, "tokens": tokens}
+
+    calls = []
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        for r in tqdm(range(repeats + 1), desc=label, leave=False, disable=not show_progress):
+            start = time.perf_counter()
+            rows = list(pool.map(one, prompts, [r * len(prompts) + i for i in range(len(prompts))]))
+            calls.append({"call_s": time.perf_counter() - start, "rows": rows})
+    timed = calls[1:]  # the first call is the warm-up
+    ttft = [row["ttft_s"] for call in timed for row in call["rows"]]
+    latency = [row["latency_s"] for call in timed for row in call["rows"]]
+    tokens = [sum(row["tokens"] for row in call["rows"]) for call in timed]
+    call_s = [call["call_s"] for call in timed]
+    return {
+        "stream": stream,
+        "warmup_s": calls[0]["call_s"],
+        "call_s": call_s,
+        "tokens_per_call": tokens,
+        "tokens_per_s": statistics.median(tokens) / statistics.median(call_s),
+        "ttft_s": ttft,
+        "median_ttft_s": statistics.median(ttft),
+        "max_ttft_s": max(ttft),
+        "latency_s": latency,
+        "median_latency_s": statistics.median(latency),
+    }
+
+
 def time_server(args, source: str, tokenizer, prompts, params, label: str, extra: list[str],
-                api_key: str | None) -> dict:
-    """``time_calls`` through a `jax-drive serve` subprocess started with ``extra`` flags."""
+                api_key: str | None, requests: bool = False) -> dict:
+    """``time_calls`` through a `jax-drive serve` subprocess started with ``extra`` flags; with
+    ``requests``, then ``time_requests`` without and with streaming on the same server
+    (under "requests" / "stream")."""
     from jax_drive.sampling import OpenAIEngine
     from jax_drive.serve.launch import free_port, server_process
 
@@ -102,11 +163,16 @@ def time_server(args, source: str, tokenizer, prompts, params, label: str, extra
                "--max-batch-rows", str(max(args.batch, 1)), "--max-wait-ms", str(args.max_wait_ms), *extra]
     env = dict(os.environ, JAX_DRIVE_API_KEY=api_key) if api_key else {
         k: v for k, v in os.environ.items() if k != "JAX_DRIVE_API_KEY"}
+    progress = not args.no_progress
     print(f"jax-drive serve ({label}) ...", file=sys.stderr)
     with server_process(command, port, "policy", f"bench-{label}", env=env, api_key=api_key) as server:
         client = OpenAIEngine(server.base_url, "policy", api_key, tokenizer=tokenizer,
                               max_concurrency=args.batch, timeout_s=1800)
-        result = time_calls(client.generate, prompts, params, args.repeats, label, not args.no_progress)
+        result = time_calls(client.generate, prompts, params, args.repeats, label, progress)
+        if requests:
+            for name, stream in (("requests", False), ("stream", True)):
+                result[name] = time_requests(server.base_url, api_key, prompts, args.max_new_tokens, args.repeats,
+                                             stream, f"{label}-{name}", progress)
         counts = server_counts(server.base_url, api_key)
     result["server_counts"] = counts
     result["rows_per_engine_call"] = counts["rows"] / max(1, counts["engine_calls"])
@@ -168,7 +234,10 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     del model
 
     results["serve"] = time_server(args, source, tokenizer, prompts, params, "serve", LIMITS_OFF, None)
-    results["serve_limits"] = time_server(args, source, tokenizer, prompts, params, "serve_limits", [], BENCH_KEY)
+    results["serve_limits"] = time_server(args, source, tokenizer, prompts, params, "serve_limits", [], BENCH_KEY,
+                                          requests=True)
+    results["serve_requests"] = results["serve_limits"].pop("requests")
+    results["serve_stream"] = results["serve_limits"].pop("stream")
 
     gguf = None
     if not args.no_llama_cpp:
@@ -197,6 +266,10 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         "goal_serve_overhead_at_most": 0.15,
         "serve_limits_over_jax_engine": limits_rate / jax_rate,
         "limits_overhead": 1.0 - limits_rate / serve_rate,
+        "median_ttft_s": results["serve_stream"]["median_ttft_s"],
+        "median_latency_s": results["serve_requests"]["median_latency_s"],
+        "ttft_over_latency": results["serve_stream"]["median_ttft_s"] / results["serve_requests"]["median_latency_s"],
+        "stream_over_requests": results["serve_stream"]["tokens_per_s"] / results["serve_requests"]["tokens_per_s"],
     }
     if "tokens_per_s" in results["llama_cpp"]:
         summary["serve_over_llama_cpp"] = serve_rate / results["llama_cpp"]["tokens_per_s"]

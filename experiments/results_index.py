@@ -92,7 +92,8 @@ CATALOGUE: dict[str, Entry] = {
         "CoLMDriver negotiation: batched vs per-speaker engine calls; the jitted grouping step vs its NumPy twin"),
     "bench_sim.json": Entry("Multi-agent simulator vs highway-env merge-v0, 256 episodes"),
     "bench_serve.json": Entry(
-        "jax-drive serve vs in-process JaxEngine vs a llama.cpp server, 8 concurrent requests",
+        "jax-drive serve vs in-process JaxEngine vs a llama.cpp server, 8 concurrent requests; "
+        "streamed time to first token vs non-streamed latency",
         "python experiments/bench_serve.py --json experiments/results/bench_serve.json"),
     "bench_ray.json": Entry(
         "Ray scenario workers (1 / 2 / 4) vs the in-process batched runner, tv_red_light, 32 episodes",

@@ -97,7 +97,7 @@ def test_requests_reject_what_the_policy_cannot_honour():
     assert CompletionRequest(model="m", prompt=[[1], [2, 3]]).prompt_list() == [[1], [2, 3]]
     assert CompletionRequest(model="m", prompt=["a", "b"]).prompt_list() == ["a", "b"]
     for bad in ({"min_p": 0.1}, {"repetition_penalty": 1.1}, {"presence_penalty": 0.5},
-                {"frequency_penalty": 0.2}, {"stream": True}, {"logprobs": 2}, {"echo": True},
+                {"frequency_penalty": 0.2}, {"stream_options": {"include_usage": True}}, {"logprobs": 2}, {"echo": True},
                 {"best_of": 3}, {"logit_bias": {"5": 1.0}}, {"unknown_field": 1},
                 {"prompt": []}, {"prompt": ""}, {"top_p": 0.0}, {"max_tokens": 0}):
         body = {"model": "m", "prompt": "x", **bad}
@@ -309,8 +309,8 @@ def test_openai_client_errors(client):
         client.completions.create(model=MODEL, prompt=[5] * 500, max_tokens=100)
     with pytest.raises(openai.BadRequestError, match="token ids"):
         client.completions.create(model=MODEL, prompt=[100000], max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="stream"):
-        client.completions.create(model=MODEL, prompt="x", stream=True)
+    with pytest.raises(openai.BadRequestError, match="stream_options"):
+        client.completions.create(model=MODEL, prompt="x", extra_body={"stream_options": {"include_usage": True}})
 
 
 def sizes_since(batcher, before: int) -> list[int]:

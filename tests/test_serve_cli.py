@@ -45,6 +45,7 @@ def _env() -> dict:
     (["--max-request-rows", "300"], "--max-request-rows (300) must be <= --max-queued-rows (256)"),
     (["--max-request-rows", "0"], "--max-request-rows (off) must be <= --max-queued-rows"),
     (["--max-tokens-limit", "8"], "--default-max-tokens (16) must be <= --max-tokens-limit (8)"),
+    (["--decode-chunk-steps", "0"], "--decode-chunk-steps must be >= 1"),
 ])
 def test_unsafe_or_bad_settings_exit_2_naming_the_flag(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("JAX_DRIVE_API_KEY", raising=False)

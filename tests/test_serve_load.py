@@ -1,10 +1,11 @@
 """A bounded load-and-fault test of `jax-drive serve` on loopback: rounds of a fixed mix of
 requests from 8 concurrent clients (well-formed requests of mixed sizes through the `openai`
-client, hostile requests over raw HTTP, clients that hang up mid-body or before the answer,
-and one large body per parse thread, whose tokenisation the test holds). Checks after every
-round:
+client, streamed and not, hostile requests over raw HTTP, clients that hang up mid-body,
+before the answer or mid-stream, and one large body per parse thread, whose tokenisation the
+test holds). Checks after every round:
 
-- every well-formed request got exactly what the in-process engine samples from its seed;
+- every well-formed request got exactly what the in-process engine samples from its seed
+  (a streamed one: its chunks put together);
 - every hostile request got its 4xx, and no answer of the round was a 5xx (client side and
   the server's own count);
 - ``/health`` answered while every parse thread was tokenising a large body (an ordering
@@ -26,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import http.client
 import ctypes.util
 import gc
 import json
@@ -36,6 +38,7 @@ import sys
 import threading
 import tracemalloc
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import openai
@@ -76,6 +79,8 @@ WELL_FORMED = [
     ([[3], [4, 4], [5, 5, 5]], 1, 4, 16, 0.0),
 ]
 MAX_BATCH_ROWS = 4
+CHUNK_STEPS = 2  # decode steps per chunk: streams of several chunks, hang-ups mid-stream
+CUT_TOKENS = 32  # max_tokens of the streams whose clients hang up after their first tokens
 
 # (path, body, headers, expected status): what a hostile or broken client sends
 _JSON = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
@@ -90,7 +95,8 @@ HOSTILE = [
     ("/v1/completions", json.dumps({"model": "m", "prompt": "x", "max_tokens": 10**9}).encode(), _JSON, 400),
     ("/v1/completions", json.dumps({"model": "m", "prompt": [10**9]}).encode(), _JSON, 400),
     ("/v1/completions", json.dumps({"model": "m", "prompt": [-1]}).encode(), _JSON, 400),
-    ("/v1/completions", json.dumps({"model": "m", "prompt": "x", "stream": True}).encode(), _JSON, 400),
+    ("/v1/completions", json.dumps({"model": "m", "prompt": "x", "stream_options": {}}).encode(), _JSON, 400),
+    ("/v1/completions", json.dumps({"model": "m", "prompt": "x", "stream": True, "n": 99}).encode(), _JSON, 400),
     ("/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode(), _JSON, 404),
     ("/v1/completions", json.dumps({"model": "m", "prompt": "x" * (BODY_LIMIT + 1)}).encode(), _JSON, 413),
     ("/v1/chat/completions", json.dumps({"model": "m", "messages": [{"role": "root", "content": "x"}]}).encode(),
@@ -148,11 +154,12 @@ def served_stack():
     tokenizer = HeldTokenizer()
     model = peaked_tiny_model(vocab_size=259, scale=6.0)
     registry = PolicyRegistry(model, tokenizer, "m", engine_factory=lambda m: JaxEngine(m, tokenizer, SAMPLER))
-    config = ServeConfig(BatcherConfig(max_batch_rows=MAX_BATCH_ROWS, max_wait_s=0.005, max_queued_rows=64),
+    config = ServeConfig(BatcherConfig(max_batch_rows=MAX_BATCH_ROWS, max_wait_s=0.005, max_queued_rows=64,
+                                       chunk_steps=CHUNK_STEPS),
                          limits=ServeLimits(max_body_bytes=BODY_LIMIT, max_request_rows=8), api_key=KEY, parse_workers=PARSE_WORKERS)
     server = PolicyServer(registry, config)
     local = JaxEngine(model, tokenizer, SAMPLER)
-    for max_tokens, temperature in {(w[2], w[4]) for w in WELL_FORMED}:  # every batch shape of a round
+    for max_tokens, temperature in {(w[2], w[4]) for w in WELL_FORMED} | {(CUT_TOKENS, 1.0)}:  # every shape
         for rows in range(1, MAX_BATCH_ROWS + 1):
             local.generate([[1]] * rows, SamplingParams(max_new_tokens=max_tokens, temperature=temperature),
                            request_keys(0, rows))
@@ -173,6 +180,37 @@ def _well_formed(client, index: int):
     return [(tuple(c.model_extra["token_ids"]), c.text, c.logprobs.token_logprobs) for c in answer.choices]
 
 
+def _well_formed_streamed(client, index: int):
+    prompts, n, max_tokens, seed, temperature = WELL_FORMED[index]
+    chunks = client.completions.create(model="m", prompt=prompts[0] if len(prompts) == 1 else prompts, n=n,
+                                       max_tokens=max_tokens, seed=seed, temperature=temperature, logprobs=1,
+                                       stream=True)
+    joined: dict = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            ids, text, lps = joined.setdefault(c.index, ([], [], []))
+            ids += c.model_extra["token_ids"]
+            text.append(c.text)
+            lps += c.logprobs.token_logprobs
+    return [(tuple(ids), "".join(text), lps) for _, (ids, text, lps) in sorted(joined.items())]
+
+
+def _stream_and_hang_up(url: str, index: int) -> str:
+    """A long stream whose client closes the connection after its first event."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=WAIT_S)
+    body = {"model": "m", "prompt": [8] * (index + 2), "max_tokens": CUT_TOKENS, "ignore_eos": True,
+            "seed": index, "stream": True}
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body).encode(), _JSON)
+        answer = connection.getresponse()
+        while not answer.readline().startswith(b"data: "):
+            pass
+    finally:
+        connection.close()
+    return "hung up"
+
+
 def _hostile(url: str, index: int) -> int:
     path, body, headers, _ = HOSTILE[index]
     return raw_request(url, "POST" if body is not None else "GET", path, body, headers)[0]
@@ -190,14 +228,16 @@ def _hang_up(url: str, index: int) -> str:
 def _round(url: str, client, pool, tokenizer: HeldTokenizer, seed: int):
     """One round; returns (well-formed answers by index, hostile statuses by index, health)."""
     jobs = ([("ok", i) for i in range(len(WELL_FORMED)) for _ in range(COPIES)]
+            + [("streamed", i) for i in range(len(WELL_FORMED))] + [("cut", i) for i in range(3)]
             + [("bad", i) for i in range(len(HOSTILE))] + [("gone", i) for i in range(4)])
     random.Random(seed).shuffle(jobs)
     tokenizer.entered = 0
     tokenizer.release.clear()
     large = json.dumps({"model": "m", "prompt": MARKER + "a" * (BODY_LIMIT - 1000)}).encode()
     held = [pool.submit(post_json, url, "/v1/completions", large) for _ in range(PARSE_WORKERS)]
-    futures = [(kind, i, pool.submit(_well_formed if kind == "ok" else _hostile if kind == "bad" else _hang_up,
-                                     client if kind == "ok" else url, i)) for kind, i in jobs]
+    work = {"ok": (_well_formed, client), "streamed": (_well_formed_streamed, client), "bad": (_hostile, url),
+            "gone": (_hang_up, url), "cut": (_stream_and_hang_up, url)}
+    futures = [(kind, i, pool.submit(work[kind][0], work[kind][1], i)) for kind, i in jobs]
     assert tokenizer.wait_entered(PARSE_WORKERS), "the large bodies never filled the parse threads"
     health = raw_request(url, "GET", "/health", timeout=30)  # answered while every parse thread is held
     held_done_before_health = any(f.done() for f in held)
@@ -221,7 +261,8 @@ def run_rounds(rounds: int) -> dict:
                 rss.append(resident_mb())
         assert server.batcher.queued_rows == 0
         return {"rss_mb": rss, "python_mb": traced,
-                "answers": {str(k): v for k, v in server.status_counts.items()}}
+                "answers": {str(k): v for k, v in server.status_counts.items()},
+                "streams": dict(server.stream_counts), "dropped_rows": server.batcher.dropped_rows}
 
 
 def test_load_and_faults_over_rounds():
@@ -232,12 +273,16 @@ def test_load_and_faults_over_rounds():
     proc = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    rss, python, counts = found["rss_mb"], found["python_mb"], found["answers"]
+    rss, python, counts, streams = found["rss_mb"], found["python_mb"], found["answers"], found["streams"]
     report = (f"after each round: resident {[round(m, 1) for m in rss]} MB, Python objects "
-              f"{[round(m, 3) for m in python]} MB; answers {counts}")
+              f"{[round(m, 3) for m in python]} MB; answers {counts}; streams {streams}, "
+              f"rows dropped from running calls {found['dropped_rows']}")
     print(report)
     assert len(rss) == ROUNDS and not [s for s in counts if int(s) >= 500], report
     assert counts["200"] >= ROUNDS * len(WELL_FORMED) * COPIES and counts["413"] >= ROUNDS, report
+    # every stream ended: the well-formed ones done, the cut ones done or (mostly) cut short
+    assert sum(streams.values()) == ROUNDS * (len(WELL_FORMED) + 3) and set(streams) <= {"done", "client_gone"}, report
+    assert streams.get("client_gone", 0) >= 1 and found["dropped_rows"] >= 1, report
     assert max(rss[1:]) - rss[0] <= RSS_MARGIN_MB, report
     assert max(python[1:]) - python[0] <= PYTHON_MARGIN_MB, report
 
@@ -249,7 +294,7 @@ def _check_round(url, client, pool, server, tokenizer, references, r):
     for status, body in large:
         assert status == 400 and "--max-prompt-tokens" in body["error"]["message"]
     for kind, i, result in results:
-        if kind == "ok":
+        if kind in ("ok", "streamed"):
             ref = references[i]
             assert [choice[0] for choice in result] == [c.token_ids for c in ref], (r, i)
             assert [choice[1] for choice in result] == [c.text for c in ref], (r, i)

@@ -24,9 +24,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="OpenAI-compatible HTTP server over a local Flax policy",
-        description="Serves /v1/models, /v1/completions, /v1/chat/completions and vLLM's "
-        "/v1/load_lora_adapter, /v1/unload_lora_adapter (plus /update_weights_from_disk). "
-        "Concurrent requests are batched into one sampler call. Limits: 0 turns one off. "
+        description="Serves /v1/models, /v1/completions, /v1/chat/completions (stream=true: "
+        "server-sent events) and vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter (plus "
+        "/update_weights_from_disk). Concurrent requests are batched into one sampler call. Limits: 0 turns one off. "
         "See docs/serving.md.",
     )
     parser.add_argument("--model", default="smollm2-135m-instruct",
@@ -45,6 +45,10 @@ def register(subparsers) -> None:
                         help="completion rows per sampler call (default 32)")
     parser.add_argument("--max-wait-ms", type=float, default=10.0,
                         help="how long a request waits for companions to batch with (default 10)")
+    parser.add_argument("--decode-chunk-steps", type=int, default=16,
+                        help="decode steps between two looks at a running batch: streamed tokens go "
+                        "out and disconnected clients' rows are dropped at these points (default 16; "
+                        "a batch with a streamed request runs its first step alone)")
     parser.add_argument("--default-max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0, help="seeds requests that carry none")
     parser.add_argument("--log-level", default="warning",
@@ -121,7 +125,8 @@ def check_deployment(args: argparse.Namespace, api_key: str | None) -> list[str]
 
 
 def run(args: argparse.Namespace) -> int:
-    require_min(1, port=args.port, max_batch_rows=args.max_batch_rows, default_max_tokens=args.default_max_tokens)
+    require_min(1, port=args.port, max_batch_rows=args.max_batch_rows, default_max_tokens=args.default_max_tokens,
+                decode_chunk_steps=args.decode_chunk_steps)
     require_min(0, max_loras=args.max_loras, max_wait_ms=args.max_wait_ms, max_body_bytes=args.max_body_bytes,
                 max_request_rows=args.max_request_rows, max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
@@ -156,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     from jax_drive.serve import run as serve_forever
     from jax_drive.serve.errors import InvalidRequest
 
-    batcher = BatcherConfig(args.max_batch_rows, args.max_wait_ms / 1000.0, _off_if_zero(args.max_queued_rows))
+    batcher = BatcherConfig(args.max_batch_rows, args.max_wait_ms / 1000.0, _off_if_zero(args.max_queued_rows),
+                            chunk_steps=args.decode_chunk_steps)
     config = ServeConfig(batcher=batcher, limits=limits, default_max_tokens=args.default_max_tokens,
                          seed=args.seed, api_key=api_key, allowed_weights_dirs=tuple(args.allowed_weights_dir))
     for warning in warnings:

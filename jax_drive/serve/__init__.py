@@ -5,6 +5,7 @@ Public API:
   RequestBatcher, BatcherConfig, GenerationJob, QueueFull   concurrent requests -> one engine call
   PolicyServer, ServeConfig                      request -> rows -> answer (no HTTP)
   ServeLimits                                    per-request limits (body, rows, tokens, time)
+  (streaming.StreamedAnswer)                     stream=true: a job's chunks -> server-sent events
   create_app, bind_socket, run                   the HTTP layer (FastAPI + uvicorn)
 Imported lazily, so the limits, errors and security modules (standard library only) load
 without the model stack (the `jax-drive serve` parser reads its defaults from them).

@@ -20,9 +20,15 @@ and load only from the allowed directories (``PolicyServer``).
 Every request is bounded (``ServeLimits``): the body is read up to ``max_body_bytes`` (413),
 and the whole request (body, parsing, queue, generation) must end within
 ``request_timeout_s`` (408; its job is cancelled). A client that disconnects while its
-request waits cancels the job too. Answers use OpenAI's error layout: 400 for requests the
-server cannot honour, 401 / 403 / 404 / 408 / 413 / 429 as named above, 500 for internal
-failures with a generic message (the exception is logged, never sent).
+request waits cancels the job too (its rows leave the running batch). Answers use OpenAI's
+error layout: 400 for requests the server cannot honour, 401 / 403 / 404 / 408 / 413 / 429
+as named above, 500 for internal failures with a generic message (the exception is logged,
+never sent).
+
+``stream=true`` (completions and chat) answers with server-sent events
+(``EventStreamResponse``, ``streaming.StreamedAnswer``): every check above happens before
+the stream starts and is a plain HTTP error; once it started, a time-out or failure ends it
+with an error event, and a client that disconnects cancels its job.
 """
 
 from __future__ import annotations
@@ -40,13 +46,14 @@ from collections.abc import Awaitable, Callable
 from jax_drive.serve.limits import ServeLimits, timeout_error
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from jax_drive.serve.errors import TOO_MANY_REQUESTS, InvalidRequest, error_body
 from jax_drive.serve.protocol import validation_message
 from jax_drive.serve.security import PUBLIC_PATHS, bearer_matches
 from jax_drive.serve.server import PolicyServer
+from jax_drive.serve.streaming import StreamedAnswer
 
 log = logging.getLogger("jax_drive.serve")
 
@@ -127,16 +134,23 @@ async def until_disconnect(receive) -> None:
         pass
 
 
-async def answer_request(request: Request, limits: ServeLimits, work: Callable[[bytes], Awaitable[dict]]) -> dict:
-    """Reads the body and runs ``work(body)`` within the request's time limit, cancelling it
-    when the client disconnects or the time is up.
+def request_deadline(limits: ServeLimits) -> float | None:
+    """When a request arriving now must be answered (``time.monotonic()``), or None."""
+    timeout = limits.request_timeout_s
+    return None if timeout is None else time.monotonic() + timeout
+
+
+async def answer_request(request: Request, limits: ServeLimits, work: Callable[[bytes], Awaitable],
+                         deadline: float | None = None):
+    """Reads the body and runs ``work(body)`` before ``deadline`` (default: the request's time
+    limit from now), cancelling it when the client disconnects or the time is up.
 
     Raises:
       InvalidRequest: from ``read_body`` or ``work``; 408 when time ran out.
       ClientGone: the client disconnected.
     """
     timeout = limits.request_timeout_s
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = request_deadline(limits) if deadline is None else deadline
 
     def remaining() -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -159,6 +173,34 @@ async def answer_request(request: Request, limits: ServeLimits, work: Callable[[
     if watcher.done() and not watcher.cancelled():
         raise ClientGone()
     raise timeout_error(timeout)
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``StreamedAnswer``'s events as ``text/event-stream``, sent while a watcher waits for
+    the client to disconnect (whatever the ASGI version: a stream that waits for its next
+    chunk sends nothing that could notice). A disconnect stops the stream and cancels its
+    job; the answer is closed in every case."""
+
+    def __init__(self, answer: StreamedAnswer, deadline: float | None, timeout_s: float | None):
+        super().__init__(answer.events(deadline, timeout_s), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.answer = answer
+
+    async def __call__(self, scope, receive, send):
+        pump = asyncio.ensure_future(self.stream_response(send))
+        watcher = asyncio.ensure_future(until_disconnect(receive))
+        try:
+            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pump, watcher):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+            with contextlib.suppress(Exception):
+                await self.body_iterator.aclose()
+            self.answer.close()  # no-op when the stream finished; else the client is gone
+        if pump.done() and not pump.cancelled() and pump.exception() is not None:
+            log.warning("a streamed answer stopped: %r", pump.exception())  # e.g. the socket closed
 
 
 def create_app(server: PolicyServer):
@@ -200,15 +242,19 @@ def create_app(server: PolicyServer):
     async def _internal(request: Request, error: Exception):
         return internal(error)
 
-    async def handle(request: Request, work: Callable[[bytes], Awaitable[dict]]):
+    async def handle(request: Request, work: Callable[[bytes], Awaitable]):
+        deadline = request_deadline(server.limits)
         try:
-            return await answer_request(request, server.limits, work)
+            result = await answer_request(request, server.limits, work, deadline)
         except InvalidRequest as error:
             return refusal(error)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except Exception as error:  # noqa: BLE001 - answered generically, logged in full
             return internal(error)
+        if isinstance(result, StreamedAnswer):
+            return EventStreamResponse(result, deadline, server.limits.request_timeout_s)
+        return result
 
     @app.get("/health")
     async def health(request: Request):

@@ -2,9 +2,9 @@
 vLLM's extra fields). Pure: no HTTP, no model.
 
 Every field a request may carry is declared; unknown fields and values the policy cannot
-honour (penalties, ``min_p``, ``logit_bias``, streaming, ``echo``, ``best_of`` != ``n``,
-``logprobs`` > 1) are rejected with a 400 rather than ignored. Log-probs cover the sampled
-token only: ``top_logprobs`` is always null.
+honour (penalties, ``min_p``, ``logit_bias``, ``echo``, ``best_of`` != ``n``, ``logprobs`` > 1)
+are rejected with a 400 rather than ignored. Log-probs cover the sampled token only:
+``top_logprobs`` is always null. ``stream=true`` answers with server-sent events (``streaming``).
 
 Structured answers, on both endpoints: OpenAI's ``response_format`` (``{"type":
 "json_schema", "json_schema": {"name", "schema", ...}}``; ``{"type": "json_object"}`` only
@@ -106,6 +106,14 @@ class StructuredOutputs(BaseModel):
         return Grammar.json_schema(self.json_, JSON_SEPARATORS)
 
 
+class StreamOptions(BaseModel):
+    """``stream_options`` (OpenAI's): ``include_usage`` adds a last chunk with the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
 class _Sampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -129,6 +137,7 @@ class _Sampling(BaseModel):
     repetition_penalty: float = 1.0
     logit_bias: Optional[dict[str, float]] = None
     stream: bool = False
+    stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
     skip_special_tokens: bool = True
     logprobs_mode: Literal["raw", "processed"] = "raw"
@@ -147,8 +156,8 @@ class _Sampling(BaseModel):
             raise ValueError("repetition_penalty is not supported (only 1)")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
-        if self.stream:
-            raise ValueError("stream=true is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
         return self
 
     def stop_strings(self) -> list[str]:
@@ -299,37 +308,53 @@ class UpdateWeightsRequest(BaseModel):
 
 
 # ---------------------------------------------------------------------------- answers
+def first_stop(text: str, stops: Sequence[str]) -> tuple[int, int] | None:
+    """(start, end) of the stop string that ``text`` completes first (the smallest end, then
+    the earliest start), or None: where generation would have stopped token by token, as
+    OpenAI and vLLM stop, so a streamed answer cuts where the whole answer does."""
+    hits = [(start + len(s), start) for s in stops if s and (start := text.find(s)) >= 0]
+    if not hits:
+        return None
+    end, start = min(hits)
+    return start, end
+
+
+def tokens_through(ids: Sequence[int], end: int, text: str, decode) -> int:
+    """The fewest leading ``ids`` whose text covers ``text[:end]`` (``text`` = decode(ids)).
+
+    By bisection over prefix lengths (O(log n) decodes): a prefix's text is a prefix of the
+    next one's, except for a trailing partial character, which the comparison rejects.
+    """
+    low, high = 1, len(ids)  # the answer lies in [low, high]: all the ids cover the text
+    while low < high:
+        mid = (low + high) // 2
+        if decode(ids[:mid])[:end] == text[:end]:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
 def truncate_at_stop(
     completion: Completion, stops: Sequence[str], decode
 ) -> tuple[tuple[int, ...], tuple[float, ...], str, str]:
-    """Cuts a completion at the first stop string (OpenAI / vLLM semantics).
+    """Cuts a completion at its first stop string (OpenAI / vLLM semantics, ``first_stop``).
 
     Args:
       completion: the generated completion.
       stops: stop strings (may be empty).
       decode: ids -> text (special tokens skipped as requested).
     Returns:
-      (ids, logprobs, text, finish_reason): ids up to the token that completes the first
-      stop string, the text before that string, finish 'stop'; unchanged without a match.
-
-    The token is found by bisection over prefix lengths (O(log n) decodes, as the decoded
-    length of a prefix grows with the prefix).
+      (ids, logprobs, text, finish_reason): ids up to the token that completes the stop
+      string, the text before that string, finish 'stop'; unchanged without a match.
     """
     text = completion.text
-    hits = [(text.find(s), s) for s in stops if s and s in text]
-    if not hits:
+    hit = first_stop(text, stops)
+    if hit is None:
         return completion.token_ids, completion.logprobs, text, completion.finish_reason
-    start, stop = min(hits)
-    end = start + len(stop)
-    ids = completion.token_ids
-    low, high = 1, len(ids)  # the answer lies in [low, high]: the whole completion covers it
-    while low < high:
-        mid = (low + high) // 2
-        if len(decode(ids[:mid])) >= end:
-            high = mid
-        else:
-            low = mid + 1
-    return ids[:low], completion.logprobs[:low], text[:start], "stop"
+    start, end = hit
+    keep = tokens_through(completion.token_ids, end, text, decode)
+    return completion.token_ids[:keep], completion.logprobs[:keep], text[:start], "stop"
 
 
 def token_strings(ids: Sequence[int], decode_one, as_ids: bool) -> list[str]:
@@ -339,25 +364,32 @@ def token_strings(ids: Sequence[int], decode_one, as_ids: bool) -> list[str]:
     return [decode_one(int(i)) for i in ids]
 
 
+def completion_logprobs(tokens: list[str], logprobs, offset: int = 0) -> dict:
+    """A completions ``logprobs`` object; ``text_offset`` counts the token strings' lengths
+    from ``offset`` (a streamed choice continues from its previous chunk)."""
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [float(x) for x in logprobs], "top_logprobs": None,
+            "text_offset": offsets}
+
+
+def chat_logprobs(tokens: list[str], logprobs) -> dict:
+    """A chat ``logprobs`` object (``content``: one entry per token)."""
+    return {"content": [
+        {"token": t, "logprob": float(x), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+        for t, x in zip(tokens, logprobs)
+    ]}
+
+
 def completion_choice(index: int, ids, logprobs, text: str, finish: str, prompt_ids,
                       tokens: list[str] | None) -> dict:
     """One choice of a /v1/completions answer (``tokens`` None: no log-probs asked)."""
-    lp = None
-    if tokens is not None:
-        offsets, pos = [], 0
-        for t in tokens:
-            offsets.append(pos)
-            pos += len(t)
-        lp = {
-            "tokens": tokens,
-            "token_logprobs": [float(x) for x in logprobs],
-            "top_logprobs": None,
-            "text_offset": offsets,
-        }
     return {
         "index": index,
         "text": text,
-        "logprobs": lp,
+        "logprobs": None if tokens is None else completion_logprobs(tokens, logprobs),
         "finish_reason": finish,
         "token_ids": [int(i) for i in ids],
         "prompt_token_ids": [int(i) for i in prompt_ids],
@@ -367,36 +399,35 @@ def completion_choice(index: int, ids, logprobs, text: str, finish: str, prompt_
 def chat_choice(index: int, ids, logprobs, text: str, finish: str,
                 tokens: list[str] | None) -> dict:
     """One choice of a /v1/chat/completions answer."""
-    lp = None
-    if tokens is not None:
-        lp = {"content": [
-            {"token": t, "logprob": float(x), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-            for t, x in zip(tokens, logprobs)
-        ]}
     return {
         "index": index,
         "message": {"role": "assistant", "content": text},
-        "logprobs": lp,
+        "logprobs": None if tokens is None else chat_logprobs(tokens, logprobs),
         "finish_reason": finish,
         "token_ids": [int(i) for i in ids],
     }
 
 
+def response_id(kind: str) -> str:
+    """A new answer id: 'cmpl-...' for completions, 'chatcmpl-...' for chat."""
+    return f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": int(prompt_tokens), "completion_tokens": int(completion_tokens),
+            "total_tokens": int(prompt_tokens + completion_tokens)}
+
+
 def answer(kind: Literal["text_completion", "chat.completion"], model: str, choices: list[dict],
            prompt_tokens: int, completion_tokens: int, **extra) -> dict:
     """The full answer object with id, timestamps and usage."""
-    prefix = "cmpl" if kind == "text_completion" else "chatcmpl"
     body = {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "id": response_id(kind),
         "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": int(prompt_tokens),
-            "completion_tokens": int(completion_tokens),
-            "total_tokens": int(prompt_tokens + completion_tokens),
-        },
+        "usage": usage(prompt_tokens, completion_tokens),
     }
     body.update(extra)
     return body

@@ -6,7 +6,8 @@ A generation request (``/v1/completions``, ``/v1/chat/completions``) runs in thr
    the limits (rows, ``max_tokens``, prompt tokens, context length) -> token ids. Off the
    event loop, so a large body never delays other requests (``/health`` included).
 2. ``generate`` on the event loop: the rows become one ``GenerationJob`` on the batcher
-   (429 when its queue is full). Cancelling the await (client gone, timeout) cancels the job.
+   (429 when its queue is full). Cancelling the await (client gone, timeout) cancels the job,
+   which drops its rows from the running batch.
 3. ``finish_*`` in the parse pool again: stop strings, token strings, the answer body.
 
 Structured answers (``response_format`` / ``structured_outputs``): step 1 turns the field
@@ -15,6 +16,10 @@ invalid, too large, too slow to compile (``ServeConfig.grammar_compile_s``) or u
 finish within ``max_tokens`` is a 400 naming the problem before anything is queued. The
 returned log-probs are those of the masked policy the answer was sampled from (a token the
 grammar forced has log-prob 0).
+
+A request with ``stream=true`` takes the same step 1 (so every limit is a plain HTTP error
+before the stream starts), then ``stream`` queues its job and returns a ``StreamedAnswer``
+whose events the HTTP layer sends as the batcher hands over each chunk of tokens.
 
 The admin endpoints (adapters, base weights) need the server's API key and load only from
 the directories given at start (``ServeConfig.allowed_weights_dirs``). Their answers never
@@ -56,6 +61,7 @@ from jax_drive.serve.protocol import (
     validation_message,
 )
 from jax_drive.serve.security import AllowedDirs
+from jax_drive.serve.streaming import StreamedAnswer
 
 log = logging.getLogger("jax_drive.serve")
 
@@ -146,6 +152,7 @@ class PolicyServer:
         # grammar_compile_s for it)
         self._grammar_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.status_counts: Counter = Counter()  # answers by HTTP status (the HTTP layer counts)
+        self.stream_counts: Counter = Counter()  # streamed answers by how they ended
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -271,22 +278,29 @@ class PolicyServer:
         self._check_length(prompts, params)
         return PreparedRequest(request, prompts, params, request.stop_strings())
 
+    def _job(self, prepared: PreparedRequest) -> GenerationJob:
+        """The request's rows (prompt-major, n per prompt) as a job; 404 for an unknown model."""
+        request = prepared.request
+        self.registry.engine(request.model)  # 404 before queueing
+        rows = [p for p in prepared.prompts for _ in range(request.n)]
+        return GenerationJob(request.model, rows, prepared.params, request.seed)
+
+    def _submit(self, job: GenerationJob) -> concurrent.futures.Future:
+        try:
+            return self.batcher.submit(job)
+        except QueueFull as error:
+            raise InvalidRequest(str(error), status=TOO_MANY_REQUESTS, code="queue_full") from None
+
     async def generate(self, prepared: PreparedRequest) -> list[Completion]:
-        """Step 2: the request's rows (prompt-major, n per prompt) through the batcher.
+        """Step 2: the request's rows through the batcher.
 
         Raises:
           InvalidRequest: 404 unknown model, 429 the batcher's queue is full, 400 values the
             engine refused.
           asyncio.CancelledError: the await was cancelled; the job is cancelled with it.
         """
-        request = prepared.request
-        self.registry.engine(request.model)  # 404 before queueing
-        rows = [p for p in prepared.prompts for _ in range(request.n)]
-        job = GenerationJob(request.model, rows, prepared.params, request.seed)
-        try:
-            future = self.batcher.submit(job)
-        except QueueFull as error:
-            raise InvalidRequest(str(error), status=TOO_MANY_REQUESTS, code="queue_full") from None
+        job = self._job(prepared)
+        future = self._submit(job)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -296,6 +310,15 @@ class PolicyServer:
             raise
         except ValueError as error:  # bad values the checks of step 1 did not catch
             raise InvalidRequest(str(error)) from None
+
+    def stream(self, prepared: PreparedRequest) -> StreamedAnswer:
+        """Step 2 of a streamed request (on the event loop): its job queued (404 / 429 as in
+        ``generate``), its events to come from the returned answer."""
+        job = self._job(prepared)
+        answer = StreamedAnswer(job, prepared.request, prepared.prompts, prepared.stops, self.tokenizer,
+                                self.in_pool, self.stream_counts)
+        self._submit(job)
+        return answer
 
     def finish_completion(self, prepared: PreparedRequest, completions: list[Completion]) -> dict:
         """Step 3 of POST /v1/completions (runs in the parse pool)."""
@@ -326,14 +349,18 @@ class PolicyServer:
         return answer("chat.completion", request.model, choices, len(prompt) * request.n,
                       generated, prompt_token_ids=prompt)
 
-    async def completions(self, body: bytes) -> dict:
-        """POST /v1/completions: the three steps."""
+    async def completions(self, body: bytes) -> dict | StreamedAnswer:
+        """POST /v1/completions: the three steps (or the stream)."""
         prepared = await self.in_pool(self.prepare_completion, body)
+        if prepared.request.stream:
+            return self.stream(prepared)
         return await self.in_pool(self.finish_completion, prepared, await self.generate(prepared))
 
-    async def chat(self, body: bytes) -> dict:
-        """POST /v1/chat/completions: the three steps."""
+    async def chat(self, body: bytes) -> dict | StreamedAnswer:
+        """POST /v1/chat/completions: the three steps (or the stream)."""
         prepared = await self.in_pool(self.prepare_chat, body)
+        if prepared.request.stream:
+            return self.stream(prepared)
         return await self.in_pool(self.finish_chat, prepared, await self.generate(prepared))
 
     # ---------------------------------------------------------------- read only
@@ -355,8 +382,11 @@ class PolicyServer:
             return {"status": "ok"}
         batcher = self.batcher
         return {"status": "ok", "engine_calls": batcher.engine_calls, "rows": batcher.rows_generated,
-                "queued_rows": self.batcher.queued_rows, "cancelled_rows": self.batcher.cancelled_rows,
+                "decode_steps": batcher.decode_steps, "running_rows": batcher.running_rows,
+                "queued_rows": batcher.queued_rows,
+                "cancelled_rows": batcher.cancelled_rows, "dropped_rows": batcher.dropped_rows,
                 "answers": {str(k): v for k, v in sorted(self.status_counts.items())},
+                "streams": dict(sorted(self.stream_counts.items())),
                 "weights_path": self.registry.weights_path}
 
     # ------------------------------------------------------------------- admin
