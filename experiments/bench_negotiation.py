@@ -26,7 +26,7 @@ import argparse
 import sys
 import time
 
-from jax_drive.runinfo import CompileClock, InputError, add_output_args, run_main, run_metadata, write_json
+from jax_drive.runinfo import CompileClock, add_output_args, require_min, run_main, run_metadata, write_json
 
 
 def synthetic_groups(n: int):
@@ -158,9 +158,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-engine", action="store_true", help="only the grouping benchmark")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
-    for name in ("groups", "rounds", "actor_tokens", "episodes", "vehicles", "repeats"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_min(1, groups=args.groups, rounds=args.rounds, actor_tokens=args.actor_tokens, episodes=args.episodes,
+                vehicles=args.vehicles, repeats=args.repeats)
     report = {"meta": run_metadata(command="python experiments/bench_negotiation.py "
                                            + " ".join(sys.argv[1:] if argv is None else argv))}
     report["grouping"] = bench_grouping(args)

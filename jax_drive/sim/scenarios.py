@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_drive.geometry import point_at_arc, polyline_table, project_on_table
+from jax_drive.names import INTERDRIVE_SCENARIOS, TALKING_VEHICLES_SCENARIOS
 from jax_drive.sim import lanes as L
 from jax_drive.sim.state import Behaviour, Lights, LaneGraph, Role, Scenario, SimConfig
 
@@ -31,26 +32,8 @@ STOP = 8.0  # stop line distance from the intersection centre
 TRUCK = (10.0, 2.6)
 CAR = (4.6, 2.0)
 
-TALKING_VEHICLES = (
-    "tv_overtake_perception",
-    "tv_red_light",
-    "tv_left_turn",
-    "tv_overtake_negotiation",
-    "tv_highway_merge",
-    "tv_highway_exit",
-)
-INTERDRIVE = (
-    "ic_straight_straight",
-    "ic_straight_left",
-    "ic_opposite_lane",
-    "ic_chaos",
-    "lm_straight_right",
-    "lm_neighbour_lane",
-    "lm_left_right",
-    "lm_highway_merge",
-    "lc_right_straight",
-    "lc_highway_change",
-)
+TALKING_VEHICLES = TALKING_VEHICLES_SCENARIOS  # the names live in jax_drive.names (no JAX there)
+INTERDRIVE = INTERDRIVE_SCENARIOS
 SCENARIOS = TALKING_VEHICLES + INTERDRIVE
 
 
