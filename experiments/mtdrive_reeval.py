@@ -22,7 +22,7 @@ import os
 import sys
 
 from jax_drive.names import MTDRIVE_POLICIES
-from jax_drive.runinfo import InputError, check_output, output_dir, require_min, run_main
+from jax_drive.runinfo import check_output, output_dir, require_min, run_main
 
 
 def main(argv=None) -> int:
@@ -38,8 +38,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     require_min(1, eval_scenes=args.eval_scenes)
     for run in args.runs:
-        if not os.path.isdir(run):
-            raise InputError(f"{run} is not a run directory")
         if args.out_root is None:
             check_output(os.path.join(run, f"reeval_{args.eval_scenes}"), "the re-evaluation directory",
                          directory=True)

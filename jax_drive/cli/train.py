@@ -27,7 +27,7 @@ import os
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
 from jax_drive.names import ADVANTAGE_MODES, MTDRIVE_POLICIES, MTDRIVE_PRESETS
-from jax_drive.runinfo import InputError, check_output, output_dir, output_file
+from jax_drive.runinfo import InputError, check_output, output_dir, output_file, run_main
 
 STAGE_HELP = f"policies evaluated on the held-out scenes: {', '.join(MTDRIVE_POLICIES)} (default: all)"
 
@@ -123,4 +123,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Parses the MTDrive flags and runs the pipeline (for scripts that wrap this command)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse's usage errors (2) and --help (0), as a return code like the rest
+        return int(stop.code or 0)
+    return run_main(lambda _: run(args))
