@@ -27,17 +27,10 @@ import os
 import sys
 import time
 
-import numpy as np
+from jax_drive.names import ADVANTAGE_MODES as VARIANTS
+from jax_drive.names import MTDRIVE_PRESETS
+from jax_drive.runinfo import add_output_args, command_line, output_dir, require_min, run_main, run_metadata
 
-from jax_drive.pipelines.journal import RunDirError
-from jax_drive.pipelines.mtdrive import run_mtdrive, sft_checkpoint_dir
-from jax_drive.pipelines.mtdrive.presets import PRESETS, rl_config, with_seed
-from jax_drive.pipelines.mtdrive.report import public
-from jax_drive.rl.atomic import atomic_write_json
-from jax_drive.rl.logging import jsonable
-from jax_drive.runinfo import add_output_args, command_line, require_min, run_main, run_metadata
-
-VARIANTS = ("grpo", "mtgrpo_intra", "mtgrpo_cross")
 METRICS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
            "final_ep", "final_comfort")
 
@@ -51,6 +44,8 @@ def stage_row(stage: dict) -> dict:
 def combine(rows: list[dict]) -> dict:
     """Rows of several training seeds -> the mean over seeds (sem over seeds when > 1, else the
     evaluation-seed sem of the single run)."""
+    import numpy as np
+
     if len(rows) == 1:
         return dict(rows[0], training_seeds=1)
     mean = {k: float(np.mean([r["mean"][k] for r in rows])) for k in METRICS}
@@ -73,6 +68,10 @@ def markdown_table(table: dict) -> str:
 def write(args, meta: dict, preset, per_seed: dict, runs: list, sources: dict, start: float, complete: bool) -> dict:
     """The summary; written to ``--json`` when given (also after each variant, ``complete``
     False until the last one)."""
+    from jax_drive.pipelines.mtdrive.presets import rl_config
+    from jax_drive.rl.atomic import atomic_write_json
+    from jax_drive.rl.logging import jsonable
+
     table = {name: combine(rows) for name, rows in per_seed.items() if rows}
     rl = rl_config(preset)
     out = {
@@ -101,8 +100,9 @@ def write(args, meta: dict, preset, per_seed: dict, runs: list, sources: dict, s
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-demo")
-    parser.add_argument("--out", default="runs/ablation_mtgrpo", help="run directories (journals, checkpoints, metrics)")
+    parser.add_argument("--preset", choices=sorted(MTDRIVE_PRESETS), default="cpu-demo")
+    parser.add_argument("--out", default="runs/ablation_mtgrpo", type=output_dir,
+                        help="run directories (journals, checkpoints, metrics)")
     parser.add_argument("--resume", action="store_true", help="continue the runs in --out where they stopped")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     parser.add_argument("--sft-from", default=None,
@@ -125,6 +125,8 @@ def main(argv=None) -> int:
     if args.from_results is not None:
         with open(args.from_results) as f:
             previous = json.load(f)
+    from jax_drive.pipelines.journal import RunDirError
+
     try:
         return ablate(args, parser, previous, run_metadata(command=command_line(__file__, argv)))
     except RunDirError as error:
@@ -133,6 +135,10 @@ def main(argv=None) -> int:
 
 def ablate(args, parser, previous: dict | None, meta: dict) -> int:
     """Runs the SFT row and every variant of every training seed; prints and writes the table."""
+    from jax_drive.pipelines.mtdrive import run_mtdrive, sft_checkpoint_dir
+    from jax_drive.pipelines.mtdrive.presets import PRESETS, with_seed
+    from jax_drive.pipelines.mtdrive.report import public
+
     sources: dict[str, str] = {}
     start = time.perf_counter()
     per_seed: dict[str, list[dict]] = {"sft": [], **{v: [] for v in args.variants}}

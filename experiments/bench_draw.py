@@ -22,7 +22,8 @@ import statistics
 import sys
 import time
 
-from jax_drive.runinfo import add_output_args, command_line, require_min, run_main, run_metadata, write_json
+from jax_drive.runinfo import (add_output_args, command_line, finite_float, require_min, run_main, run_metadata,
+                               write_json)
 
 
 def inverse_cdf(key, logits):
@@ -40,11 +41,12 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=49_152, help="V (SmolLM2's vocabulary)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 64])
     parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--noise", type=float, default=1e-5, help="relative logit noise of the robustness check")
+    parser.add_argument("--noise", type=finite_float, default=1e-5, help="relative logit noise of the robustness check")
     parser.add_argument("--noise-rows", type=int, default=4096)
     add_output_args(parser, json_required=True, progress=False)
     args = parser.parse_args(argv)
     require_min(1, vocab=args.vocab, batches=args.batches, repeats=args.repeats, noise_rows=args.noise_rows)
+    require_min(0, noise=args.noise)
 
     import jax
     import numpy as np

@@ -31,7 +31,8 @@ import sys
 import tempfile
 import time
 
-from jax_drive.runinfo import InputError, add_output_args, require_min, run_main, run_metadata, write_json
+from jax_drive.names import SCENARIOS
+from jax_drive.runinfo import InputError, add_output_args, output_dir, require_min, run_main, run_metadata, write_json
 
 
 class NullBackend:
@@ -112,11 +113,11 @@ def bench_pool(backend, workers: int, specs, warm_specs, chunk_size: int, show_p
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", default="tv_red_light")
+    parser.add_argument("--scenario", default="tv_red_light", choices=SCENARIOS)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
     parser.add_argument("--chunk-size", type=int, default=4)
-    parser.add_argument("--xla-cache", default=None, metavar="DIR",
+    parser.add_argument("--xla-cache", default=None, metavar="DIR", type=output_dir,
                         help="persistent XLA cache for the workers (default: a temporary one)")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)

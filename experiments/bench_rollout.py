@@ -55,8 +55,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jax_drive.runinfo import (CompileClock, InputError, add_output_args, require_min, run_main,  # noqa: E402
-                               run_metadata, script_environment, write_json)
+from jax_drive.runinfo import (CompileClock, InputError, add_output_args, finite_float, require_min,  # noqa: E402
+                               run_main, run_metadata, script_environment, write_json)
 
 script_environment()
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=168)
     parser.add_argument("--max-context-tokens", type=int, default=4096)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=finite_float, default=1.0)
     parser.add_argument("--batch", type=int, default=16, help="rows per generate call / device batch (both sides)")
     parser.add_argument("--configs", nargs="+", default=["full", "no_prefix", "no_lookup", "no_sessions"],
                         choices=list(CONFIGS), help="configurations of ours to run (see the module docstring)")

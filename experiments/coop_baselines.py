@@ -20,8 +20,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from jax_drive.runinfo import (InputError, add_output_args, command_line, require_min, run_main, run_metadata,
-                               script_environment, write_json)
+from jax_drive.runinfo import (InputError, add_output_args, command_line, finite_float, require_min, run_main,
+                               run_metadata, script_environment, write_json)
 
 script_environment(cpu=False)
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reuse-tv", default=None,
                         help="take the TalkingVehicles section from this earlier JSON instead of re-running it")
     parser.add_argument("--no-id-background", action="store_true", help="skip InterDrive with background traffic")
-    parser.add_argument("--id-max-time", type=float, default=None,
+    parser.add_argument("--id-max-time", type=finite_float, default=None,
                         help="optional cap on InterDrive episode length, s (default: each scenario's own "
                              "time limit; episodes also end when every ego is done or blocked for 30 s)")
     args = parser.parse_args(argv)

@@ -31,13 +31,13 @@ import os
 import sys
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
-from jax_drive.names import BASELINES, INTERDRIVE_ARMS, INTERDRIVE_PRESETS, INTERDRIVE_STAGES
-from jax_drive.runinfo import InputError, add_output_args, run_main
+from jax_drive.names import BASELINES, INTERDRIVE_ARMS, INTERDRIVE_PRESETS, INTERDRIVE_SCENARIOS, INTERDRIVE_STAGES
+from jax_drive.runinfo import InputError, add_output_args, check_output, output_dir, run_main
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="cpu-demo", help=f"one of {', '.join(INTERDRIVE_PRESETS)} (default cpu-demo)")
+    parser.add_argument("--preset", default="cpu-demo", choices=INTERDRIVE_PRESETS)
     add_override_args(parser)
     parser.add_argument("--engine", choices=("jax", "openai", "teacher"), default="jax",
                         help="negotiator: the fine-tuned local model, a served model, or the rule-based teacher")
@@ -48,9 +48,10 @@ def main(argv=None) -> int:
     parser.add_argument("--arms", default=None, help="comma-separated Table 2 arms / baselines to evaluate "
                         f"(default: all of {', '.join(INTERDRIVE_ARMS + BASELINES)})")
     parser.add_argument("--background", choices=("off", "on", "both"), default="both")
-    parser.add_argument("--work-dir", default=None,
+    parser.add_argument("--work-dir", default=None, type=output_dir,
                         help="run directory (default runs/interdrive-<preset>, -<engine> appended unless jax)")
-    parser.add_argument("--render-type", default="ic_straight_left", help="InterDrive type of the rendered episode")
+    parser.add_argument("--render-type", default="ic_straight_left", choices=INTERDRIVE_SCENARIOS,
+                        help="InterDrive type of the rendered episode")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -58,21 +59,17 @@ def main(argv=None) -> int:
         raise InputError("--engine openai needs --url")
     if args.adapter is not None and not os.path.isdir(args.adapter):
         raise InputError(f"--adapter {args.adapter} is not a directory")
-    if args.preset not in INTERDRIVE_PRESETS:
-        raise InputError(f"unknown preset {args.preset!r}; choose from {', '.join(sorted(INTERDRIVE_PRESETS))}")
     arms = [a.strip() for a in (args.arms or ",".join(INTERDRIVE_ARMS + BASELINES)).split(",") if a.strip()]
     unknown = [a for a in arms if a not in INTERDRIVE_ARMS + BASELINES]
     if unknown or not arms:
         raise InputError(f"unknown arms {unknown}; choose from {', '.join(INTERDRIVE_ARMS + BASELINES)}")
 
-    from jax_drive.pipelines.interdrive import PRESETS, run_interdrive
-    from jax_drive.sim import scenarios as S
-
-    if args.render_type not in S.INTERDRIVE:
-        raise InputError(f"--render-type must be an InterDrive type, got {args.render_type!r}")
-    preset = preset_with_overrides(PRESETS[args.preset], args)
     suffix = "" if args.engine == "jax" else f"-{args.engine}"  # arms of different negotiators never mix
-    work_dir = args.work_dir or os.path.join("runs", f"interdrive-{args.preset}{suffix}")
+    work_dir = args.work_dir or check_output(os.path.join("runs", f"interdrive-{args.preset}{suffix}"), "--work-dir",
+                                             directory=True)
+    from jax_drive.pipelines.interdrive import PRESETS, run_interdrive
+
+    preset = preset_with_overrides(PRESETS[args.preset], args)
     backgrounds = {"off": (False,), "on": (True,), "both": (False, True)}[args.background]
     run_interdrive(preset, work_dir, engine=args.engine, stage=args.stage, arms=arms, backgrounds=backgrounds,
                    url=args.url, served_model=args.served_model, adapter=args.adapter, render_type=args.render_type,

@@ -21,20 +21,26 @@ import argparse
 import os
 import sys
 
-from jax_drive.runinfo import run_main
+from jax_drive.names import MTDRIVE_POLICIES
+from jax_drive.runinfo import check_output, output_dir, require_min, run_main
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run directories of experiments/mtdrive.py / jax-drive train")
     parser.add_argument("--eval-scenes", type=int, required=True, help="held-out scenes per evaluation seed")
-    parser.add_argument("--evaluate", nargs="+", default=["sft", "rl"], metavar="STAGE",
-                        help="policies to evaluate: untrained, sft, rl (default: sft rl)")
-    parser.add_argument("--out-root", default=None,
+    parser.add_argument("--evaluate", nargs="+", default=["sft", "rl"], metavar="STAGE", choices=MTDRIVE_POLICIES,
+                        help=f"policies to evaluate: {', '.join(MTDRIVE_POLICIES)} (default: sft rl)")
+    parser.add_argument("--out-root", default=None, type=output_dir,
                         help="write each re-evaluation to OUT_ROOT/<run name> (default: <run>/reeval_<N>)")
     parser.add_argument("--resume", action="store_true", help="continue re-evaluations that were stopped")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = parser.parse_args(argv)
+    require_min(1, eval_scenes=args.eval_scenes)
+    for run in args.runs:
+        if args.out_root is None:
+            check_output(os.path.join(run, f"reeval_{args.eval_scenes}"), "the re-evaluation directory",
+                         directory=True)
 
     from jax_drive.pipelines.journal import RunDirError
     from jax_drive.pipelines.mtdrive import reevaluate

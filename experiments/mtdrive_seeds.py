@@ -28,7 +28,6 @@ import os
 import sys
 from pathlib import Path
 
-from jax_drive.pipelines.mtdrive.report import mean_sem, quality_goals
 from jax_drive.runinfo import add_output_args, command_line, run_main, run_metadata, write_json
 
 KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
@@ -85,6 +84,8 @@ def borrow_sft(runs: list[dict], baselines: list[dict], names: list[str]) -> lis
 
 def summarise(runs: list[dict]) -> dict:
     """runs: results.json dicts -> {"seeds", "stages": {stage: {key: [mean, sem]}}, "goals"}."""
+    from jax_drive.pipelines.mtdrive.report import mean_sem, quality_goals
+
     if not runs:
         raise ValueError("no runs given")
     presets = {r["preset"]["name"] if isinstance(r["preset"], dict) else r["preset"] for r in runs}

@@ -13,8 +13,8 @@ import argparse
 import sys
 import time
 
-from jax_drive.runinfo import (InputError, add_output_args, command_line, require_min, run_main, run_metadata,
-                               script_environment, write_json)
+from jax_drive.runinfo import (add_output_args, command_line, finite_float, require_min, require_range, run_main,
+                               run_metadata, script_environment, write_json)
 
 PLANNERS = ("constant_velocity", "idm", "pdm_closed", "expert")
 
@@ -23,14 +23,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenes", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hard-fraction", type=float, default=0.3)
+    ap.add_argument("--hard-fraction", type=finite_float, default=0.3)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--repeat", action="store_true", help="time a second (warm) pass of each planner")
     add_output_args(ap)
     args = ap.parse_args(argv)
     require_min(1, scenes=args.scenes, batch_size=args.batch_size)
-    if not 0.0 <= args.hard_fraction <= 1.0:
-        raise InputError(f"--hard-fraction must be in [0, 1], got {args.hard_fraction}")
+    require_range(0.0, 1.0, hard_fraction=args.hard_fraction)
     script_environment()
     import jax
     import numpy as np

@@ -25,8 +25,8 @@ import sys
 import numpy as np
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
-from jax_drive.runinfo import (InputError, add_output_args, command_line, run_main, run_metadata,
-                               script_environment, write_json)
+from jax_drive.runinfo import (InputError, add_output_args, check_output, command_line, output_dir, run_main,
+                               run_metadata, script_environment, write_json)
 
 script_environment(cpu=False)
 
@@ -92,7 +92,7 @@ def parse_args(argv):
     add_override_args(parser)
     parser.add_argument("--method", action="append", default=None, choices=METHODS,
                         help="method(s) to run, in order (default: all of them)")
-    parser.add_argument("--run-dir", default=None,
+    parser.add_argument("--run-dir", default=None, type=output_dir,
                         help="per-method results, learning checkpoints, distillation data and the student "
                              "(default: runs/talking_vehicles/<preset>)")
     parser.add_argument("--force", action="store_true", help="rerun methods that already have a result")
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     methods = args.method or None
-    run_dir = args.run_dir or os.path.join("runs", "talking_vehicles", args.preset)
+    run_dir = args.run_dir or check_output(os.path.join("runs", "talking_vehicles", args.preset), "--run-dir",
+                                           directory=True)
     if methods and len(set(methods)) != len(methods):
         raise InputError("--method names a method twice")
     if methods and "central_memory" in methods and "debrief" not in methods[:methods.index("central_memory")] \

@@ -5,6 +5,28 @@ starts. Each is the one home of its list: the registries built on them (presets,
 arms, advantage estimators) take their keys from here and check that they match.
 """
 
+TALKING_VEHICLES_SCENARIOS = (
+    "tv_overtake_perception",
+    "tv_red_light",
+    "tv_left_turn",
+    "tv_overtake_negotiation",
+    "tv_highway_merge",
+    "tv_highway_exit",
+)
+INTERDRIVE_SCENARIOS = (
+    "ic_straight_straight",
+    "ic_straight_left",
+    "ic_opposite_lane",
+    "ic_chaos",
+    "lm_straight_right",
+    "lm_neighbour_lane",
+    "lm_left_right",
+    "lm_highway_merge",
+    "lc_right_straight",
+    "lc_highway_change",
+)
+SCENARIOS = TALKING_VEHICLES_SCENARIOS + INTERDRIVE_SCENARIOS  # jax_drive.sim.scenarios builds each
+
 ADVANTAGE_MODES = ("grpo", "mtgrpo_intra", "mtgrpo_cross")  # MTDrive Table 3
 
 MTDRIVE_PRESETS = ("smoke", "smoke-vlm", "cpu-demo", "cpu-study", "paper")

@@ -14,13 +14,17 @@ building a parser stays cheap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -31,21 +35,136 @@ class InputError(ValueError):
 
 def add_output_args(parser: argparse.ArgumentParser, *, json_required: bool = False, progress: bool = True) -> None:
     """Adds ``--json OUT`` and, for commands that show progress bars, ``--no-progress``."""
-    parser.add_argument("--json", required=json_required, default=None, metavar="OUT",
+    parser.add_argument("--json", required=json_required, default=None, metavar="OUT", type=output_file,
                         help="write the results to this JSON file" + ("" if json_required else " (default: none)"))
     if progress:
         parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def require_min(minimum: float, **flags: Any) -> None:
-    """Raises :class:`InputError` for the first flag below ``minimum`` (None means unset and passes).
+    """Raises :class:`InputError` for the first flag below ``minimum`` or not a finite number
+    (None means unset and passes).
 
     Keywords name the flags (``max_new_tokens`` -> ``--max-new-tokens``); a list checks each item.
     """
+    for flag, item in _flag_values(flags):
+        if not math.isfinite(item) or item < minimum:
+            raise InputError(f"{flag} must be >= {minimum}, got {item}")
+
+
+def require_range(low: float, high: float, **flags: Any) -> None:
+    """Like :func:`require_min`, for flags that must lie in [low, high]."""
+    for flag, item in _flag_values(flags):
+        if not (math.isfinite(item) and low <= item <= high):
+            raise InputError(f"{flag} must be in [{low}, {high}], got {item}")
+
+
+def _flag_values(flags: dict[str, Any]):
+    """(``--flag-name``, value) for every set value; list values give one pair per item."""
     for name, value in flags.items():
         for item in value if isinstance(value, (list, tuple)) else [value]:
-            if item is not None and item < minimum:
-                raise InputError(f"--{name.replace('_', '-')} must be >= {minimum}, got {item}")
+            if item is not None:
+                yield f"--{name.replace('_', '-')}", item
+
+
+def finite_float(text: str) -> float:
+    """``type=`` of float flags: refuses ``nan`` and ``inf``, which ``float`` accepts (argparse
+    then exits 2 with a message naming the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def output_problem(path: str | os.PathLike, *, directory: bool = False) -> str | None:
+    """Why ``path`` cannot be written as an output file (or, with ``directory``, an output
+    directory), or None when it can.
+
+    Missing parent directories are allowed (writers create them) when the nearest existing
+    ancestor is a directory this process can create files in; that is tried by creating and
+    removing an empty file there, so read-only file systems, ``/proc`` and permissions all count.
+    Creates nothing that stays.
+    """
+    target = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if os.path.isdir(target) and not directory:
+        return f"{path} is a directory, not a file"
+    if os.path.exists(target) and not os.path.isdir(target):
+        if directory:
+            return f"{path} is a file, not a directory"
+        if not os.access(target, os.W_OK):
+            return f"{path} is not writable"
+    folder = target if directory else os.path.dirname(target)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"{path}: {folder} is a file, not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".jax-drive-write-check-")
+    except OSError as error:
+        return f"{path}: cannot create files in {folder} ({error.strerror or error})"
+    os.close(fd)
+    os.remove(probe)
+    return None
+
+
+def check_output(path: str | os.PathLike, flag: str, *, directory: bool = False) -> str:
+    """Returns ``path`` as given; raises :class:`InputError` naming ``flag`` when
+    :func:`output_problem` finds a reason it cannot be written."""
+    problem = output_problem(path, directory=directory)
+    if problem:
+        raise InputError(f"{flag} {problem}")
+    return os.fspath(path)
+
+
+def make_parent(path: str | os.PathLike) -> str:
+    """Creates the missing parent directories of an output file; returns ``path`` as a string."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return path
+
+
+def output_file(text: str) -> str:
+    """``type=`` of output-file flags: :func:`output_problem` checked while parsing."""
+    problem = output_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def output_dir(text: str) -> str:
+    """``type=`` of output-directory flags: :func:`output_problem` checked while parsing."""
+    problem = output_problem(text, directory=True)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
+
+
+@contextlib.contextmanager
+def sigterm_exits():
+    """Within the block, SIGTERM raises ``SystemExit(143)`` in the main thread, so ``finally``
+    blocks and atexit handlers clean up (Ray's core installs a handler that aborts instead,
+    leaving its helper processes behind). A library that turns the exception into another
+    on its way out (Ray's ``check_status`` makes it ``SystemExit(1)``) cannot hide it: the
+    block still ends with ``SystemExit(143)``. The previous handler is restored afterwards."""
+    received = []
+
+    def stop(signum, frame):
+        received.append(signum)
+        raise SystemExit(SIGTERM_EXIT_CODE)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if received:
+            raise SystemExit(SIGTERM_EXIT_CODE)
 
 
 def script_environment(*, cpu: bool = True) -> None:
@@ -118,17 +237,40 @@ def run_metadata(**extra: Any) -> dict[str, Any]:
 
 
 def write_json(path: str | os.PathLike, payload: Any) -> str:
-    """Writes JSON atomically (a temp file beside ``path``, then ``os.replace``); returns the path."""
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Writes strict JSON atomically (a temp file beside ``path``, then ``os.replace``); returns the path.
+
+    NaN and infinities are not JSON: they are written as null and, when ``payload`` is a
+    mapping, their paths (``$.metrics.nc``) are listed under ``"non_finite"``, so a null
+    that means "not a number" is told apart from one that means "not measured". Results
+    should carry their own validity or count fields; this is the net under them.
+    """
+    path = make_parent(path)
+    nulled: list[str] = []
+    payload = _finite_or_null(payload, "$", nulled)
+    if nulled and isinstance(payload, dict):
+        payload["non_finite"] = nulled
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=_json_default)
+        json.dump(payload, f, indent=2, default=_json_default, allow_nan=False)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def _finite_or_null(value: Any, where: str, nulled: list[str]) -> Any:
+    """``value`` as JSON types with every non-finite float replaced by None (its path appended to ``nulled``)."""
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item, f"{where}.{key}", nulled) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_finite_or_null(item, f"{where}[{i}]", nulled) for i, item in enumerate(value)]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy / JAX arrays and scalars
+        return _finite_or_null(value.tolist(), where, nulled)
+    if isinstance(value, float) and not math.isfinite(value):
+        nulled.append(where)
+        return None
+    return value
 
 
 def _json_default(obj: Any) -> Any:

@@ -52,7 +52,7 @@ def _exit_code(argv: list[str]) -> int:
     (["chat", "--temperature", "-1", "--prompt", "hi", "--model", "/nonexistent"], "temperature"),
     (["chat", "--json", "{tmp}/reply.json"], "needs --prompt"),
     (["convert", "/nonexistent", "{tmp}/full"], "is not empty"),
-    (["convert", "/nonexistent", "{tmp}/full/file.txt"], "is not a directory"),
+    (["convert", "/nonexistent", "{tmp}/full/file.txt"], "file.txt is a file, not a directory"),
     (["sim", "run", "--scenario", "tv_red_light", "--episodes", "0", "--json", "{tmp}/m.json"],
      "--episodes must be >= 1"),
     (["sim", "run", "--scenario", "bogus", "--json", "{tmp}/m.json"], "bogus"),

@@ -45,8 +45,9 @@ def test_episode_counts_and_presets():
 
 
 def test_cli_rejects_bad_input(capsys):
-    assert cli_main(["coop", "--scenario", "nowhere", "--method", "rule_based"]) == 2
-    assert "unknown scenario" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # argparse refuses a scenario it does not list
+        cli_main(["coop", "--scenario", "nowhere", "--method", "rule_based"])
+    assert stop.value.code == 2 and "invalid choice: 'nowhere'" in capsys.readouterr().err
     assert cli_main(["coop", "--scenario", "tv_red_light", "--episodes", "0"]) == 2
     with pytest.raises(SystemExit):
         cli_main(["coop", "--scenario", "tv_red_light", "--method", "telepathy"])

@@ -317,10 +317,10 @@ def test_cli_build(kind, tmp_path, capsys):
 def test_cli_rejects_bad_arguments(tmp_path):
     from jax_drive.cli import main
 
-    with pytest.raises(SystemExit):
-        main(["data", "build", "--kind", "single", "--scenes", "0", "--out", str(tmp_path / "x.jsonl")])
-    with pytest.raises(SystemExit):
-        main(["data", "build", "--kind", "single", "--scenes", "2", "--out", str(tmp_path / "no" / "x.jsonl")])
+    assert main(["data", "build", "--kind", "single", "--scenes", "0", "--out", str(tmp_path / "x.jsonl")]) == 2
+    (tmp_path / "x.jsonl").write_text("")
+    with pytest.raises(SystemExit):  # a path under a regular file
+        main(["data", "build", "--kind", "single", "--scenes", "2", "--out", str(tmp_path / "x.jsonl" / "y.jsonl")])
     with pytest.raises(SystemExit):
         main(["data", "build", "--kind", "nope", "--scenes", "2", "--out", str(tmp_path / "x.jsonl")])
 

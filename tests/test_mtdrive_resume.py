@@ -112,7 +112,7 @@ def test_front_end_exit_codes(tmp_path, capsys):
     assert train_main(["--preset", "smoke", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "sft_recovery must be >= 0" in err and "sft_onpolicy_steps >= 1" in err
-    assert "unknown preset 'nope'" in err and "sft_max_tokens must be >= 2" in err and "--set rl.steps=-1: steps must be >= 0" in err
+    assert "invalid choice: 'nope'" in err and "sft_max_tokens must be >= 2" in err and "--set rl.steps=-1: steps must be >= 0" in err
     assert "prompts_per_step" in err and "learning_rate must be > 0" in err and "curation_scenes must be >= 1" in err
     assert "kl_coef must be >= 0" in err and "curation_easy_ratio must be >= 0, got nan" in err
     assert "improvement_weight must be >= 0, got -1.0" in err

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jax_drive.runinfo import (InputError, add_output_args, command_line, require_min, run_main, run_metadata,
-                               script_environment, write_json)
+from jax_drive.runinfo import (InputError, add_output_args, check_output, command_line, finite_float, output_problem,
+                               require_min, require_range, run_main, run_metadata, script_environment, write_json)
 
 
 def test_metadata_keys():
@@ -76,6 +76,59 @@ def test_require_min_names_the_flag():
         require_min(1, batches=[4, -2])
     with pytest.raises(InputError, match="--max-wait-ms must be >= 0, got -0.5"):
         require_min(0, max_wait_ms=-0.5)
+    for bad in (float("nan"), float("inf"), float("-inf")):  # NaN compares False with everything
+        with pytest.raises(InputError, match="--max-time must be >= 0"):
+            require_min(0, max_time=bad)
+    require_range(0, 1, hard_fraction=0.0, other=None)
+    for bad in (1.5, float("nan"), float("inf")):
+        with pytest.raises(InputError, match=r"--hard-fraction must be in \[0, 1\]"):
+            require_range(0, 1, hard_fraction=bad)
+
+
+def test_finite_float_refuses_nan_and_inf_naming_the_flag(capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=finite_float)
+    assert parser.parse_args(["--lr", "1e-4"]).lr == 1e-4
+    for text in ("nan", "NaN", "inf", "-inf", "1e400", "x"):
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args([f"--lr={text}"])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --lr:" in err and repr(text) in err
+
+
+def test_output_problem_finds_every_kind_of_unwritable_path(tmp_path):
+    (tmp_path / "file.txt").write_text("x")
+    assert output_problem(tmp_path / "new" / "deeper" / "out.json") is None  # parents are created when written
+    assert output_problem(tmp_path / "file.txt") is None  # an existing file is overwritten
+    assert output_problem(tmp_path / "run", directory=True) is None
+    assert output_problem(tmp_path, directory=True) is None
+    assert "is a directory, not a file" in output_problem(tmp_path)
+    assert "is a file, not a directory" in output_problem(tmp_path / "file.txt", directory=True)
+    assert f"{tmp_path / 'file.txt'} is a file, not a directory" in output_problem(tmp_path / "file.txt" / "x.json")
+    assert "cannot create files in /proc" in output_problem("/proc/x.json")
+    assert "cannot create files in /proc" in output_problem("/proc/new/run", directory=True)
+    assert "cannot create files in /sys (Permission denied)" in output_problem("/sys/x.json")  # even for root
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]  # the checks leave nothing behind
+    with pytest.raises(InputError, match="^--plot /proc/x.png: cannot create files in /proc"):
+        check_output("/proc/x.png", "--plot")
+
+
+def test_write_json_is_strict_and_lists_what_it_nulled(tmp_path):
+    import numpy as np
+
+    payload = {"metrics": {"nc": float("nan"), "ep": 0.5}, "curve": np.array([1.0, np.inf, -np.inf]),
+               "count": np.int64(3), "meta": {"ok": True}}
+    path = write_json(tmp_path / "r.json", payload)
+
+    def no_constants(name):
+        raise AssertionError(f"{name} in strict JSON")
+
+    data = json.loads(open(path).read(), parse_constant=no_constants)
+    assert data["metrics"] == {"nc": None, "ep": 0.5} and data["curve"] == [1.0, None, None] and data["count"] == 3
+    assert data["non_finite"] == ["$.metrics.nc", "$.curve[1]", "$.curve[2]"]
+    assert "non_finite" not in json.loads(open(write_json(tmp_path / "ok.json", {"x": 1.0})).read())
+    assert payload["metrics"]["nc"] != payload["metrics"]["nc"]  # the caller's payload is not changed
 
 
 def test_command_line_is_relative_to_the_checkout(tmp_path):

@@ -1,6 +1,7 @@
 """PettingZoo ParallelEnv conformance (pettingzoo's own parallel_api_test), episode
 semantics, the Gymnasium single-agent wrapper and the `jax-drive sim` CLI."""
 
+import pytest
 from pettingzoo.test import parallel_api_test
 
 from jax_drive.coop.env import CoopDrivingParallelEnv, SingleAgentEnv
@@ -70,4 +71,6 @@ def test_cli_sim_run_prints_table_and_renders(tmp_path, capsys, monkeypatch):
     data = json.loads(js.read_text())
     assert data["aggregate"]["CR"]["mean"] == 0.0 and data["aggregate"]["SR"]["mean"] == 100.0
     assert data["meta"]["command"] == "sim run"
-    assert main(["sim", "run", "--scenario", "bogus"]) == 2
+    with pytest.raises(SystemExit) as stop:  # argparse refuses a scenario it does not list
+        main(["sim", "run", "--scenario", "bogus"])
+    assert stop.value.code == 2

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from jax_drive.runinfo import InputError, add_output_args, require_min, run_metadata, write_json
+from jax_drive.runinfo import InputError, add_output_args, finite_float, require_min, run_metadata, write_json
 
 
 def register(subparsers) -> None:
@@ -21,8 +21,8 @@ def register(subparsers) -> None:
     parser.add_argument("--prompt", default=None, help="one user message; print the reply and exit")
     parser.add_argument("--system", default=None, help="optional system message")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--temperature", type=finite_float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=finite_float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from jax_drive.runinfo import InputError
+from jax_drive.runinfo import InputError, output_dir
 
 
 def register(subparsers) -> None:
@@ -14,7 +14,7 @@ def register(subparsers) -> None:
         help="convert a GGUF file or HF safetensors directory to an HF safetensors checkpoint",
     )
     parser.add_argument("source", help="HF directory, .gguf file or 'smollm2-135m-instruct'")
-    parser.add_argument("out", help="output directory (created)")
+    parser.add_argument("out", type=output_dir, help="output directory (created)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--lora", default=None,
                         help="optional PEFT adapter directory to merge into the weights")
@@ -23,9 +23,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} exists and is not a directory")
+    out = Path(args.out)  # a directory or nothing yet (checked while parsing)
     if out.exists() and any(out.iterdir()) and not args.force:
         raise InputError(f"{out} exists and is not empty (use --force)")
     from jax_drive.models import load_pretrained

@@ -19,10 +19,11 @@ index in the file and ``meta.token`` its token.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
+
+from jax_drive.runinfo import (InputError, finite_float, make_parent, output_file, require_min, require_range,
+                               write_json)
 
 KINDS = ("single", "multi", "recovery", "qa", "rl")  # jax_drive.data.builders.KINDS (no jax import here)
 
@@ -34,9 +35,9 @@ def register(subparsers) -> None:
     build.add_argument("--kind", choices=KINDS, required=True, help="dataset kind")
     build.add_argument("--scenes", type=int, default=None, help="number of generated scenes")
     build.add_argument("--scenes-file", default=None, help="build from the scenes of this scene file instead")
-    build.add_argument("--out", required=True, help="output JSONL file")
+    build.add_argument("--out", required=True, type=output_file, help="output JSONL file (folders are created)")
     build.add_argument("--seed", type=int, default=0, help="PRNG seed of scenes and sampling (default 0)")
-    build.add_argument("--hard-fraction", type=float, default=None,
+    build.add_argument("--hard-fraction", type=finite_float, default=None,
                        help="share of hard scenes (default: the generator's default)")
     build.add_argument("--perception", choices=("camera", "text", "none"), default="camera",
                        help="prompt item 1: camera (MTDrive), text scene caption, or none")
@@ -45,32 +46,22 @@ def register(subparsers) -> None:
     build.add_argument("--mock-turns", type=int, default=3, help="multi: noisy turns per mock sample (<2: off)")
     build.add_argument("--reference", choices=("auto", "pdm_closed", "expert"), default="auto",
                        help="EP reference used to score first turns (default auto: PDM-Closed if available)")
-    build.add_argument("--easy-ratio", type=float, default=1.0, help="rl: category-3 samples per hard sample")
+    build.add_argument("--easy-ratio", type=finite_float, default=1.0, help="rl: category-3 samples per hard sample")
     build.add_argument("--qa-per-class", type=int, default=2, help="qa: yes and no questions per metric and scene")
     build.add_argument("--batch-size", type=int, default=0, help="scenes per scorer call (0: all at once)")
-    build.add_argument("--card", default=None, help="also write the data card as JSON here")
+    build.add_argument("--card", default=None, type=output_file, help="also write the data card as JSON here")
     build.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     build.set_defaults(func=run_build)
 
 
 def _check(args) -> None:
     if (args.scenes is None) == (args.scenes_file is None):
-        raise SystemExit("error: give either --scenes N (generated scenes) or --scenes-file FILE")
+        raise InputError("give either --scenes N (generated scenes) or --scenes-file FILE")
     if args.scenes_file is not None and args.hard_fraction is not None:
-        raise SystemExit("error: --hard-fraction applies to generated scenes, not to --scenes-file")
-    if args.scenes is not None and args.scenes < 1:
-        raise SystemExit("error: --scenes must be >= 1")
-    if args.batch_size < 0:
-        raise SystemExit("error: --batch-size must be >= 0")
-    if args.hard_fraction is not None and not 0.0 <= args.hard_fraction <= 1.0:
-        raise SystemExit("error: --hard-fraction must be in [0, 1]")
-    if args.easy_ratio < 0:
-        raise SystemExit("error: --easy-ratio must be >= 0")
-    if args.qa_per_class < 1:
-        raise SystemExit("error: --qa-per-class must be >= 1")
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder):
-        raise SystemExit(f"error: output folder {folder} does not exist")
+        raise InputError("--hard-fraction applies to generated scenes, not to --scenes-file")
+    require_min(1, scenes=args.scenes, qa_per_class=args.qa_per_class)
+    require_min(0, batch_size=args.batch_size, easy_ratio=args.easy_ratio)
+    require_range(0.0, 1.0, hard_fraction=args.hard_fraction)
 
 
 def run_build(args) -> int:
@@ -102,7 +93,7 @@ def run_build(args) -> int:
         try:
             scene_file = load_scenes(args.scenes_file)
         except SceneFileError as e:
-            raise SystemExit(f"error: {e}") from None
+            raise InputError(str(e)) from None
         num_scenes = len(scene_file)
         batch = args.batch_size or num_scenes
 
@@ -119,7 +110,7 @@ def run_build(args) -> int:
             for start, size in B.iterate_batches(num_scenes, batch):
                 yield start, (lambda a=start, z=size: generate_scenes(scene_key, z, gen_config, start_id=a)), size
     card = DataCard(kind=args.kind, num_scenes=num_scenes, seed=args.seed, out=args.out)
-    with open(args.out, "w", encoding="utf-8") as out, tqdm(
+    with open(make_parent(args.out), "w", encoding="utf-8") as out, tqdm(
         total=num_scenes, desc=f"data build {args.kind}", unit="scene", disable=args.no_progress
     ) as bar:
         for start, make, size in batches():
@@ -151,13 +142,11 @@ def run_build(args) -> int:
             bar.update(size)
     print(card.to_text())
     if args.card:
-        with open(args.card, "w", encoding="utf-8") as f:
-            json.dump(card.to_dict(), f, indent=2)
+        write_json(args.card, card.to_dict())
     return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
-    parser = argparse.ArgumentParser(prog="jax-drive")
-    register(parser.add_subparsers(dest="command", required=True))
-    parsed = parser.parse_args()
-    sys.exit(parsed.func(parsed))
+    from jax_drive.cli import main
+
+    sys.exit(main(["data", *sys.argv[1:]]))

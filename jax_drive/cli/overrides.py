@@ -4,6 +4,7 @@ command line (:mod:`jax_drive.configs`), the same way in every entry point."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from jax_drive.runinfo import InputError
 
@@ -22,7 +23,7 @@ def preset_with_overrides(preset, args: argparse.Namespace):
 
     Raises:
       InputError naming the flag and the field (unknown field, bad value, a value the
-      preset's own checks refuse, an unreadable file).
+      preset's own checks refuse, a number that is NaN or infinite, an unreadable file).
     """
     from jax_drive.configs import OverrideError, load_overrides, override, parse_assignments
 
@@ -32,11 +33,26 @@ def preset_with_overrides(preset, args: argparse.Namespace):
         except (OSError, ValueError) as error:
             raise InputError(f"--preset-file {args.preset_file}: {error}") from None
         try:
-            preset = override(preset, changes)
+            preset = _finite(override(preset, changes), changes)
         except OverrideError as error:
             raise InputError(f"--preset-file {args.preset_file}: {error}") from None
     try:
         changes = parse_assignments(args.overrides)
-        return override(preset, changes)
+        return _finite(override(preset, changes), changes)
     except OverrideError as error:
         raise InputError(f"--set {error}") from None
+
+
+def _finite(config, changes: dict):
+    """``config``, after checking that no changed field holds a NaN or an infinite number
+    (``float`` reads "nan" and "inf", JSON preset files may hold NaN / Infinity)."""
+    from jax_drive.configs import OverrideError
+
+    for path, text in changes.items():
+        value = config
+        for name in path.split("."):
+            value = getattr(value, name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, float) and not math.isfinite(item):
+                raise OverrideError(f"{path}={text}: must be a finite number")
+    return config

@@ -12,7 +12,11 @@ answer, prints their ports and restarts any that crash until interrupted.
 
 from __future__ import annotations
 
-from jax_drive.runinfo import InputError, add_output_args, require_min, run_metadata, write_json
+import sys
+
+from jax_drive.names import BASELINES, SCENARIOS
+from jax_drive.runinfo import (InputError, add_output_args, finite_float, output_dir, require_min, run_metadata,
+                               write_json)
 
 
 def register(subparsers) -> None:
@@ -20,15 +24,17 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="scale_command", required=True)
 
     run = sub.add_parser("run", help="run episodes on Ray workers into a resumable results directory")
-    run.add_argument("--scenario", action="append", required=True, help="scenario name (repeatable)")
+    run.add_argument("--scenario", action="append", required=True, choices=SCENARIOS, metavar="SCENARIO",
+                     help=f"repeatable; one of {', '.join(SCENARIOS)}")
     run.add_argument("--episodes", type=int, default=10, help="episodes per seed")
     run.add_argument("--seeds", type=int, default=1)
     run.add_argument("--seed", type=int, default=0, help="first seed")
     run.add_argument("--config", default="alternate", choices=("alternate", "accident", "safe"))
     run.add_argument("--background", action="store_true", help="add background traffic")
-    run.add_argument("--max-time", type=float, default=None, help="cap every episode's time limit, s")
-    run.add_argument("--policy", default="rule_based", help="rule_based | silent")
-    run.add_argument("--results", required=True, metavar="DIR", help="results directory (resumed if it exists)")
+    run.add_argument("--max-time", type=finite_float, default=None, help="cap every episode's time limit, s")
+    run.add_argument("--policy", default="rule_based", choices=BASELINES)
+    run.add_argument("--results", required=True, metavar="DIR", type=output_dir,
+                     help="results directory (resumed if it exists)")
     run.add_argument("--backend", default="jax", choices=("jax", "carla"))
     run.add_argument("--carla", action="append", default=[], metavar="HOST:PORT:TM_PORT",
                      help="a CARLA server for one worker (repeat per server; --backend carla)")
@@ -36,10 +42,11 @@ def register(subparsers) -> None:
     run.add_argument("--chunk-size", type=int, default=None, help="episodes per call (default 4 JAX, 1 CARLA)")
     run.add_argument("--max-restarts", type=int, default=3, help="Ray restarts per worker (-1: forever)")
     run.add_argument("--max-attempts", type=int, default=3, help="runs of an episode before it counts as failed")
-    run.add_argument("--task-timeout", type=float, default=None, help="restart a worker whose chunk runs longer, s")
+    run.add_argument("--task-timeout", type=finite_float, default=None,
+                     help="restart a worker whose chunk runs longer, s")
     run.add_argument("--address", default="local",
                      help="local (a Ray instance on this machine), auto or HOST:PORT (a `ray start --head` cluster)")
-    run.add_argument("--xla-cache", default=None, metavar="DIR",
+    run.add_argument("--xla-cache", default=None, metavar="DIR", type=output_dir,
                      help="persistent XLA cache for the workers (restarted workers skip compilation)")
     add_output_args(run)
     run.set_defaults(func=_run)
@@ -58,7 +65,8 @@ def register(subparsers) -> None:
     pool.add_argument("--gpus", default="0", help="comma-separated GPU indices, assigned round-robin")
     pool.add_argument("--render", default="offscreen", choices=("offscreen", "none"),
                       help="offscreen (-RenderOffScreen, needs a GPU) or none (-nullrhi, no cameras)")
-    pool.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for a server to answer")
+    pool.add_argument("--ready-timeout", type=finite_float, default=180.0,
+                      help="seconds to wait for a server to answer")
     pool.add_argument("--probe", default="carla", choices=("carla", "tcp"),
                       help="readiness: the CARLA client's get_server_version (needs the carla extra), or a TCP connect")
     pool.add_argument("--max-restarts", type=int, default=20, help="restarts per server before giving up")
@@ -99,9 +107,10 @@ def _run(args) -> int:
 
     # 0 would silently mean "the default" below; the rest is checked where it is used (plan_episodes, PoolConfig)
     require_min(1, seeds=args.seeds, workers=args.workers, chunk_size=args.chunk_size)
+    require_min(0, max_time=args.max_time, task_timeout=args.task_timeout)
     from jax_drive.distributed.backends import CarlaBackend, JaxBackend
     from jax_drive.distributed.episodes import plan_episodes, summarise_records
-    from jax_drive.distributed.pool import PoolConfig, ScenarioPool, init_ray
+    from jax_drive.distributed.pool import PoolConfig, ScenarioPool, ray_session
     from jax_drive.distributed.store import ResultStore
 
     specs = plan_episodes(args.scenario, range(args.seed, args.seed + args.seeds), args.episodes, config=args.config,
@@ -121,13 +130,18 @@ def _run(args) -> int:
     config = PoolConfig(num_workers=workers, chunk_size=chunk, max_restarts=args.max_restarts,
                         max_attempts=args.max_attempts, task_timeout_s=args.task_timeout)
     store = ResultStore(args.results)
-    resources = init_ray(args.address)
-    print(f"ray: {resources.get('CPU', 0):g} CPUs; {workers} workers; {len(specs)} episodes -> {args.results}")
-    pool = ScenarioPool(backends, config)
-    try:  # the workers start only if something is left to run
-        summary = pool.run(specs, store, show_progress=not args.no_progress)
-    finally:
-        pool.shutdown()
+    try:
+        with ray_session(args.address) as resources:
+            print(f"ray: {resources.get('CPU', 0):g} CPUs; {workers} workers; {len(specs)} episodes -> {args.results}")
+            pool = ScenarioPool(backends, config)
+            try:  # the workers start only if something is left to run
+                summary = pool.run(specs, store, show_progress=not args.no_progress)
+            finally:
+                pool.shutdown()
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(store.ids())} episodes recorded in {args.results}; rerun the same command to "
+              "continue", file=sys.stderr)
+        return 130
     reports = summarise_records(store.records())
     print(f"recorded {summary.recorded} (already {summary.already_recorded}) of {summary.planned}; "
           f"retried chunks {summary.retried_chunks}; worker deaths {summary.worker_deaths}; "

@@ -24,33 +24,34 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
 from jax_drive.names import ADVANTAGE_MODES, MTDRIVE_POLICIES, MTDRIVE_PRESETS
-from jax_drive.runinfo import InputError
+from jax_drive.runinfo import InputError, check_output, output_dir, output_file, run_main
 
 STAGE_HELP = f"policies evaluated on the held-out scenes: {', '.join(MTDRIVE_POLICIES)} (default: all)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The MTDrive flags (shared by ``jax-drive train`` and ``experiments/mtdrive.py``)."""
-    parser.add_argument("--preset", default="cpu-demo",
-                        help=f"one of {', '.join(MTDRIVE_PRESETS)} (default cpu-demo; smoke = tiny random model; "
-                             "cpu-study = the studied CPU recipe)")
-    parser.add_argument("--out", default=None,
+    parser.add_argument("--preset", default="cpu-demo", choices=MTDRIVE_PRESETS,
+                        help="default cpu-demo; smoke = tiny random model; smoke-vlm = its vision-language twin; "
+                             "cpu-study = the studied CPU recipe")
+    parser.add_argument("--out", default=None, type=output_dir,
                         help="run directory: journal, metrics, checkpoints, results.json, plots "
                              "(default runs/mtdrive_<preset>_s<seed>)")
-    parser.add_argument("--json", default=None, help="also write the results JSON here (plots beside it)")
+    parser.add_argument("--json", default=None, type=output_file, metavar="OUT",
+                        help="also write the results JSON here (plots beside it)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
     parser.add_argument("--seed", type=int, default=None, help="training seed (default: the preset's)")
     add_override_args(parser)
-    parser.add_argument("--advantage", default=None,
-                        help=f"advantage estimator: {', '.join(ADVANTAGE_MODES)} (default: the preset's)")
+    parser.add_argument("--advantage", default=None, choices=ADVANTAGE_MODES,
+                        help="advantage estimator (default: the preset's)")
     parser.add_argument("--skip-rl", action="store_true", help="stop after SFT and its evaluation")
     parser.add_argument("--sft-from", default=None, help="reuse the final SFT policy of an earlier run directory "
                                                            "(its on-policy continuation when it has one)")
-    parser.add_argument("--evaluate", nargs="+", default=None, metavar="STAGE", help=STAGE_HELP)
+    parser.add_argument("--evaluate", nargs="+", default=None, choices=MTDRIVE_POLICIES, metavar="STAGE",
+                        help=STAGE_HELP)
     parser.add_argument("--engine-url", default=None,
                         help="generate RL rollouts on this OpenAI-compatible server (jax-drive serve, vLLM), "
                              "pushing the policy after every step")
@@ -66,20 +67,15 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _usage_error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
-    if args.preset not in MTDRIVE_PRESETS:
-        return _usage_error(f"unknown preset {args.preset!r}; choose from {sorted(MTDRIVE_PRESETS)}")
-    if args.advantage is not None and args.advantage not in ADVANTAGE_MODES:
-        return _usage_error(f"unknown advantage {args.advantage!r}; choose from {list(ADVANTAGE_MODES)}")
     evaluate = list(MTDRIVE_POLICIES) if args.evaluate is None else args.evaluate
-    if set(evaluate) - set(MTDRIVE_POLICIES):
-        return _usage_error(f"unknown stages {sorted(set(evaluate) - set(MTDRIVE_POLICIES))}; "
-                            f"choose from {list(MTDRIVE_POLICIES)}")
+    if args.engine_model is not None and args.engine_url is None:
+        raise InputError("--engine-model names a model of the --engine-url server; give --engine-url")
+    if args.engine_url is not None and args.skip_rl:
+        raise InputError("--engine-url serves the RL rollouts; --skip-rl skips RL")
+    if args.sft_from is not None and not os.path.isdir(args.sft_from):
+        raise InputError(f"--sft-from {args.sft_from} is not a directory")
+    check_output(args.out or "runs", "--out", directory=True)  # the default's seed is known once the preset is
     from jax_drive.pipelines.journal import RunDirError
     from jax_drive.pipelines.mtdrive import final_sft_dir, run_mtdrive
     from jax_drive.pipelines.mtdrive.plots import write_plots
@@ -88,35 +84,28 @@ def run(args: argparse.Namespace) -> int:
     from jax_drive.rl.checkpoint import committed_steps
 
     if args.sft_from is not None and not committed_steps(final_sft_dir(args.sft_from)):
-        return _usage_error(f"--sft-from {args.sft_from}: no SFT checkpoint in {final_sft_dir(args.sft_from)}")
-    try:
-        preset = preset_with_overrides(PRESETS[args.preset], args)
-        if args.seed is not None:
-            preset = with_seed(preset, args.seed)
-    except InputError as error:
-        return _usage_error(str(error))
-    if args.engine_model is not None and args.engine_url is None:
-        return _usage_error("--engine-model names a model of the --engine-url server; give --engine-url")
+        raise InputError(f"--sft-from {args.sft_from}: no SFT checkpoint in {final_sft_dir(args.sft_from)}")
+    preset = preset_with_overrides(PRESETS[args.preset], args)
+    if args.seed is not None:
+        preset = with_seed(preset, args.seed)
     if args.engine_url is not None:
-        if args.skip_rl:
-            return _usage_error("--engine-url serves the RL rollouts; --skip-rl skips RL")
         if preset.prompt.uses_images:
-            return _usage_error(f"--engine-url: preset {preset.name!r} prompts with images; remote rollouts are "
-                                "text only (OpenAIEngine sends no images)")
+            raise InputError(f"--engine-url: preset {preset.name!r} prompts with images; remote rollouts are "
+                             "text only (OpenAIEngine sends no images)")
         from jax_drive.rl.weight_sync import served_base_model
         from jax_drive.sampling.openai_engine import OpenAIEngineError
 
         try:  # before SFT, not after it: a wrong URL or name fails in seconds
             served_base_model(args.engine_url, args.engine_model)
         except (OpenAIEngineError, ValueError) as error:
-            return _usage_error(f"--engine-url {args.engine_url}: {error}")
+            raise InputError(f"--engine-url {args.engine_url}: {error}") from None
     out = args.out or os.path.join("runs", f"mtdrive_{args.preset.replace('-', '_')}_s{preset.seed}")
     try:
         results = run_mtdrive(preset, out, advantage=args.advantage, skip_rl=args.skip_rl, sft_from=args.sft_from,
                               evaluate=evaluate, resume=args.resume, progress=not args.no_progress,
                               engine_url=args.engine_url, engine_model=args.engine_model)
     except RunDirError as error:
-        return _usage_error(f"{error} (--resume continues it)")
+        raise InputError(f"{error} (--resume continues it)") from None
     write_results(results, os.path.join(out, "results.json"))
     written = write_plots(results, os.path.join(out, ""))
     if args.json:
@@ -134,4 +123,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Parses the MTDrive flags and runs the pipeline (for scripts that wrap this command)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse's usage errors (2) and --help (0), as a return code like the rest
+        return int(stop.code or 0)
+    return run_main(lambda _: run(args))

@@ -22,6 +22,7 @@ retries them). A worker whose restarts are spent is dropped; with none left the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import time
@@ -33,14 +34,15 @@ from jax_drive.distributed.backends import BackendFailure
 from jax_drive.distributed.episodes import EpisodeSpec, chunk_specs
 from jax_drive.distributed.store import ResultStore
 from jax_drive.distributed.worker import ScenarioWorker
-from jax_drive.runinfo import InputError
+from jax_drive.runinfo import InputError, sigterm_exits
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) -> dict:
     """Starts or joins Ray and returns the cluster's resources.
 
-    ``address`` None or ``"local"``: a local Ray instance with ``num_cpus`` (default: this
-    machine's cores); Ray's ``local_mode`` is gone, this is a real multi-process instance.
+    ``address`` None or ``"local"``: a new local Ray instance with ``num_cpus`` (default: this
+    machine's cores), even when ``RAY_ADDRESS`` or a ``ray start`` session names another;
+    Ray's ``local_mode`` is gone, this is a real multi-process instance.
     ``"auto"`` or ``"HOST:PORT"``: join a cluster started with ``ray start --head`` (and
     ``ray start --address=HOST:PORT`` on the other nodes). Does nothing when Ray is up.
     """
@@ -49,10 +51,27 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) 
     if not ray.is_initialized():
         options = dict(logging_level="WARNING", **kwargs)
         if address in (None, "local"):
-            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, **options)
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, **options)
         else:
             ray.init(address=address, **options)
     return dict(ray.cluster_resources())
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, **kwargs):
+    """:func:`init_ray` for the block, yielding the cluster's resources. A Ray instance this
+    call started is shut down when the block ends, also by SIGTERM (then ``SystemExit(143)``)
+    or Ctrl-C, so no Ray helper processes outlive the driver; a joined cluster is left running."""
+    import ray
+
+    started = not ray.is_initialized() and address in (None, "local")
+    resources = init_ray(address, **kwargs)
+    try:
+        with sigterm_exits():  # after ray.init, whose core replaces the SIGTERM handler
+            yield resources
+    finally:
+        if started:
+            ray.shutdown()
 
 
 @dataclasses.dataclass(frozen=True)

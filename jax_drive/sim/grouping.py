@@ -13,8 +13,10 @@ then holds until ``hold_after_conflict`` seconds after the group's predicted con
 Connected components are a boolean matrix closure (ceil(log2 A) squarings of
 ``adjacency | I``) under jit, no Python graph search; the label of a group is its lowest
 member index. :func:`group_step` works on one episode; :func:`batched_group_step` vmaps it
-over episodes. :func:`group_step_reference` is a brute-force NumPy version (explicit
-depth-first search and set merging) kept as the reference for tests and benchmarks.
+over episodes. The same array program runs on NumPy over a whole batch at once
+(:func:`group_step_numpy`, the vectorised NumPy peer of the benchmark);
+:func:`group_step_reference` is a brute-force version (per-episode Python loops, an explicit
+depth-first search and set merging) kept as the reference for tests.
 
 Ablation "negotiation without grouping": with ``GroupingConfig.radius`` set, edges join
 every two live vehicles closer than ``radius`` metres now (the waypoints are then only
@@ -87,9 +89,10 @@ class GroupState:
         return cls(label=jnp.full(shape, -1, jnp.int32), hold_until=jnp.full(shape, -jnp.inf, jnp.float32),
                    last_negotiation=jnp.full(shape, -jnp.inf, jnp.float32))
 
-    def holding(self, t) -> chex.Array:
-        """(..., A) bool: the slot belongs to a group whose outcome still holds at ``t``."""
-        return (self.label >= 0) & (jnp.asarray(t, jnp.float32)[..., None] <= self.hold_until)
+    def holding(self, t, xp=jnp) -> chex.Array:
+        """(..., A) bool: the slot belongs to a group whose outcome still holds at ``t`` (() or
+        (...,)); ``xp`` the array module of the fields (jax.numpy or numpy)."""
+        return (self.label >= 0) & (xp.asarray(t, xp.float32)[..., None] <= self.hold_until)
 
 
 @chex.dataclass(frozen=True)
@@ -115,32 +118,33 @@ class Grouping:
     hold_until: chex.Array
 
 
-def pairwise_min_distance(waypoints: chex.Array) -> tuple[chex.Array, chex.Array]:
+def pairwise_min_distance(waypoints: chex.Array, xp=jnp) -> tuple[chex.Array, chex.Array]:
     """Closest approach of every pair over time-aligned waypoints.
 
-    Args: waypoints (..., A, W, 2).
+    Args: waypoints (..., A, W, 2); xp the array module (jax.numpy or numpy).
     Returns: d_min (..., A, A) metres and its waypoint index (..., A, A) int32.
     """
     diff = waypoints[..., :, None, :, :] - waypoints[..., None, :, :, :]  # (..., A, A, W, 2)
-    dist = jnp.sqrt(jnp.sum(diff * diff, axis=-1))
-    return jnp.min(dist, axis=-1), jnp.argmin(dist, axis=-1).astype(jnp.int32)
+    dist = xp.sqrt(xp.sum(diff * diff, axis=-1))
+    return xp.min(dist, axis=-1), xp.argmin(dist, axis=-1).astype(xp.int32)
 
 
-def safety_score(d_min: chex.Array, cfg: GroupingConfig = GroupingConfig()) -> chex.Array:
-    """sigmoid(slope (d_min - centre)), any shape."""
-    return jax.nn.sigmoid(cfg.safety_slope * (d_min - cfg.safety_centre))
+def safety_score(d_min: chex.Array, cfg: GroupingConfig = GroupingConfig(), xp=jnp) -> chex.Array:
+    """sigmoid(slope (d_min - centre)), any shape (NumPy: as 0.5 (1 + tanh(x / 2)), no overflow)."""
+    x = cfg.safety_slope * (d_min - cfg.safety_centre)
+    return jax.nn.sigmoid(x) if xp is jnp else 0.5 * (1.0 + xp.tanh(0.5 * x))
 
 
-def connected_components(adjacency: chex.Array) -> chex.Array:
+def connected_components(adjacency: chex.Array, xp=jnp) -> chex.Array:
     """Reachability of a symmetric graph by boolean matrix squaring.
 
-    Args: adjacency (..., A, A) bool, symmetric.
+    Args: adjacency (..., A, A) bool, symmetric; xp the array module.
     Returns: (..., A, A) bool, True where two nodes are connected (every node reaches itself).
     """
     a = adjacency.shape[-1]
-    reach = adjacency | jnp.eye(a, dtype=bool)
+    reach = adjacency | xp.eye(a, dtype=bool)
     for _ in range(max(1, math.ceil(math.log2(max(a, 2))))):  # static: paths double each time
-        r = reach.astype(jnp.float32)
+        r = reach.astype(xp.float32)
         reach = (r @ r) > 0.5
     return reach
 
@@ -157,37 +161,53 @@ def group_step(cfg: GroupingConfig, waypoints: chex.Array, position: chex.Array,
       t: () time in seconds.
     Returns: the :class:`Grouping` and the next :class:`GroupState`.
     """
+    return _group_step(jnp, cfg, waypoints, position, live, state, t)
+
+
+def group_step_numpy(cfg: GroupingConfig, waypoints, position, live, state: GroupState,
+                     t) -> tuple[Grouping, GroupState]:
+    """:func:`group_step`'s array program in NumPy over a whole batch at once: waypoints
+    (B, A, W, 2), position (B, A, 2), live (B, A), state with (B, A) NumPy fields (e.g.
+    ``jax.tree.map(np.asarray, GroupState.empty((B, A)))``), t () or (B,); NumPy outputs."""
+    return _group_step(np, cfg, np.asarray(waypoints, np.float32), np.asarray(position, np.float32),
+                       np.asarray(live, bool), state, t)
+
+
+def _group_step(xp, cfg: GroupingConfig, waypoints, position, live, state: GroupState,
+                t) -> tuple[Grouping, GroupState]:
+    """The grouping step on slots (..., A) with the array module ``xp``; t () or (...,)."""
     a = live.shape[-1]
-    t = jnp.asarray(t, jnp.float32)
-    not_self = ~jnp.eye(a, dtype=bool)
-    pair = live[:, None] & live[None, :] & not_self
-    d_min, k_min = pairwise_min_distance(waypoints)
-    safety = safety_score(d_min, cfg)
-    conflict_time = (k_min + 1).astype(jnp.float32) * cfg.waypoint_dt
+    t = xp.asarray(t, xp.float32)[..., None]  # against the (..., A) slot fields
+    not_self = ~xp.eye(a, dtype=bool)
+    pair = live[..., :, None] & live[..., None, :] & not_self
+    d_min, k_min = pairwise_min_distance(waypoints, xp)
+    safety = safety_score(d_min, cfg, xp)
+    conflict_time = (k_min + 1).astype(xp.float32) * cfg.waypoint_dt
     if cfg.radius is None:
         edge = pair & (safety < cfg.edge_threshold)
     else:
-        gap = jnp.linalg.norm(position[:, None] - position[None, :], axis=-1)
+        gap = xp.linalg.norm(position[..., :, None, :] - position[..., None, :, :], axis=-1)
         edge = pair & (gap < cfg.radius)
-    held = live & state.holding(t)
-    same_held = held[:, None] & held[None, :] & (state.label[:, None] == state.label[None, :]) & not_self
-    reach = connected_components(edge | same_held) & live[:, None] & live[None, :]
-    label = jnp.where(live, jnp.argmax(reach, axis=-1).astype(jnp.int32), -1)
-    size = jnp.sum(reach, axis=-1).astype(jnp.int32)
-    has_edge = jnp.any(edge, axis=-1)
+    held = live & state.holding(t[..., 0], xp)
+    same_held = (held[..., :, None] & held[..., None, :] & not_self
+                 & (state.label[..., :, None] == state.label[..., None, :]))
+    reach = connected_components(edge | same_held, xp) & live[..., :, None] & live[..., None, :]
+    label = xp.where(live, xp.argmax(reach, axis=-1), -1).astype(xp.int32)
+    size = xp.sum(reach, axis=-1).astype(xp.int32)
+    has_edge = xp.any(edge, axis=-1)
     cooling = live & (t - state.last_negotiation < cfg.cooldown)
-    group_has_edge = jnp.any(reach & has_edge[None, :], axis=-1)
-    group_cooling = jnp.any(reach & cooling[None, :], axis=-1)
+    group_has_edge = xp.any(reach & has_edge[..., None, :], axis=-1)
+    group_cooling = xp.any(reach & cooling[..., None, :], axis=-1)
     negotiate = live & (size > 1) & group_has_edge & ~group_cooling
-    own_conflict = jnp.max(jnp.where(edge, conflict_time, 0.0), axis=-1)
-    group_conflict = jnp.max(jnp.where(reach, own_conflict[None, :], 0.0), axis=-1)
-    hold_until = t + group_conflict + cfg.hold_after_conflict
+    own_conflict = xp.max(xp.where(edge, conflict_time, 0.0), axis=-1)
+    group_conflict = xp.max(xp.where(reach, own_conflict[..., None, :], 0.0), axis=-1)
+    hold_until = (t + group_conflict + cfg.hold_after_conflict).astype(xp.float32)
     grouping = Grouping(safety=safety, conflict_time=conflict_time, edge=edge, label=label, size=size,
                         negotiate=negotiate, hold_until=hold_until)
     new_state = GroupState(
-        label=jnp.where(negotiate, label, jnp.where(held, state.label, -1)).astype(jnp.int32),
-        hold_until=jnp.where(negotiate, hold_until, state.hold_until).astype(jnp.float32),
-        last_negotiation=jnp.where(negotiate, t, state.last_negotiation).astype(jnp.float32),
+        label=xp.where(negotiate, label, xp.where(held, state.label, -1)).astype(xp.int32),
+        hold_until=xp.where(negotiate, hold_until, state.hold_until).astype(xp.float32),
+        last_negotiation=xp.where(negotiate, t, state.last_negotiation).astype(xp.float32),
     )
     return grouping, new_state
 

@@ -16,6 +16,7 @@ Layouts (world frame, metres, right-hand traffic, lane width 3.5 m):
 
 from __future__ import annotations
 
+from jax_drive.names import INTERDRIVE_SCENARIOS, TALKING_VEHICLES_SCENARIOS
 from jax_drive.sim import lanes as L
 from jax_drive.sim.layouts import (
     Agent,
@@ -33,26 +34,8 @@ from jax_drive.sim.layouts import (
 )
 from jax_drive.sim.state import Behaviour, Role, Scenario, SimConfig
 
-TALKING_VEHICLES = (
-    "tv_overtake_perception",
-    "tv_red_light",
-    "tv_left_turn",
-    "tv_overtake_negotiation",
-    "tv_highway_merge",
-    "tv_highway_exit",
-)
-INTERDRIVE = (
-    "ic_straight_straight",
-    "ic_straight_left",
-    "ic_opposite_lane",
-    "ic_chaos",
-    "lm_straight_right",
-    "lm_neighbour_lane",
-    "lm_left_right",
-    "lm_highway_merge",
-    "lc_right_straight",
-    "lc_highway_change",
-)
+TALKING_VEHICLES = TALKING_VEHICLES_SCENARIOS  # the names live in jax_drive.names (no JAX there)
+INTERDRIVE = INTERDRIVE_SCENARIOS
 SCENARIOS = TALKING_VEHICLES + INTERDRIVE
 
 

@@ -159,15 +159,16 @@ def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *,
     return out
 
 
-def table_rows(results: dict[str, dict], scenarios: Sequence[str]) -> str:
-    """Plain-text CR / SR table: one row per method (mean ± SE over seeds), scenarios then
-    the average."""
-    head = f"{'method':18s}" + "".join(f"{s.replace('tv_', ''):>24s}" for s in scenarios) + f"{'average':>24s}"
-    lines = [head, " " * 18 + "".join(f"{'CR':>12s}{'SR':>12s}" for _ in range(len(scenarios) + 1))]
+def table_rows(results: dict[str, dict], scenarios: Sequence[str], keys: Sequence[str] = ("CR", "SR")) -> str:
+    """Plain-text table of ``keys`` (CR, SR and optionally TR): one row per method (mean ± SE
+    over seeds), scenarios then the average."""
+    width = 12 * len(keys)
+    head = f"{'method':18s}" + "".join(f"{s.replace('tv_', ''):>{width}s}" for s in [*scenarios, 'average'])
+    lines = [head, " " * 18 + "".join(f"{k:>12s}" for k in keys) * (len(scenarios) + 1)]
     for method, r in results.items():
         cells = []
         for agg in [r["scenarios"][s]["aggregate"] for s in scenarios] + [r["average"]["aggregate"]]:
-            cells += [f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}" for k in ("CR", "SR")]
+            cells += [f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}" for k in keys]
         lines.append(f"{method:18s}" + "".join(f"{c:>12s}" for c in cells))
     return "\n".join(lines)
 
