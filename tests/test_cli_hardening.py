@@ -169,17 +169,17 @@ def test_default_run_directories_are_checked_before_heavy_imports(tmp_path):
 # Scripts with no output to check: a module other scripts import, and the results index
 # (it writes experiments/results/INDEX.md, in the checkout).
 NOT_ENTRY_POINTS = {"cpu_steal", "results_index"}
-# bench_pdm imports JAX at module level; its argument handling is rewritten by the NAVSIM work.
-PENDING = {"bench_pdm"}
 SCRIPT_BASE = {"mtdrive": ["--preset", "smoke"], "mtdrive_reeval": ["{tmp}", "--eval-scenes", "2"],
-               "mtdrive_seeds": ["{tmp}"]}
+               "mtdrive_seeds": ["{tmp}"], "navsim_parity": ["compare", "--navsim", "{tmp}/afile"]}
 # Outputs besides --json: (script, flag, bad path).
 SCRIPT_OUTPUTS = [("ablation_mtgrpo", "--out", "{tmp}/afile"), ("interdrive", "--work-dir", "{tmp}/afile/run"),
                   ("talking_vehicles", "--run-dir", "/proc/run"), ("bench_ray", "--xla-cache", "/sys/cache"),
                   ("mtdrive", "--out", "/proc/run"), ("mtdrive_reeval", "--out-root", "{tmp}/afile")]
+# Outputs of a subcommand other than SCRIPT_BASE's: (script, arguments, flag, bad path).
+SCRIPT_SUBCOMMAND_OUTPUTS = [("navsim_parity", ["cases", "--out", "/proc/run"], "--out", "/proc/run")]
 SCRIPT_NON_FINITE = [("score_planners", "--hard-fraction", "nan"), ("bench_draw", "--noise", "nan"),
                      ("coop_baselines", "--id-max-time", "inf"), ("bench_rollout", "--temperature", "nan"),
-                     ("bench_serve", "--max-wait-ms", "inf")]
+                     ("bench_serve", "--max-wait-ms", "inf"), ("bench_pdm", "--max-steal", "nan")]
 
 SCRIPT_PROBE = """
 import contextlib, io, json, os, runpy, sys
@@ -205,13 +205,14 @@ print(json.dumps(rows))
 def _scripts() -> list[str]:
     found = [p.relative_to(ROOT / "experiments").with_suffix("").as_posix()
              for p in sorted((ROOT / "experiments").glob("*.py")) + sorted((ROOT / "experiments").glob("*/*.py"))]
-    return [name for name in found if name not in NOT_ENTRY_POINTS | PENDING]
+    return [name for name in found if name not in NOT_ENTRY_POINTS]
 
 
 def test_every_script_refuses_an_unwritable_output_before_heavy_imports(scratch):
     cases = [(name, [*SCRIPT_BASE.get(name, []), "--json", "/proc/x.json"], "--json", "/proc/x.json")
              for name in _scripts() if name != "mtdrive_reeval"]  # mtdrive_reeval writes into run directories
     cases += [(name, [*SCRIPT_BASE.get(name, []), flag, bad], flag, bad) for name, flag, bad in SCRIPT_OUTPUTS]
+    cases += SCRIPT_SUBCOMMAND_OUTPUTS
     cases += [(name, [f"{flag}={value}", "--json", "{tmp}/ok/out.json"], flag, "")
               for name, flag, value in SCRIPT_NON_FINITE]
     cases = [(name, _fill(args, scratch), flag, bad.replace("{tmp}", str(scratch))) for name, args, flag, bad in cases]

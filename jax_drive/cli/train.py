@@ -27,7 +27,7 @@ import os
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
 from jax_drive.names import ADVANTAGE_MODES, MTDRIVE_POLICIES, MTDRIVE_PRESETS
-from jax_drive.runinfo import InputError, check_output, output_dir, output_file, run_main
+from jax_drive.runinfo import InputError, check_output, output_dir, output_file, run_main, run_metadata
 
 STAGE_HELP = f"policies evaluated on the held-out scenes: {', '.join(MTDRIVE_POLICIES)} (default: all)"
 
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
                               engine_url=args.engine_url, engine_model=args.engine_model)
     except RunDirError as error:
         raise InputError(f"{error} (--resume continues it)") from None
+    results["meta"] = run_metadata(command="train")
     write_results(results, os.path.join(out, "results.json"))
     written = write_plots(results, os.path.join(out, ""))
     if args.json:
