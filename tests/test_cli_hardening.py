@@ -246,6 +246,25 @@ def test_train_refuses_non_finite_settings(setting, message, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_train_stops_with_exit_1_and_one_line_when_a_step_is_not_finite(tmp_path, capsys, monkeypatch):
+    """The trainers raise NonFiniteError (tests/test_rl_loop.py, tests/test_rl_e2e.py); the command
+    turns it into one line naming the step, the quantity and the kept checkpoint, exit 1, and no
+    results file."""
+    import jax_drive.pipelines.mtdrive as mtdrive
+    from jax_drive.cli import main
+    from jax_drive.rl.loop import NonFiniteError
+
+    def non_finite_run(*_, **__):
+        raise NonFiniteError("grpo step 2: loss is nan (non-finite); the last finite state is checkpoint 1 in x")
+
+    monkeypatch.setattr(mtdrive, "run_mtdrive", non_finite_run)
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "smoke", "--out", str(out), "--json", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: grpo step 2: loss is nan") and "checkpoint 1" in err and "skip_nonfinite" in err
+    assert "Traceback" not in err and not (out / "results.json").exists() and not (tmp_path / "r.json").exists()
+
+
 def test_coop_table_shows_the_timeout_rate():
     from jax_drive.pipelines.talking_vehicles import table_rows
 
