@@ -157,6 +157,22 @@ def test_every_command_refuses_an_unwritable_output_before_heavy_imports(scratch
     assert sorted(p.name for p in scratch.iterdir()) == ["afile", "ok"] and not any((scratch / "ok").iterdir())
 
 
+def test_every_choice_is_listed_in_help():
+    """A flag with a closed set of values names every value in its command's --help (a metavar
+    hides argparse's own {a,b} list, so the help text must carry it then)."""
+    from jax_drive.cli import build_parser
+
+    checked = 0
+    for words, parser in _leaf_parsers(build_parser()):
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if action.option_strings and action.choices is not None:
+                missing = [c for c in action.choices if str(c) not in text]
+                assert not missing, (" ".join(words), action.option_strings[0], missing)
+                checked += 1
+    assert checked >= 10
+
+
 def test_default_run_directories_are_checked_before_heavy_imports(tmp_path):
     (tmp_path / "runs").write_text("not a directory")  # the commands' default output root
     rows = _probe_cli([["train", "--preset", "smoke"], ["coop", "--scenario", "tv_red_light"]], tmp_path)
