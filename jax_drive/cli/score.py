@@ -13,7 +13,10 @@ Scene files (format: ``jax_drive/scenes/io.py``): ``--trajectories`` takes JSONL
 ``{"token": str, "poses": [[x, y, heading], ...], "dt": 0.5}`` (any spacing covering 4 s),
 ``{"token": str, "proposals": [[[x, y, heading], ...], ...], "dt": 0.5}`` (several per
 scene: one row each, with a "proposal" column) or a NAVSIM submission pickle (``.pkl``).
-Scenes without a trajectory are invalid rows.
+Scenes without a trajectory are invalid rows; a file that matches no scene is refused before
+scoring (exit 2), and a run left with no valid row fails (exit 1) instead of reporting means
+over nothing. ``--json`` is strict JSON with a ``"meta"`` block; invalid rows are null there,
+``"valid"`` counts the others.
 
 ``--navsim-version`` picks NAVSIM's rules and CSV columns: ``1.1`` (default: PDMS; columns
 no_at_fault_collisions, drivable_area_compliance, ego_progress,
