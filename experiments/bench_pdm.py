@@ -56,13 +56,11 @@ import numpy as np  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from cpu_steal import cpu_times, screened, steal_share  # noqa: E402  (sibling script)
 from tqdm import tqdm  # noqa: E402
 
-from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy  # noqa: E402
-from jax_drive.runinfo import command_line, run_main, run_metadata, write_json  # noqa: E402
+from jax_drive.runinfo import (command_line, finite_float, output_file, run_main, run_metadata,  # noqa: E402
+                               write_json)
 
 T8 = np.arange(1, 9) * 0.5
 T40 = np.arange(1, 41) * 0.1
@@ -107,6 +105,8 @@ def expert_reference(expert: np.ndarray) -> np.ndarray:
 def time_jax(fn, repeats: int) -> dict:
     """One timed block of ``repeats`` (>= 1) calls of an already compiled ``fn()``: median /
     min / max seconds, the CPU steal share over the block, and the last call's PDMS."""
+    import jax
+
     times = []
     before = cpu_times()
     for _ in range(repeats):
@@ -119,6 +119,8 @@ def time_jax(fn, repeats: int) -> dict:
 
 def timed_jax(fn, args) -> tuple[dict, float]:
     """(kept attempt without its PDMS, its PDMS, first-call seconds) for a zero-argument ``fn``."""
+    import jax
+
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     first = time.perf_counter() - t0
@@ -153,6 +155,10 @@ class ReferenceRounds:
 
 def single_scene(args, config, pdm) -> dict:
     """1 .. max(batches) proposals of one busy generated scene."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy
     from jax_drive.scenes import generate_scenes
 
     scenes = generate_scenes(jax.random.PRNGKey(7), 8)
@@ -223,6 +229,10 @@ def single_scene(args, config, pdm) -> dict:
 
 def many_scenes(args, config, pdm) -> dict:
     """S generated scenes x P proposals in one call (MTDrive's regime)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy
     from jax_drive.scenes import generate_scenes
 
     s_count, p_count = args.scenes, args.proposals
@@ -281,6 +291,9 @@ def many_scenes(args, config, pdm) -> dict:
 def write_whole_process_files(directory: Path, num_scenes: int, num_proposals: int, seed: int) -> tuple[Path, Path]:
     """A scene file of ``num_scenes`` generated scenes (UTM-sized, rotated t0 poses, each with
     its PDM-Closed stand-in) and a JSONL of ``num_proposals`` proposals per scene."""
+    import jax
+
+    from jax_drive.pdm_reference import scene_to_numpy
     from jax_drive.scenes import generate_scenes, scene_record, write_scene_file
 
     scenes = scene_to_numpy(generate_scenes(jax.random.PRNGKey(seed), num_scenes))
@@ -303,7 +316,10 @@ def write_whole_process_files(directory: Path, num_scenes: int, num_proposals: i
 def reference_process(scenes_path: Path, trajectories: Path, out: Path, version: str) -> int:
     """The numpy reference's whole process: the same loader as the CLI, then every proposal
     scored one at a time (scene geometry and PDM-Closed shared per scene). Writes the scores."""
+    import jax
+
     from jax_drive.evaluate import load_token_proposals
+    from jax_drive.pdm_reference import ReferenceScorer, scene_to_numpy
     from jax_drive.pdm_reference.v2 import ReferenceScorerV2
     from jax_drive.scenes import load_scenes
 
@@ -396,10 +412,10 @@ def main(argv=None) -> int:
     parser.add_argument("--reference-subset", type=int, default=128, help="single scene: proposals timed on the reference")
     parser.add_argument("--reference-scenes", type=int, default=16, help="many scenes: scenes timed on the reference")
     parser.add_argument("--seed", type=int, default=0, help="scene generator seed of the many-scenes regime")
-    parser.add_argument("--max-steal", type=float, default=0.05,
+    parser.add_argument("--max-steal", type=finite_float, default=0.05,
                         help="re-time a block whose CPU steal share is above this (1 = never)")
     parser.add_argument("--steal-retries", type=int, default=3, help="extra attempts per block at most")
-    parser.add_argument("--json", type=Path, default=None, help="write the result JSON here (default: print only)")
+    parser.add_argument("--json", type=output_file, metavar="OUT", default=None, help="write the result JSON here (default: print only)")
     args = parser.parse_args(argv)
     if args.reference_process:
         return reference_process(*map(Path, args.reference_process), version=args.whole_versions[0])
@@ -412,6 +428,8 @@ def main(argv=None) -> int:
         parser.error(f"--max-steal must be a share in [0, 1], got {args.max_steal}")
     if args.steal_retries < 0:
         parser.error(f"--steal-retries must be >= 0, got {args.steal_retries}")
+
+    import jax
 
     from jax_drive import pdm
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_drive.runinfo import add_output_args, command_line, run_main, run_metadata, write_json
+from jax_drive.runinfo import add_output_args, command_line, output_dir, run_main, run_metadata, write_json
 
 
 # ----------------------------------------------------------------------------- files
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("cases", help="write the parity cases (jax-drive environment)")
     p.add_argument("--scenes", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="folder for scenes.json.gz and proposals.json")
+    p.add_argument("--out", required=True, type=output_dir, help="folder for scenes.json.gz and proposals.json")
     p = sub.add_parser("navsim", help="score the cases with NAVSIM's pdm_score (NAVSIM environment)")
     p.add_argument("--cases", required=True, help="folder written by the cases step")
     p.add_argument("--max-scenes", type=int, default=None, help="only the first N scenes")

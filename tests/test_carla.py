@@ -1,6 +1,6 @@
 """The CARLA backend. Without a server: frames, route XML, lane tracing and the town
 builder, anchors, spawn plans, the controller's pedals, every CARLA call checked against
-the 0.9.16 client wheel, and whole episodes on tests/carla_fake.py (a stand-in server
+the 0.9.16 client wheel (pinned in requirements-test.txt), and whole episodes on tests/carla_fake.py (a stand-in server
 whose physics is the core's bicycle) compared with the JAX backend. With a server
 (CARLA_HOST / CARLA_PORT reach one): one episode per layout, the PettingZoo API and the
 Ray backend; skipped with the reason otherwise."""
@@ -57,7 +57,7 @@ def test_frames_round_trip_and_handedness():
 
 
 def test_frames_agree_with_the_carla_client_types():
-    carla = pytest.importorskip("carla")  # the optional extra: the 0.9.16 client wheel
+    import carla  # the 0.9.16 client wheel of the test install
     from jax_drive.carla.frames import carla_transform
 
     for h in ANGLES:
@@ -70,7 +70,7 @@ def test_frames_agree_with_the_carla_client_types():
 
 
 def test_every_carla_call_exists_in_the_client_wheel():
-    carla = pytest.importorskip("carla")
+    import carla
     missing = []
     for name in CARLA_API:
         obj = carla
@@ -372,7 +372,7 @@ needs_server = pytest.mark.skipif(LIVE is None, reason="no CARLA server: set CAR
 @needs_server
 @pytest.mark.parametrize("name", ["tv_red_light", "tv_highway_merge", "tv_overtake_perception"])
 def test_live_one_episode_per_layout(name):
-    carla = pytest.importorskip("carla")
+    import carla
     client = carla.Client(*LIVE)
     client.set_timeout(60.0)
     world = CarlaWorld(client, carla, tm_port=int(os.environ.get("CARLA_TM_PORT", "8000")))
@@ -389,7 +389,7 @@ def test_live_one_episode_per_layout(name):
 @pytest.mark.server
 @needs_server
 def test_live_pettingzoo_api():
-    carla = pytest.importorskip("carla")
+    import carla
     from pettingzoo.test import parallel_api_test
 
     client = carla.Client(*LIVE)

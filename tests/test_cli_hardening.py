@@ -157,6 +157,22 @@ def test_every_command_refuses_an_unwritable_output_before_heavy_imports(scratch
     assert sorted(p.name for p in scratch.iterdir()) == ["afile", "ok"] and not any((scratch / "ok").iterdir())
 
 
+def test_every_choice_is_listed_in_help():
+    """A flag with a closed set of values names every value in its command's --help (a metavar
+    hides argparse's own {a,b} list, so the help text must carry it then)."""
+    from jax_drive.cli import build_parser
+
+    checked = 0
+    for words, parser in _leaf_parsers(build_parser()):
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if action.option_strings and action.choices is not None:
+                missing = [c for c in action.choices if str(c) not in text]
+                assert not missing, (" ".join(words), action.option_strings[0], missing)
+                checked += 1
+    assert checked >= 10
+
+
 def test_default_run_directories_are_checked_before_heavy_imports(tmp_path):
     (tmp_path / "runs").write_text("not a directory")  # the commands' default output root
     rows = _probe_cli([["train", "--preset", "smoke"], ["coop", "--scenario", "tv_red_light"]], tmp_path)
@@ -169,17 +185,17 @@ def test_default_run_directories_are_checked_before_heavy_imports(tmp_path):
 # Scripts with no output to check: a module other scripts import, and the results index
 # (it writes experiments/results/INDEX.md, in the checkout).
 NOT_ENTRY_POINTS = {"cpu_steal", "results_index"}
-# bench_pdm imports JAX at module level; its argument handling is rewritten by the NAVSIM work.
-PENDING = {"bench_pdm"}
 SCRIPT_BASE = {"mtdrive": ["--preset", "smoke"], "mtdrive_reeval": ["{tmp}", "--eval-scenes", "2"],
-               "mtdrive_seeds": ["{tmp}"]}
+               "mtdrive_seeds": ["{tmp}"], "navsim_parity": ["compare", "--navsim", "{tmp}/afile"]}
 # Outputs besides --json: (script, flag, bad path).
 SCRIPT_OUTPUTS = [("ablation_mtgrpo", "--out", "{tmp}/afile"), ("interdrive", "--work-dir", "{tmp}/afile/run"),
                   ("talking_vehicles", "--run-dir", "/proc/run"), ("bench_ray", "--xla-cache", "/sys/cache"),
                   ("mtdrive", "--out", "/proc/run"), ("mtdrive_reeval", "--out-root", "{tmp}/afile")]
+# Outputs of a subcommand other than SCRIPT_BASE's: (script, arguments, flag, bad path).
+SCRIPT_SUBCOMMAND_OUTPUTS = [("navsim_parity", ["cases", "--out", "/proc/run"], "--out", "/proc/run")]
 SCRIPT_NON_FINITE = [("score_planners", "--hard-fraction", "nan"), ("bench_draw", "--noise", "nan"),
                      ("coop_baselines", "--id-max-time", "inf"), ("bench_rollout", "--temperature", "nan"),
-                     ("bench_serve", "--max-wait-ms", "inf")]
+                     ("bench_serve", "--max-wait-ms", "inf"), ("bench_pdm", "--max-steal", "nan")]
 
 SCRIPT_PROBE = """
 import contextlib, io, json, os, runpy, sys
@@ -205,13 +221,14 @@ print(json.dumps(rows))
 def _scripts() -> list[str]:
     found = [p.relative_to(ROOT / "experiments").with_suffix("").as_posix()
              for p in sorted((ROOT / "experiments").glob("*.py")) + sorted((ROOT / "experiments").glob("*/*.py"))]
-    return [name for name in found if name not in NOT_ENTRY_POINTS | PENDING]
+    return [name for name in found if name not in NOT_ENTRY_POINTS]
 
 
 def test_every_script_refuses_an_unwritable_output_before_heavy_imports(scratch):
     cases = [(name, [*SCRIPT_BASE.get(name, []), "--json", "/proc/x.json"], "--json", "/proc/x.json")
              for name in _scripts() if name != "mtdrive_reeval"]  # mtdrive_reeval writes into run directories
     cases += [(name, [*SCRIPT_BASE.get(name, []), flag, bad], flag, bad) for name, flag, bad in SCRIPT_OUTPUTS]
+    cases += SCRIPT_SUBCOMMAND_OUTPUTS
     cases += [(name, [f"{flag}={value}", "--json", "{tmp}/ok/out.json"], flag, "")
               for name, flag, value in SCRIPT_NON_FINITE]
     cases = [(name, _fill(args, scratch), flag, bad.replace("{tmp}", str(scratch))) for name, args, flag, bad in cases]
@@ -243,6 +260,25 @@ def test_train_refuses_non_finite_settings(setting, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert message in err and "error" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_train_stops_with_exit_1_and_one_line_when_a_step_is_not_finite(tmp_path, capsys, monkeypatch):
+    """The trainers raise NonFiniteError (tests/test_rl_loop.py, tests/test_rl_e2e.py); the command
+    turns it into one line naming the step, the quantity and the kept checkpoint, exit 1, and no
+    results file."""
+    import jax_drive.pipelines.mtdrive as mtdrive
+    from jax_drive.cli import main
+    from jax_drive.rl.loop import NonFiniteError
+
+    def non_finite_run(*_, **__):
+        raise NonFiniteError("grpo step 2: loss is nan (non-finite); the last finite state is checkpoint 1 in x")
+
+    monkeypatch.setattr(mtdrive, "run_mtdrive", non_finite_run)
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "smoke", "--out", str(out), "--json", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: grpo step 2: loss is nan") and "checkpoint 1" in err and "skip_nonfinite" in err
+    assert "Traceback" not in err and not (out / "results.json").exists() and not (tmp_path / "r.json").exists()
 
 
 def test_coop_table_shows_the_timeout_rate():

@@ -187,9 +187,10 @@ def test_cli_scores_the_example_scene_file(tmp_path, capsys):
                              "time_to_collision_within_bound", "comfort", "driving_direction_compliance", "score"]
     assert [r["token"] for r in rows] == list(expected) + ["average"]
     assert rows[0]["valid"] == "False" and rows[0]["score"] == "nan" and rows[-1]["valid"] == "False"
-    data = json.loads(out_json.read_text())
+    data = json.loads(out_json.read_text(), parse_constant=_not_json)  # strict: no NaN / Infinity
     per_scene = data["per_scene"]
     assert data["valid"] == 19 and per_scene["pdms"][0] is None
+    assert data["meta"]["command"] == "score" and "date_utc" in data["meta"] and "non_finite" not in data
     np.testing.assert_allclose(float(rows[-1]["score"]), np.mean(per_scene["pdms"][1:]), atol=1e-5)
     column = {"nc": "no_at_fault_collisions", "dac": "drivable_area_compliance", "ttc": "time_to_collision_within_bound",
               "comfort": "comfort", "ddc": "driving_direction_compliance", "ep": "ego_progress", "pdms": "score"}
@@ -211,6 +212,44 @@ def test_cli_scores_the_example_scene_file(tmp_path, capsys):
     assert "scenes[0] (token 'x'): ego: missing" in capsys.readouterr().err
     assert main(["score", "--scenes-file", str(bad), "--scenes", "4"]) == 2
     assert main(["score", "--csv", str(out_csv), "--scenes", "4"]) == 2
+
+
+def _not_json(name):
+    raise AssertionError(f"{name} in a results file")
+
+
+def test_a_trajectory_file_matching_no_scene_is_refused_before_scoring(tmp_path, capsys, monkeypatch):
+    import jax_drive.evaluate as evaluate
+
+    def never(*_, **__):
+        raise AssertionError("scored")
+
+    monkeypatch.setattr(evaluate, "evaluate_scene_file", never)
+    out_json, out_png = tmp_path / "s.json", tmp_path / "f.png"
+    scenes = str(EXAMPLES / "example_scenes.json.gz")
+    for lines in ([], ["", "   "]):  # empty, blank lines only
+        traj = _write(tmp_path / "t.jsonl", lines)
+        assert main(["score", "--scenes-file", scenes, "--trajectories", str(traj), "--json", str(out_json),
+                     "--plot", str(out_png), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"--trajectories {traj}: no trajectory for any of the 20 scenes" in err and "nothing to score" in err
+    assert not out_json.exists() and not out_png.exists()
+
+
+def test_a_score_over_no_valid_row_is_an_error_not_a_result(tmp_path, capsys, monkeypatch):
+    """Whatever leaves no valid row (here a scorer stand-in that marks every row invalid), the
+    command fails instead of reporting means over nothing and a plot with 0 % failing."""
+    import types
+
+    import jax_drive.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "evaluate_scene_file",
+                        lambda scenes, *_, **__: types.SimpleNamespace(finite=np.zeros(len(scenes.tokens), bool)))
+    out_json, out_png = tmp_path / "s.json", tmp_path / "f.png"
+    assert main(["score", "--scenes-file", str(EXAMPLES / "example_scenes.json.gz"), "--planner", "expert",
+                 "--json", str(out_json), "--plot", str(out_png), "--no-progress"]) == 1
+    assert "no valid row among the 20 scored" in capsys.readouterr().err
+    assert not out_json.exists() and not out_png.exists()
 
 
 # ------------------------------------------------------------------ several proposals, v2 rules, timing

@@ -311,7 +311,8 @@ def test_cli_build(kind, tmp_path, capsys):
         chat.validate(r["messages"])
     printed = capsys.readouterr().out
     assert f"Data card: kind={kind}" in printed and f"records={len(lines)}" in printed
-    assert json.loads(card.read_text())["records"] == len(lines)
+    written = json.loads(card.read_text())
+    assert written["records"] == len(lines) and written["meta"]["command"] == "data build"
 
 
 def test_cli_rejects_bad_arguments(tmp_path):

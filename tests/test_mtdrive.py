@@ -213,3 +213,19 @@ def test_onpolicy_recovery_is_off_by_default_and_validated():
         dataclasses.replace(SMOKE, sft_onpolicy_scenes=-1)
     with pytest.raises(ValueError, match="sft_onpolicy_steps >= 1"):
         dataclasses.replace(SMOKE, sft_onpolicy_steps=0)
+
+
+def test_results_files_are_strict_json(tmp_path):
+    """A NaN in the results (a mean over no scene) is written as null, never as NaN."""
+    import json
+
+    from jax_drive.pipelines.mtdrive.report import write_results
+
+    results = {"stages": {"sft": {"pdms": float("nan"), "nc": 0.5}}, "_in_memory": object()}
+    write_results(results, tmp_path / "results.json")
+
+    def refuse(name):
+        raise AssertionError(f"{name} in results.json")
+
+    written = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert written == {"stages": {"sft": {"pdms": None, "nc": 0.5}}}

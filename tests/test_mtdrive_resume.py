@@ -266,6 +266,7 @@ def test_sigkill_inside_a_checkpoint_write_and_a_training_step_then_resume(tmp_p
         want = json.load(f)
     with open(killed / "results.json") as f:
         got = json.load(f)
+    assert got["meta"]["command"] == want["meta"]["command"] == "train" and "date_utc" in got["meta"]
     assert got["resumed_stages"] == ["scenes", "eval_untrained", "sft_data", "sft", "eval_sft", "rl_curation"]
     assert want["resumed_stages"] == []
     for key in ("stages", "examples", "data_card", "rl_curation"):

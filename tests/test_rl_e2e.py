@@ -6,6 +6,8 @@ JaxEngine) replaces every other completion by a fixed good answer; the rest are 
 the real engine. mtGRPO must then raise the policy's log-probability of the good answer.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -157,3 +159,30 @@ def test_degenerate_groups_are_dropped_and_an_empty_step_skips_the_update():
     rec = forced.history[0]
     assert rec["skipped_update"] == 0.0 and rec["groups_kept"] == 2 and rec["optimizer_steps"] == 4
     assert max(np.abs(a - b).max() for a, b in zip(lora0, _lora(model))) > 1e-4
+
+
+@pytest.mark.slow
+def test_a_nan_loss_stops_grpo_at_its_step_after_keeping_the_last_finite_checkpoint(tmp_path):
+    """A frozen base weight goes bad: the trained adapters stay finite, the loss and gradients
+    do not. The run stops at step 1 naming the quantity; the initial adapters are the kept
+    checkpoint. With skip_nonfinite the update is dropped and the adapters never change."""
+    import os
+
+    from jax_drive.rl.checkpoint import committed_steps
+    from jax_drive.rl.loop import NonFiniteError
+
+    model, tok, scenes, ref = _setup()
+    engine = ForcingEngine(JaxEngine(model, tok), tok)  # finite rollouts from the forced half
+    model.layers.q_proj.kernel.set_value(jnp.full_like(model.layers.q_proj.kernel[...], jnp.nan))
+    lora0 = _lora(model)
+    with pytest.raises(NonFiniteError, match=r"grpo step 1: (loss|grad_norm|kl) is nan .*checkpoint 0"):
+        grpo_train(model, tok, scenes, _config(2, checkpoint_every=1), references=ref, engine=engine,
+                   prompts=PROMPTS, progress=False, out_dir=str(tmp_path / "stop"))
+    assert committed_steps(os.path.join(tmp_path, "stop", "checkpoints")) == [0]
+    assert all(np.array_equal(a, b) for a, b in zip(lora0, _lora(model)))
+
+    base = _config(2)
+    skip = dataclasses.replace(base, optim=dataclasses.replace(base.optim, skip_nonfinite=True))
+    out = grpo_train(model, tok, scenes, skip, references=ref, engine=engine, prompts=PROMPTS, progress=False)
+    assert out.state.step == 2 and [r["skipped_nonfinite"] for r in out.history] == [1.0, 1.0]
+    assert all(np.array_equal(a, b) for a, b in zip(lora0, _lora(model)))

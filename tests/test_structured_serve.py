@@ -3,7 +3,7 @@ Llama over the byte tokenizer, served in-process): OpenAI's ``response_format`` 
 chat, vLLM's ``structured_outputs`` (regex, json, choice) on completions and chat, the masked
 log-probs (forced tokens 0), and a 400 naming the problem for every kind of bad grammar input
 (invalid regex / schema, unsupported features, an unbounded JSON value, both fields, no way to
-finish within max_tokens, too large, compile time over the limit)."""
+finish within max_tokens, too large, compile time over the limit); structured answers stream too."""
 
 from __future__ import annotations
 
@@ -66,6 +66,32 @@ def test_structured_outputs_on_completions_and_chat(client):
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Command?"}],
                                           max_tokens=48, n=4, extra_body={"structured_outputs": {"json": SCHEMA}})
     assert set(json.loads(chat.choices[0].message.content)) == {"command", "speed"}
+
+
+def _streamed(stream, field: str) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            piece = choice.text if field == "text" else choice.delta.content
+            texts[choice.index] = texts.get(choice.index, "") + (piece or "")
+    return texts
+
+
+def test_structured_answers_stream_and_add_up_to_the_whole_answer(client):
+    """stream=true with a grammar: the chunks of each choice add up to the same seeded
+    request's whole answer, which the grammar accepts."""
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "Command?"}], max_tokens=48, n=2, seed=5,
+                response_format={"type": "json_schema", "json_schema": {"name": "action", "schema": SCHEMA}})
+    whole = [c.message.content for c in client.chat.completions.create(**chat).choices]
+    streamed = _streamed(client.chat.completions.create(**chat, stream=True), "delta")
+    assert [streamed[i] for i in range(2)] == whole
+    assert all(json.loads(text)["command"] in ("go", "stop") for text in whole)
+    regex = r"(left|right) in [1-9]\d? m"
+    plain = dict(model=MODEL, prompt="Turn where?", max_tokens=48, n=2, seed=6,
+                 extra_body={"structured_outputs": {"regex": regex}})
+    whole = [c.text for c in client.completions.create(**plain).choices]
+    streamed = _streamed(client.completions.create(**plain, stream=True), "text")
+    assert [streamed[i] for i in range(2)] == whole and all(re.fullmatch(regex, t) for t in whole), whole
 
 
 @pytest.mark.parametrize("extra, message", [

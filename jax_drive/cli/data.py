@@ -23,7 +23,7 @@ import json
 import sys
 
 from jax_drive.runinfo import (InputError, finite_float, make_parent, output_file, require_min, require_range,
-                               write_json)
+                               run_metadata, write_json)
 
 KINDS = ("single", "multi", "recovery", "qa", "rl")  # jax_drive.data.builders.KINDS (no jax import here)
 
@@ -142,7 +142,7 @@ def run_build(args) -> int:
             bar.update(size)
     print(card.to_text())
     if args.card:
-        write_json(args.card, card.to_dict())
+        write_json(args.card, {"meta": run_metadata(command="data build"), **card.to_dict()})
     return 0
 
 

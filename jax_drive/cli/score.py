@@ -13,7 +13,10 @@ Scene files (format: ``jax_drive/scenes/io.py``): ``--trajectories`` takes JSONL
 ``{"token": str, "poses": [[x, y, heading], ...], "dt": 0.5}`` (any spacing covering 4 s),
 ``{"token": str, "proposals": [[[x, y, heading], ...], ...], "dt": 0.5}`` (several per
 scene: one row each, with a "proposal" column) or a NAVSIM submission pickle (``.pkl``).
-Scenes without a trajectory are invalid rows.
+Scenes without a trajectory are invalid rows; a file that matches no scene is refused before
+scoring (exit 2), and a run left with no valid row fails (exit 1) instead of reporting means
+over nothing. ``--json`` is strict JSON with a ``"meta"`` block; invalid rows are null there,
+``"valid"`` counts the others.
 
 ``--navsim-version`` picks NAVSIM's rules and CSV columns: ``1.1`` (default: PDMS; columns
 no_at_fault_collisions, drivable_area_compliance, ego_progress,
@@ -31,11 +34,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 import time
 from pathlib import Path
+
+from jax_drive.runinfo import finite_float, output_file, run_metadata, write_json
 
 # The planners of jax_drive.evaluate.PLANNERS, named here so that building the parser imports
 # no JAX (tests/test_cli_convention.py checks the two agree).
@@ -67,16 +71,16 @@ def register(subparsers) -> None:
     p.add_argument("--scenes-file", type=Path, help="score the scenes of this file instead of generated ones")
     p.add_argument("--scenes", type=int, default=None, help="number of generated scenes (default 64)")
     p.add_argument("--seed", type=int, default=0, help="scene generator seed (default 0)")
-    p.add_argument("--hard-fraction", type=float, default=None, help="share of hard scenes (default: generator's 0.3)")
+    p.add_argument("--hard-fraction", type=finite_float, default=None, help="share of hard scenes (default: generator's 0.3)")
     p.add_argument("--batch-size", type=int, default=64, help="scenes per jitted call (default 64)")
     p.add_argument("--no-simulate", action="store_true", help="score raw poses (skip the LQR/bicycle tracking)")
     p.add_argument("--jerk-matrix", choices=("navsim", "nuplan"), default="navsim",
                    help="tracker velocity-fit regulariser: NAVSIM's (default) or nuPlan's true difference")
-    p.add_argument("--json", type=Path, help="write the results to this JSON file")
-    p.add_argument("--csv", type=Path, help="write per-scene scores with NAVSIM's column names (scene files)")
+    p.add_argument("--json", type=output_file, metavar="OUT", help="write the results to this JSON file")
+    p.add_argument("--csv", type=output_file, help="write per-scene scores with NAVSIM's column names (scene files)")
     p.add_argument("--navsim-version", choices=sorted(NAVSIM_COLUMNS), default="1.1",
                    help="NAVSIM's rules and CSV columns: 1.1 (PDMS, default) or 2 (v2.2's EPDMS)")
-    p.add_argument("--plot", type=Path, help="write a per-metric failure breakdown plot (PNG)")
+    p.add_argument("--plot", type=output_file, help="write a per-metric failure breakdown plot (PNG)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
@@ -225,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
             proposals = load_token_proposals(args.file, scenes.tokens) if planner == "file" else None
         except (SceneFileError, TrajectoryFileError) as e:
             return _fail(str(e))
+        if proposals is not None and not np.isfinite(proposals).all(axis=(-2, -1)).any():
+            return _fail(f"--trajectories {args.file}: no trajectory for any of the {len(scenes.tokens)} scenes of "
+                         f"{args.scenes_file}: nothing to score")
         if proposals is not None and proposals.shape[1] == 1:
             proposals = proposals[:, 0]
         load_s, load_compile_s = time.perf_counter() - t0, clock.seconds
@@ -272,6 +279,9 @@ def run(args: argparse.Namespace) -> int:
               "score_s": max(elapsed - load_s - (compile_s - load_compile_s), 0.0),
               "programs_compiled": clock.compiled, "programs_from_cache": clock.cache_hits + executables.hits,
               "total_s": elapsed}
+    if not valid.any():  # a mean over no rows is no score (and its plot would read as 0 % failing)
+        print(f"error: no valid row among the {valid.size} scored: nothing to report", file=sys.stderr)
+        return 1
     metrics = summarize(result, valid)
     breakdown = failure_breakdown(result, valid)
     print(f"planner {planner}: {desc}, {int(valid.sum())} valid, {elapsed:.1f} s")
@@ -280,10 +290,10 @@ def run(args: argparse.Namespace) -> int:
           f"compilation cache), score {timing['score_s']:.2f} s")
     print(format_table(metrics))
     if args.csv is not None:
-        write_navsim_csv(args.csv, tokens, result, valid, args.navsim_version)
+        write_navsim_csv(Path(args.csv), tokens, result, valid, args.navsim_version)
         print(f"wrote {args.csv}")
     if args.plot is not None:
-        plot_failures(breakdown, args.plot, f"{planner}: {desc}")
+        plot_failures(breakdown, Path(args.plot), f"{planner}: {desc}")
         print(f"wrote {args.plot}")
     if args.json is not None:
         payload.update({
@@ -293,7 +303,6 @@ def run(args: argparse.Namespace) -> int:
                                           None).tolist()
                           for field, _ in METRICS} | {"valid": valid.tolist()},
         })
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1))
+        write_json(args.json, {"meta": run_metadata(command="score"), **payload})
         print(f"wrote {args.json}")
     return 0

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
 from jax_drive.names import ADVANTAGE_MODES, MTDRIVE_POLICIES, MTDRIVE_PRESETS
-from jax_drive.runinfo import InputError, check_output, output_dir, output_file, run_main
+from jax_drive.runinfo import InputError, check_output, output_dir, output_file, run_main, run_metadata
 
 STAGE_HELP = f"policies evaluated on the held-out scenes: {', '.join(MTDRIVE_POLICIES)} (default: all)"
 
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from jax_drive.pipelines.mtdrive.presets import PRESETS, with_seed
     from jax_drive.pipelines.mtdrive.report import goals_lines, public, quality_goals, results_table, write_results
     from jax_drive.rl.checkpoint import committed_steps
+    from jax_drive.rl.loop import NonFiniteError
 
     if args.sft_from is not None and not committed_steps(final_sft_dir(args.sft_from)):
         raise InputError(f"--sft-from {args.sft_from}: no SFT checkpoint in {final_sft_dir(args.sft_from)}")
@@ -106,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
                               engine_url=args.engine_url, engine_model=args.engine_model)
     except RunDirError as error:
         raise InputError(f"{error} (--resume continues it)") from None
+    except NonFiniteError as error:  # a failure, not bad usage: one line, exit 1, no results written
+        print(f"error: {error}; --set rl.optim.skip_nonfinite=true (or sft.optim...) drops such updates instead",
+              file=sys.stderr)
+        return 1
+    results["meta"] = run_metadata(command="train")
     write_results(results, os.path.join(out, "results.json"))
     written = write_plots(results, os.path.join(out, ""))
     if args.json:
