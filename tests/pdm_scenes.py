@@ -9,17 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_drive.scenes.builders import (
-    AgentTrack,
-    LaneSpec,
-    PolygonSpec,
-    SceneSizes,
-    SceneSpec,
-    add_agent,
-    add_static,
-    rectangle,
-    straight_road,
-)
+from jax_drive.scenes.builders import AgentTrack, LaneSpec, PolygonSpec, SceneSizes, SceneSpec, rectangle, straight_road
+from jax_drive.scenes.builders import add_agent, add_static
 from jax_drive.types import NUM_OBS_STEPS, OBS_DT, AgentType
 
 SIZES = SceneSizes(num_agents=8, num_drivable=4, drivable_vertices=8, num_lanes=6, lane_vertices=8,
