@@ -12,9 +12,10 @@ def tiny_model(seed: int = 0):
 
 def tiny_engine(seed: int = 0):
     """A JaxEngine over the tiny random model with the pipeline's prompt buckets."""
-    from jax_drive.pipelines.talking_vehicles import local_engine
+    from jax_drive.pipelines.engines import EngineSpec, make_engine
+    from jax_drive.pipelines.talking_vehicles.presets import PROMPT_BUCKETS
 
-    return local_engine(*tiny_model(seed), max_batch=64)
+    return make_engine(EngineSpec(prompt_buckets=PROMPT_BUCKETS, min_gen_bucket=8, max_batch=64), *tiny_model(seed))
 
 
 class CountingEngine:
