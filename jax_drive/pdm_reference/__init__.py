@@ -8,7 +8,12 @@ It shares no code with :mod:`jax_drive.pdm`.
 from jax_drive.pdm_reference.config import ReferenceConfig, as_reference_config
 from jax_drive.pdm_reference.frames import scene_to_global
 from jax_drive.pdm_reference.geometry import ego_coords, scene_to_numpy
-from jax_drive.pdm_reference.scorer import ReferenceScorer, comfort_checks, score_proposal_reference, simulate_trajectory
+from jax_drive.pdm_reference.scorer import (
+    ReferenceScorer,
+    comfort_checks,
+    score_proposal_reference,
+    simulate_trajectory,
+)
 from jax_drive.pdm_reference.simulation import interpolate_poses, simulate
 
 __all__ = [
