@@ -32,12 +32,11 @@ import json
 import os
 import statistics
 import sys
-import time
 
 from tqdm import tqdm
 
 from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
-                              script_environment, write_json)
+                              script_environment, wall_times, write_json)
 
 
 def parse_args(argv: list[str] | None):
@@ -99,12 +98,7 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     import jax
 
     out = jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+    return statistics.median(wall_times(lambda: jax.block_until_ready(fn()), repeats)), out
 
 
 def max_diff(a, b) -> float:

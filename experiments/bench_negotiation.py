@@ -29,7 +29,8 @@ import argparse
 import sys
 import time
 
-from jax_drive.runinfo import CompileClock, add_output_args, require_min, run_main, run_metadata, write_json
+from jax_drive.runinfo import (CompileClock, add_output_args, require_min, run_main, run_metadata, wall_times,
+                               write_json)
 
 
 def synthetic_groups(n: int):
@@ -132,12 +133,7 @@ def bench_grouping(args) -> dict:
     np_state = jax.tree.map(np.asarray, state)
 
     def best(call, repeats: int) -> float:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        return min(wall_times(call, repeats))
 
     jax.block_until_ready(batched_group_step(cfg, *args_j))  # compile
     jax_s = best(lambda: jax.block_until_ready(batched_group_step(cfg, *args_j)), args.repeats)

@@ -25,14 +25,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
-                               script_environment, write_json)
+                               script_environment, wall_times, write_json)
 
 script_environment()
 
@@ -68,12 +67,7 @@ def long_prompt(tokenizer, question: str, target: int) -> list[int]:
 
 def time_call(fn, repeats: int) -> float:
     """Median wall seconds of `fn()` over `repeats` runs."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(wall_times(fn, repeats))
 
 
 def main(argv: list[str] | None = None) -> int:

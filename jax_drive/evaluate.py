@@ -70,10 +70,22 @@ def evaluate_proposals(
     return score_proposals(scene, proposals, reference, config)
 
 
-def _slice(scene: Scene, start: int, stop: int, size: int) -> Scene:
-    """Scenes [start, stop) padded to ``size`` by repeating the last one."""
-    idx = np.minimum(np.arange(start, start + size), stop - 1)
-    return jax.tree.map(lambda a: a[idx], scene)
+def _padded_chunks(n: int, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rows 0..n-1 in chunks of ``min(batch_size, n)``: (the chunk's rows, those rows padded to
+    the chunk size by repeating the last one), so every chunk runs the same compiled program."""
+    size = max(1, min(batch_size, n))
+    chunks = []
+    for start in range(0, n, size):
+        chunk = np.arange(start, min(start + size, n))
+        chunks.append((chunk, np.concatenate([chunk, np.repeat(chunk[-1:], size - len(chunk))])))
+    return chunks
+
+
+def _rows_per_scene(proposals, config: PDMConfig) -> int:
+    """Trajectories scored per scene: the proposals, the PDM-Closed reference and (with the
+    penalty filter) the human trajectory: what sizes the map budget."""
+    per_scene = 1 if proposals is None or proposals.ndim == 3 else proposals.shape[1]
+    return per_scene + 1 + int(config.human_penalty_filter)
 
 
 def _score_batch(name: str, scenes: Scene, config: PDMConfig, proposals=None, references=None,
@@ -148,23 +160,19 @@ def evaluate_planner(
     n = shape[0]
     proposals = _check_planner(name, proposals, n)
     config = _file_config(config, proposals)
-    size = max(1, min(batch_size, n))
-    chunks = range(math.ceil(n / size))
+    chunks = _padded_chunks(n, batch_size)
     if progress:
         from tqdm import tqdm
 
         chunks = tqdm(chunks, desc=f"scoring {name}", unit="batch")
     outs = []
     # one map budget for every chunk (one compiled program): the whole batch's
-    per_scene = 1 if proposals is None or proposals.ndim == 3 else proposals.shape[1]
-    budget = map_budget(scenes, per_scene + 1 + int(config.human_penalty_filter))
-    for c in chunks:
-        start, stop = c * size, min(n, (c + 1) * size)
-        idx = np.minimum(np.arange(start, start + size), stop - 1)
-        sc = _slice(scenes, start, stop, size)
-        res = _score_batch(name, sc, config, None if proposals is None else proposals[idx],
-                           None if references is None else np.asarray(references, np.float32)[idx], budget)
-        outs.append(jax.tree.map(lambda a: a[: stop - start], res))
+    budget = map_budget(scenes, _rows_per_scene(proposals, config))
+    for chunk, padded in chunks:
+        sc = jax.tree.map(lambda a: a[padded], scenes)
+        res = _score_batch(name, sc, config, None if proposals is None else proposals[padded],
+                           None if references is None else np.asarray(references, np.float32)[padded], budget)
+        outs.append(jax.tree.map(lambda a: a[: len(chunk)], res))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
@@ -193,7 +201,6 @@ def evaluate_scene_file(
     n = len(scene_file)
     proposals = _check_planner(name, proposals, n)
     config = _file_config(config, proposals)
-    per_scene = 1 if proposals is None or proposals.ndim == 3 else proposals.shape[1]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -201,14 +208,8 @@ def evaluate_scene_file(
         bar = tqdm(total=n, desc=f"scoring {name}", unit="scene")
     parts: list[tuple[np.ndarray, PDMResult]] = []
     sizes = scene_file.largest_sizes()
-    size = max(1, min(batch_size, n))
-    chunks = []
-    for start in range(0, n, size):
-        chunk = np.arange(start, min(start + size, n))
-        padded = np.concatenate([chunk, np.repeat(chunk[-1:], size - len(chunk))])
-        chunks.append((chunk, padded, scene_file.build(padded, sizes)))
-    # the PDM-Closed reference (and the human trajectory of the penalty filter) are scored too
-    rows = per_scene + 1 + int(config.human_penalty_filter)
+    chunks = [(chunk, padded, scene_file.build(padded, sizes)) for chunk, padded in _padded_chunks(n, batch_size)]
+    rows = _rows_per_scene(proposals, config)
     budget = merge_budgets([map_budget(scenes, rows) for _, _, scenes in chunks])
     for chunk, padded, scenes in chunks:
         res = _score_batch(name, scenes, config, None if proposals is None else proposals[padded],

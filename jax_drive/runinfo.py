@@ -311,6 +311,18 @@ class CompileClock:
         return self.programs - self.cache_hits
 
 
+def wall_times(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Wall seconds of each of ``repeats`` calls of ``fn()`` (warm it up first: every call is timed)."""
+    import time
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2.
 

@@ -47,15 +47,7 @@ class AgentType(enum.IntEnum):
 
 # Classes that are "agents" (can move) in nuPlan; the others are static objects.
 MOVING_AGENT_TYPES = (AgentType.VEHICLE, AgentType.PEDESTRIAN, AgentType.BICYCLE)
-AGENT_TYPE_NAMES = {
-    AgentType.VEHICLE: "vehicle",
-    AgentType.PEDESTRIAN: "pedestrian",
-    AgentType.BICYCLE: "bicycle",
-    AgentType.TRAFFIC_CONE: "traffic_cone",
-    AgentType.BARRIER: "barrier",
-    AgentType.CZONE_SIGN: "czone_sign",
-    AgentType.GENERIC_OBJECT: "generic_object",
-}
+AGENT_TYPE_NAMES = {t: t.name.lower() for t in AgentType}  # "vehicle", ..., "traffic_cone", ...
 
 
 class Command(enum.IntEnum):
@@ -67,12 +59,7 @@ class Command(enum.IntEnum):
     UNKNOWN = 3
 
 
-COMMAND_TEXT = {
-    Command.TURN_LEFT: "TURN LEFT",
-    Command.GO_STRAIGHT: "GO STRAIGHT",
-    Command.TURN_RIGHT: "TURN RIGHT",
-    Command.UNKNOWN: "UNKNOWN",
-}
+COMMAND_TEXT = {c: c.name.replace("_", " ") for c in Command}  # "TURN LEFT", "GO STRAIGHT", ...
 
 
 class PolygonType(enum.IntEnum):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_drive.scenes.builders import AgentTrack, LaneSpec, SceneSizes, rectangle, straight_road
+from jax_drive.scenes.builders import AgentTrack, LaneSpec, PolygonSpec, SceneSizes, SceneSpec, rectangle, straight_road
+from jax_drive.scenes.builders import add_agent, add_static
 from jax_drive.types import NUM_OBS_STEPS, OBS_DT, AgentType
 
 SIZES = SceneSizes(num_agents=8, num_drivable=4, drivable_vertices=8, num_lanes=6, lane_vertices=8,
@@ -65,3 +66,17 @@ def braking_poses(v0: float, stop_at: float) -> np.ndarray:
     tt = np.minimum(t, v0 / a)
     x = v0 * tt - 0.5 * a * tt**2
     return np.stack([x, np.zeros(8), np.zeros(8)], -1).astype(np.float32)
+
+
+def notch_spec() -> SceneSpec:
+    """One lane y in [-1.75, 1.75] at 4 m/s whose drivable area has a notch x in [10.6, 11.0],
+    y > 1.0; a cone beside the rear axle at t0 (y = 1.3) and a parked car ahead at x = 16.9:
+    one NC, one DAC and one TTC violation for a proposal that stops at x = 8 m."""
+    spec = straight_road(num_lanes=1, ego_lane=0, ego_speed=4.0)
+    notch = np.array(
+        [[-50, -1.75], [150, -1.75], [150, 1.75], [11.0, 1.75], [11.0, 1.0], [10.6, 1.0], [10.6, 1.75], [-50, 1.75]]
+    )
+    spec.drivable = [PolygonSpec(notch)]
+    add_static(spec, 0.0, 1.3, agent_type=int(AgentType.TRAFFIC_CONE))
+    add_agent(spec, 16.9, 0.3, speed=0.0)
+    return spec

@@ -5,6 +5,7 @@ shutdown (the server's own child dies too), giving up after the restart budget."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -168,30 +169,33 @@ def test_pool_starts_restarts_and_shuts_down_process_groups(carla_root):
     assert _gone(all_pids), "a server or its child outlived the pool"
 
 
+@contextlib.contextmanager
+def _one_server_pool(root, ports: tuple[int, int], ready_timeout_s: float, max_restarts: int):
+    """A one-server pool (RPC and Traffic Manager base ports), always shut down."""
+    specs = server_specs(str(root), 1, base_port=ports[0], tm_base_port=ports[1])
+    pool = ServerPool(specs, probe=tcp_probe, ready_timeout_s=ready_timeout_s, poll_s=0.05, max_restarts=max_restarts)
+    try:
+        yield pool
+    finally:
+        pool.shutdown()
+
+
 def test_pool_gives_up_after_the_restart_budget(carla_root, monkeypatch):
     root, control = carla_root
     monkeypatch.setenv("FAKE_FAIL_START", "1")
-    specs = server_specs(str(root), 1, base_port=23200, tm_base_port=23950)
-    pool = ServerPool(specs, probe=tcp_probe, ready_timeout_s=10, poll_s=0.05, max_restarts=2)
-    try:
+    with _one_server_pool(root, (23200, 23950), ready_timeout_s=10, max_restarts=2) as pool:
         with pytest.raises(ServerCrashed, match="did not start"):
             pool.start()
         assert pool.servers[0].health.state is Health.FAILED and pool.servers[0].health.restarts == 2
-    finally:
-        pool.shutdown()
 
 
 def test_ready_timeout_kills_the_group(carla_root, monkeypatch):
     root, control = carla_root
     monkeypatch.setenv("FAKE_READY_AFTER", "60")
-    specs = server_specs(str(root), 1, base_port=23300, tm_base_port=23960)
-    pool = ServerPool(specs, probe=tcp_probe, ready_timeout_s=1.0, poll_s=0.05, max_restarts=0)
-    try:
+    with _one_server_pool(root, (23300, 23960), ready_timeout_s=1.0, max_restarts=0) as pool:
         with pytest.raises(ServerCrashed):
             pool.start()
-        assert _gone(_pids(control, specs[0].rpc_port))
-    finally:
-        pool.shutdown()
+        assert _gone(_pids(control, pool.servers[0].spec.rpc_port))
 
 
 def test_cli_carla_pool_once_and_bad_input(carla_root, tmp_path, capsys):

@@ -11,7 +11,7 @@ from jax_drive.coop import agent as A
 from jax_drive.coop.learning import EpisodeSpec, run_specs
 from jax_drive.sim.state import Cmd
 
-from coop_tiny import tiny_engine
+from coop_tiny import CountingEngine, tiny_engine
 
 # ----------------------------------------------------------------------------- parser
 json_values = st.recursive(
@@ -140,17 +140,6 @@ def test_compact_observation_is_short_and_keeps_the_latest_message_per_sender(ov
 
 
 # ----------------------------------------------------------------------------- the batched policy
-class CountingEngine:
-    """Wraps a real engine; records every generate_chat call's number of conversations."""
-
-    def __init__(self, engine):
-        self.engine, self.sizes = engine, []
-
-    def generate_chat(self, conversations, params, key):
-        self.sizes.append(len(conversations))
-        return self.engine.generate_chat(conversations, params, key)
-
-
 class Recorder:
     """Wraps a policy; records the number of live agents of every decision batch."""
 
@@ -170,10 +159,10 @@ def test_one_engine_call_per_decision_for_every_agent_of_every_episode(style):
     recorder = Recorder(policy)
     specs = [EpisodeSpec(s, 0, k, "eval") for s in ("tv_overtake_perception", "tv_red_light") for k in range(2)]
     results, transitions = run_specs(specs, recorder, record=True, max_time=1.6)
-    assert len(engine.sizes) == len(recorder.live) == 4  # decisions at t = 0, 0.5, 1.0, 1.5
-    assert engine.sizes == [n for n, _ in recorder.live]  # every live agent, one call
+    assert len(engine.calls) == len(recorder.live) == 4  # decisions at t = 0, 0.5, 1.0, 1.5
+    assert engine.calls == [n for n, _ in recorder.live]  # every live agent, one call
     assert all(episodes == 4 for _, episodes in recorder.live)  # across every episode
-    assert [c.agents for c in policy.calls] == engine.sizes
+    assert [c.agents for c in policy.calls] == engine.calls
     # replay records carry the policy's record of each decision
     info = transitions[0].info
     assert {"prompt", "answer", "command", "message", "failures", "prompt_tokens", "new_tokens", "batch_seconds",
@@ -193,7 +182,7 @@ def test_silent_agents_send_nothing_and_stopped_ones_are_not_asked():
     policy = A.LanguagePolicy(engine, A.AgentConfig(style="compact", communicate=False, max_new_tokens=4))
     specs = [EpisodeSpec("tv_red_light", 0, 0, "eval")]
     results, transitions = run_specs(specs, policy, record=True, max_time=1.1)
-    assert engine.sizes == [1, 1, 1]  # only the car: the stopped truck only talks
+    assert engine.calls == [1, 1, 1]  # only the car: the stopped truck only talks
     assert results[0].messages_sent == 0
 
 

@@ -20,6 +20,8 @@ from jax_drive.models.tiny import tiny_policy
 from jax_drive.sampling import JaxEngine
 from jax_drive.sim.actions import NavIntent, SpeedIntent
 
+from coop_tiny import CountingEngine
+
 CLASSES = ["STOP", "SLOWER", "KEEP", "FASTER"]
 
 
@@ -243,17 +245,6 @@ def test_teacher_keeps_a_safety_fix_when_only_efficiency_is_criticised_next(monk
 
 
 # -------------------------------------------------------- batched engine calls
-class CountingEngine:
-    """A real engine that records every call (kind of prompts, batch size)."""
-
-    def __init__(self, engine):
-        self.engine, self.calls = engine, []
-
-    def generate_chat(self, conversations, params, key):
-        self.calls.append(len(conversations))
-        return self.engine.generate_chat(conversations, params, key)
-
-
 @pytest.fixture(scope="module")
 def tiny_engine():
     model, _, tokenizer = tiny_policy(seed=0, lora_rank=None)

@@ -21,7 +21,7 @@ from jax_drive.coop.runner import run_episodes
 from jax_drive.sampling import JaxEngine
 from jax_drive.sim.actions import SpeedIntent
 from jax_drive.sim.state import Cmd
-from test_coop_negotiation import CountingEngine, tiny_policy
+from coop_tiny import CountingEngine, tiny_policy
 
 KEY = jax.random.fold_in(jax.random.key(0), 0)
 

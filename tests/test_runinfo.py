@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from jax_drive.runinfo import (InputError, add_output_args, check_output, command_line, finite_float, output_problem,
-                               require_min, require_range, run_main, run_metadata, script_environment, write_json)
+                               require_min, require_range, run_main, run_metadata, script_environment, wall_times,
+                               write_json)
 
 
 def test_metadata_keys():
@@ -148,3 +149,10 @@ def test_script_environment_keeps_what_is_set(monkeypatch):
     assert "JAX_PLATFORMS" not in os.environ
     script_environment()
     assert os.environ["JAX_PLATFORMS"] == "cpu"
+
+
+def test_wall_times_times_every_call_once():
+    calls = []
+    times = wall_times(lambda: calls.append(1), 4)
+    assert len(calls) == 4 and len(times) == 4
+    assert all(isinstance(t, float) for t in times)

@@ -4,7 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from jax_drive.scenes import PolygonSpec, add_agent, add_static, straight_road
+from pdm_scenes import notch_spec
+
+from jax_drive.scenes import straight_road
 from jax_drive.text import feedback as F
 from jax_drive.types import AgentType
 
@@ -92,14 +94,7 @@ def _hand_scene():
       at 4 m/s reaches it at steps 18..19(..20) -> pose 3; the real ego stops with its
       front at 12.05 m, so no collision.
     """
-    spec = straight_road(num_lanes=1, ego_lane=0, ego_speed=4.0)
-    notch = np.array(
-        [[-50, -1.75], [150, -1.75], [150, 1.75], [11.0, 1.75], [11.0, 1.0], [10.6, 1.0], [10.6, 1.75], [-50, 1.75]]
-    )
-    spec.drivable = [PolygonSpec(notch)]
-    add_static(spec, 0.0, 1.3, agent_type=int(AgentType.TRAFFIC_CONE))
-    add_agent(spec, 16.9, 0.3, speed=0.0)
-    return spec.build()
+    return notch_spec().build()
 
 
 HAND_PROPOSAL = np.array([[2, 0, 0], [4, 0, 0], [6, 0, 0], [8, 0, 0], [8, 0, 0], [8, 0, 0], [8, 0, 0], [8, 0, 0]], float)

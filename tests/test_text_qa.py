@@ -8,7 +8,9 @@ import pytest
 from shapely.geometry import Point, Polygon
 from shapely.ops import unary_union
 
-from jax_drive.scenes import LaneSpec, PolygonSpec, add_agent, add_static, stack_scenes, straight_road
+from pdm_scenes import notch_spec
+
+from jax_drive.scenes import LaneSpec, add_agent, add_static, stack_scenes, straight_road
 from jax_drive.text import qa
 from jax_drive.text.codec import parse_trajectory
 from jax_drive.text.prompts import PromptConfig
@@ -17,17 +19,6 @@ from jax_drive.types import AgentType, VehicleParameters
 PER_CLASS = 6
 CONFIG = qa.QAConfig(per_class=PER_CLASS, num_candidates=96)
 EGO = VehicleParameters()
-
-
-def _notch_spec():
-    spec = straight_road(num_lanes=1, ego_lane=0, ego_speed=4.0)
-    notch = np.array(
-        [[-50, -1.75], [150, -1.75], [150, 1.75], [11.0, 1.75], [11.0, 1.0], [10.6, 1.0], [10.6, 1.75], [-50, 1.75]]
-    )
-    spec.drivable = [PolygonSpec(notch)]
-    add_static(spec, 0.0, 1.3, agent_type=int(AgentType.TRAFFIC_CONE))
-    add_agent(spec, 16.9, 0.3, speed=0.0)
-    return spec
 
 
 def _busy_spec():
@@ -45,7 +36,7 @@ def scenes():
     empty = straight_road(num_lanes=2, ego_lane=0, ego_speed=5.0)
     connector = np.array([[30.0, -1.75], [40.0, -1.75], [40.0, 1.75], [30.0, 1.75]])
     empty.lanes.append(LaneSpec(connector, np.array([[30.0, 0.0], [40.0, 0.0]]), kind=1, on_route=True, red_light=True))
-    return stack_scenes([_busy_spec().build(0), _notch_spec().build(1), empty.build(2)])
+    return stack_scenes([_busy_spec().build(0), notch_spec().build(1), empty.build(2)])
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +175,7 @@ def test_dac_geometry_equals_scorer_mask():
     """QA's in_drivable on the interpolated states reproduces the scorer's dac_point."""
     from jax_drive.pdm import PDMConfig, interpolate_poses, score_proposals
 
-    scene = _notch_spec().build()
+    scene = notch_spec().build()
     config = PDMConfig(simulate=False)
     reference = np.stack([np.arange(1, 41) * 0.4, np.zeros(40), np.zeros(40)], -1)
     rng = np.random.default_rng(0)

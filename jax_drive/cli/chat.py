@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--json writes a one-shot reply: it needs --prompt")
     import jax
 
-    from jax_drive.models import load_pretrained
+    from jax_drive.cli.loading import load_model
     from jax_drive.sampling import JaxEngine, SamplingParams
 
     try:  # checked before the model loads
@@ -47,14 +47,7 @@ def run(args: argparse.Namespace) -> int:
                                 top_p=args.top_p, top_k=args.top_k)
     except ValueError as error:
         raise InputError(str(error)) from None
-    try:
-        model, _, tokenizer = load_pretrained(args.model, dtype=args.dtype)
-        if args.lora:
-            from jax_drive.models.export import load_peft
-
-            load_peft(model, args.lora)
-    except (FileNotFoundError, ValueError) as error:
-        raise InputError(str(error)) from None
+    model, _, tokenizer = load_model(args.model, args.dtype, args.lora)
     engine = JaxEngine(model, tokenizer)
     key = jax.random.key(args.seed)
     history: list[dict] = []

@@ -26,17 +26,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)  # a directory or nothing yet (checked while parsing)
     if out.exists() and any(out.iterdir()) and not args.force:
         raise InputError(f"{out} exists and is not empty (use --force)")
-    from jax_drive.models import load_pretrained
+    from jax_drive.cli.loading import load_model
     from jax_drive.models.export import save_safetensors
 
-    try:
-        model, config, tokenizer = load_pretrained(args.source, dtype=args.dtype)
-        if args.lora:
-            from jax_drive.models.export import load_peft
-
-            load_peft(model, args.lora)
-    except (FileNotFoundError, ValueError) as error:
-        raise InputError(str(error)) from None
+    model, config, tokenizer = load_model(args.source, args.dtype, args.lora)
     save_safetensors(model, out, tokenizer=tokenizer)
     print(f"wrote {config.architecture} model ({config.num_layers} layers, {args.dtype}) to {out}")
     return 0

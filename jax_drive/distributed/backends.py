@@ -49,9 +49,20 @@ def policy_label(policy) -> str:
     return policy if isinstance(policy, str) else getattr(policy, "__qualname__", repr(policy))
 
 
-def describe(backend) -> dict:
-    """What a results directory's plan records about a backend: name, policy, settings."""
-    return {"backend": backend.name, "policy": policy_label(backend.policy), "cfg": dataclasses.asdict(backend.cfg)}
+class Backend:
+    """What the backend configurations share: a class-level ``name``, the fields ``policy``
+    and ``cfg``, and the worker-side ``runner`` class that :meth:`make` builds from them."""
+
+    name: str
+    runner: type
+
+    def describe(self) -> dict:
+        """What a results directory's plan records about a backend: name, policy, settings."""
+        return {"backend": self.name, "policy": policy_label(self.policy), "cfg": dataclasses.asdict(self.cfg)}
+
+    def make(self) -> Runner:
+        """The runner, built inside the worker process."""
+        return self.runner(self)
 
 
 def check_group(specs: Sequence[EpisodeSpec]) -> None:
@@ -59,29 +70,6 @@ def check_group(specs: Sequence[EpisodeSpec]) -> None:
         raise InputError("a chunk needs at least one episode")
     if len({s.group for s in specs}) != 1:
         raise InputError("the episodes of one chunk must share background and max_time")
-
-
-@dataclasses.dataclass(frozen=True)
-class JaxBackend:
-    """A batch of episodes on the batched JAX core (:func:`jax_drive.coop.runner.run_episodes`).
-
-    Fields: policy (baseline name or zero-argument factory of a batched policy); cfg;
-    xla_cache_dir (persistent XLA compilation cache shared by the workers, so a restarted
-    worker skips most compilation; None: off); xla_cache_min_compile_s (only programs that
-    took at least this long to compile are cached).
-    """
-
-    policy: str | Callable = "rule_based"
-    cfg: SimConfig = SimConfig()
-    xla_cache_dir: str | None = None
-    xla_cache_min_compile_s: float = 0.5
-    name = "jax"
-
-    def describe(self) -> dict:
-        return describe(self)
-
-    def make(self) -> JaxRunner:
-        return JaxRunner(self)
 
 
 class JaxRunner:
@@ -105,30 +93,6 @@ class JaxRunner:
 
     def close(self) -> None:
         pass
-
-
-@dataclasses.dataclass(frozen=True)
-class CarlaBackend:
-    """One CARLA world per worker (:mod:`jax_drive.carla`), one episode at a time.
-
-    Fields: host, port (the server's RPC port), tm_port (this world's Traffic Manager
-    port); policy; cfg (20 Hz ticks, ``decision_steps`` per decision); timeout_s (client
-    timeout: a call that waits longer means the server is lost).
-    """
-
-    host: str = "localhost"
-    port: int = 2000
-    tm_port: int = 8000
-    policy: str | Callable = "rule_based"
-    cfg: SimConfig = SimConfig()
-    timeout_s: float = 60.0
-    name = "carla"
-
-    def describe(self) -> dict:
-        return describe(self)
-
-    def make(self) -> CarlaRunner:
-        return CarlaRunner(self)
 
 
 class CarlaRunner:
@@ -191,3 +155,40 @@ class CarlaRunner:
         if self.world is not None:
             self.world.close()
             self.world = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxBackend(Backend):
+    """A batch of episodes on the batched JAX core (:func:`jax_drive.coop.runner.run_episodes`).
+
+    Fields: policy (baseline name or zero-argument factory of a batched policy); cfg;
+    xla_cache_dir (persistent XLA compilation cache shared by the workers, so a restarted
+    worker skips most compilation; None: off); xla_cache_min_compile_s (only programs that
+    took at least this long to compile are cached).
+    """
+
+    policy: str | Callable = "rule_based"
+    cfg: SimConfig = SimConfig()
+    xla_cache_dir: str | None = None
+    xla_cache_min_compile_s: float = 0.5
+    name = "jax"
+    runner = JaxRunner
+
+
+@dataclasses.dataclass(frozen=True)
+class CarlaBackend(Backend):
+    """One CARLA world per worker (:mod:`jax_drive.carla`), one episode at a time.
+
+    Fields: host, port (the server's RPC port), tm_port (this world's Traffic Manager
+    port); policy; cfg (20 Hz ticks, ``decision_steps`` per decision); timeout_s (client
+    timeout: a call that waits longer means the server is lost).
+    """
+
+    host: str = "localhost"
+    port: int = 2000
+    tm_port: int = 8000
+    policy: str | Callable = "rule_based"
+    cfg: SimConfig = SimConfig()
+    timeout_s: float = 60.0
+    name = "carla"
+    runner = CarlaRunner

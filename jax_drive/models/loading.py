@@ -98,6 +98,11 @@ def load_vlm(path: str | Path, dtype: str | None = None):
 
 
 # ----------------------------------------------------------------------------- GGUF
+_GGUF_GLOBAL = {  # GGUF name -> HF name of the tensors outside the blocks
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _GGUF_LAYER = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -160,12 +165,8 @@ def gguf_hf_tensors(reader, config: ModelConfig) -> dict[str, Callable[[], np.nd
     out: dict[str, Callable[[], np.ndarray]] = {}
     for tensor in reader.tensors:
         name = tensor.name
-        if name == "token_embd.weight":
-            hf = "model.embed_tokens.weight"
-        elif name == "output_norm.weight":
-            hf = "model.norm.weight"
-        elif name == "output.weight":
-            hf = "lm_head.weight"
+        if name in _GGUF_GLOBAL:
+            hf = _GGUF_GLOBAL[name]
         elif name.startswith("blk."):
             _, idx, kind, suffix = name.split(".", 3)
             if kind not in _GGUF_LAYER:

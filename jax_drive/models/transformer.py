@@ -145,8 +145,29 @@ class StackedLinear(nnx.Module):
         return out
 
 
-class DecoderStack(nnx.Module):
-    """All decoder blocks, weights stacked along the layer axis."""
+class StackedBlocks(nnx.Module):
+    """Blocks whose weights are stacked along the block axis: the named :class:`StackedLinear`
+    projections and (N, H) norm scales; subclasses name them in ``projection_names`` and
+    ``norm_names``."""
+
+    projection_names: tuple[str, ...] = ()
+    norm_names: tuple[str, ...] = ()
+
+    def projections(self) -> dict[str, StackedLinear]:
+        return {name: getattr(self, name) for name in self.projection_names}
+
+    def arrays(self) -> dict[str, Any]:
+        """Per-block-stacked arrays of all blocks (the forward function's input)."""
+        params: dict[str, Any] = {name: p.arrays() for name, p in self.projections().items()}
+        params.update({name: getattr(self, name)[...] for name in self.norm_names})
+        return params
+
+
+class DecoderStack(StackedBlocks):
+    """All decoder blocks, weights stacked along the layer axis (input of `decoder_blocks`)."""
+
+    projection_names = PROJECTIONS
+    norm_names = ("input_norm", "post_attention_norm")
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         c = config
@@ -163,16 +184,6 @@ class DecoderStack(nnx.Module):
         self.down_proj = StackedLinear(n, c.intermediate_size, h, False, dt, rngs)
         self.input_norm = nnx.Param(jnp.ones((n, h), dt))
         self.post_attention_norm = nnx.Param(jnp.ones((n, h), dt))
-
-    def projections(self) -> dict[str, StackedLinear]:
-        return {name: getattr(self, name) for name in PROJECTIONS}
-
-    def arrays(self) -> dict[str, Any]:
-        """Per-layer-stacked arrays of all blocks (input of `decoder_blocks`)."""
-        params: dict[str, Any] = {name: p.arrays() for name, p in self.projections().items()}
-        params["input_norm"] = self.input_norm[...]
-        params["post_attention_norm"] = self.post_attention_norm[...]
-        return params
 
 
 def unroll_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -7,11 +7,10 @@ It shares no code with :mod:`jax_drive.pdm`.
 
 from jax_drive.pdm_reference.config import ReferenceConfig, as_reference_config
 from jax_drive.pdm_reference.frames import scene_to_global
+from jax_drive.pdm_reference.geometry import ego_coords, scene_to_numpy
 from jax_drive.pdm_reference.scorer import (
     ReferenceScorer,
     comfort_checks,
-    ego_coords,
-    scene_to_numpy,
     score_proposal_reference,
     simulate_trajectory,
 )

@@ -34,7 +34,8 @@ import shapely
 from scipy.signal import savgol_filter
 
 from jax_drive.pdm_reference.config import as_reference_config
-from jax_drive.pdm_reference.scorer import _evaluate, _SceneGeometry, ego_coords, initial_state
+from jax_drive.pdm_reference.geometry import _SceneGeometry, ego_coords
+from jax_drive.pdm_reference.scorer import _evaluate, initial_state
 from jax_drive.pdm_reference.simulation import AX, AY, HEADING, YAW_ACC, YAW_RATE, interpolate_poses, simulate
 
 # the metrics the human penalty filter can set to 1 (NAVSIM's result columns)

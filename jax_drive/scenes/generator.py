@@ -4,7 +4,8 @@
 built by one jitted ``vmap`` over per-scene keys (scene i uses ``fold_in(key, i)``, so a
 scene does not depend on how many others are generated).
 
-Layouts (ego frame, the ego rear axle at the origin heading +x, right-hand traffic):
+Layouts (:mod:`jax_drive.scenes.layouts`; ego frame, the ego rear axle at the origin heading +x,
+right-hand traffic):
   * STRAIGHT: 1-4 lanes in the ego direction, sometimes one oncoming lane on the left.
   * CURVE: the same road bending left or right (straight, arc, straight).
   * INTERSECTION: a 4-way crossing with one lane each way per arm, a square intersection
@@ -49,20 +50,27 @@ import jax.numpy as jnp
 from jax_drive.geometry import polyline_arc_lengths, project_on_polyline, wrap_angle
 from jax_drive.scenes import paths as P
 from jax_drive.scenes.builders import SceneSizes, history_from_motion_jax
+from jax_drive.scenes.layouts import (
+    BEHIND,
+    EGO,
+    MAX_LANES,
+    MAX_STRIPS,
+    UniformPool,
+    intersection_layout,
+    merge_layout,
+    road_layout,
+)
 from jax_drive.types import (
     NUM_OBS_STEPS,
     NUM_OUTPUT_POSES,
     OBS_DT,
     Agents,
     AgentType,
-    Command,
     EgoState,
     MapData,
     Polygons,
-    PolygonType,
     Route,
     Scene,
-    VehicleParameters,
 )
 
 
@@ -117,236 +125,7 @@ class GeneratorConfig:
     idm_decel: float = 2.5
 
 
-_BEHIND = 60.0  # every route path starts 60 m behind the ego: the ego sits at s = 60
-_MAX_PATHS = 8
-_MAX_LANES = 12
-_MAX_STRIPS = 6
 _NUM_SLOTS = 14  # object slots the generator fills (the rest of SceneSizes.num_agents is padding)
-_EGO = VehicleParameters()
-
-
-class _Rand:
-    """Hands out slices of one pre-drawn uniform vector (one threefry call per scene keeps
-    the compiled program small); the order of draws is fixed at trace time."""
-
-    def __init__(self, key: jax.Array, size: int = 192):
-        self._u = jax.random.uniform(key, (size,), jnp.float32)
-        self._i = 0
-
-    def u(self, lo: float = 0.0, hi: float = 1.0, shape: tuple[int, ...] = ()) -> jax.Array:
-        n = int(np.prod(shape, dtype=np.int64))
-        if self._i + n > self._u.shape[0]:
-            raise RuntimeError("generator: uniform pool exhausted; raise _Rand size")
-        out = self._u[self._i : self._i + n].reshape(shape)
-        self._i += n
-        return lo + (hi - lo) * out
-
-    def randint(self, lo: int, hi, shape: tuple[int, ...] = ()) -> jax.Array:
-        """Integers in [lo, hi) (hi may be traced)."""
-        return jnp.minimum(jnp.floor(lo + (hi - lo) * self.u(0.0, 1.0, shape)), hi - 1).astype(jnp.int32)
-
-
-# ---------------------------------------------------------------------------------------
-# layouts: each returns a dict of fixed-size tables
-
-
-def _empty_layout():
-    return dict(
-        paths=jnp.zeros((_MAX_PATHS, 7)).at[:, 4].set(100.0),
-        # lanes: path, offset, width, kind, on_route, reversed, red, s_lo, s_hi, valid
-        lanes=jnp.zeros((_MAX_LANES, 10)),
-        # strips: path, off_lo, off_hi, kind, s_lo, s_hi, valid
-        strips=jnp.zeros((_MAX_STRIPS, 7)),
-        # traffic slots: path, offset, direction, s_lo, s_hi, v_lo, v_hi, present_prob
-        traffic=jnp.zeros((4, 8)),
-        route_len=jnp.float32(200.0),
-        command=jnp.int32(Command.GO_STRAIGHT),
-        stop_s=jnp.float32(1e6),  # route arc of the ego's stop line when the light is red
-        ego_red=jnp.bool_(False),
-        edge_lo=jnp.float32(-2.0),  # route-path offsets of the road edges near the ego
-        edge_hi=jnp.float32(2.0),
-        other_lane_offsets=jnp.zeros(4),  # same-direction/oncoming lane offsets for cones
-        other_lane_valid=jnp.zeros(4, bool),
-        static_s_max=jnp.float32(1e6),  # shoulder objects only before this route arc
-    )
-
-
-def _lane_row(path_idx, offset, width, kind=0.0, on_route=False, reversed_=False, red=False, s_lo=0.0, s_hi=220.0, valid=True):
-    vals = [path_idx, offset, width, kind, on_route, reversed_, red, s_lo, s_hi, valid]
-    return jnp.stack([jnp.asarray(v, jnp.float32) for v in vals])
-
-
-def _road_layout(r, cfg: GeneratorConfig, curve: jax.Array, hard_curve: jax.Array):
-    """STRAIGHT (curve False) or CURVE road along the route path."""
-    w = cfg.lane_width
-    n = r.randint(1, 5)
-    e = r.randint(0, 4) % n
-    two_way = r.u() < 0.5
-    sign = jnp.where(r.u() < 0.5, -1.0, 1.0)
-    radius = jnp.where(hard_curve, r.u(35.0, 70.0), r.u(60.0, 250.0))
-    angle = jnp.where(hard_curve, r.u(1.0, 1.5), r.u(0.2, 0.8))
-    # keep the inner edge well away from the arc centre
-    radius = jnp.maximum(radius, (n + 1.0) * w + 10.0)
-    d_arc = jnp.where(hard_curve, r.u(0.0, 8.0), r.u(0.0, 40.0))
-    angle = jnp.where(curve, sign * angle, 0.0)
-    l1 = _BEHIND + d_arc
-    total = 230.0
-    l2 = jnp.maximum(total - l1 - radius * jnp.abs(angle), 20.0)
-    lay = _empty_layout()
-    paths = lay["paths"].at[0].set(P.path(-_BEHIND, 0.0, 0.0, l1, radius, angle, l2))
-    length = P.path_length(paths[0])
-    j = jnp.arange(5)
-    offsets = (j - e) * w
-    is_lane = (j < n) | ((j == n) & two_way)
-    rows = jax.vmap(
-        lambda o, valid, rev, onr: _lane_row(0, o, w, 0.0, onr, rev, False, 0.0, length, valid)
-    )(offsets, is_lane, j == n, j == e)
-    lanes = lay["lanes"].at[:5].set(rows)
-    shoulder = r.u(0.3, 1.2)
-    edge_lo = -(e + 0.5) * w - shoulder
-    edge_hi = (n - e - 0.5 + two_way) * w + shoulder
-    strips = lay["strips"].at[0].set(jnp.stack([0.0, edge_lo, edge_hi, PolygonType.ROADBLOCK, 0.0, length, 1.0]))
-    # traffic slots pick other lanes (offsets relative to the ego lane)
-    n_tot = n + two_way.astype(jnp.int32)
-    picks = (e + 1 + r.randint(0, 8, (4,)) % jnp.maximum(n_tot - 1, 1)) % n_tot
-    rev = picks == n
-    slot = jnp.arange(4.0)
-    s_lo = _BEHIND - 40.0 + slot * 32.0
-    traffic = jnp.stack(
-        [
-            jnp.zeros(4),
-            (picks - e) * w,
-            jnp.where(rev, -1.0, 1.0),
-            s_lo,
-            s_lo + 28.0,
-            jnp.full(4, 0.5),
-            jnp.full(4, 1.0),
-            jnp.where(n_tot > 1, 1.0, 0.0) * jnp.ones(4),
-        ],
-        -1,
-    )
-    other = (picks - e) * w
-    lay.update(
-        paths=paths, lanes=lanes, strips=strips, traffic=traffic, route_len=length,
-        edge_lo=edge_lo, edge_hi=edge_hi, other_lane_offsets=other, other_lane_valid=jnp.full(4, n_tot > 1),
-    )
-    return lay
-
-
-def _intersection_layout(r, cfg: GeneratorConfig, hard_turn: jax.Array, ego_speed: jax.Array, ego_red_wanted):
-    w = cfg.lane_width
-    c = r.u(5.0, 9.0)
-    H = w + c
-    d = jnp.where(hard_turn, r.u(4.0, 12.0), r.u(10.0, 40.0))
-    turn = jnp.where(hard_turn, r.randint(0, 2) * 2, r.randint(0, 3))
-    # the hard case is a T-junction: no road straight ahead, so going straight leaves the road
-    t_junction = hard_turn
-    # turn: 0 left, 1 straight, 2 right (== Command values)
-    arm = 60.0
-    r_left, r_right = H + w / 2, H - w / 2
-    radius = jnp.select([turn == 0, turn == 2], [r_left, r_right], 100.0)
-    angle = jnp.select([turn == 0, turn == 2], [jnp.pi / 2, -jnp.pi / 2], 0.0)
-    l2 = jnp.where(turn == 1, 2 * H + arm, arm)
-    yc = w / 2  # road centre (divider) of the approach / ahead arms
-    lay = _empty_layout()
-    paths = lay["paths"]
-    paths = paths.at[0].set(P.path(-_BEHIND, 0.0, 0.0, _BEHIND + d, radius, angle, l2))  # route
-    paths = paths.at[1].set(P.path(-_BEHIND, yc, 0.0, _BEHIND + d))  # approach arm
-    paths = paths.at[2].set(P.path(d + 2 * H, yc, 0.0, arm))  # ahead arm
-    paths = paths.at[3].set(P.path(d + H, yc + H, jnp.pi / 2, arm))  # left arm
-    paths = paths.at[4].set(P.path(d + H, yc - H, -jnp.pi / 2, arm))  # right arm
-    paths = paths.at[5].set(P.path(d, yc, 0.0, 2 * H))  # intersection square
-    paths = paths.at[6].set(P.path(d + H - w / 2, yc + H + arm, -jnp.pi / 2, 2 * arm + 2 * H))  # from left, straight
-    paths = paths.at[7].set(P.path(d + H + w / 2, yc - H - arm, jnp.pi / 2, 2 * arm + 2 * H))  # from right, straight
-    # red light: the ego's only if it can stop comfortably, else the crossing traffic's
-    gap0 = d - _EGO.front_length
-    can_stop = gap0 >= ego_speed**2 / (2 * 2.5) + 3.0
-    ego_red = ego_red_wanted & can_stop
-    a0 = _BEHIND + d
-    a1 = P.arc_range(paths[0])[1] + jnp.where(turn == 1, 2 * H, 0.0)
-    route_len = P.path_length(paths[0])
-    half = w / 2
-    lanes = jnp.stack(
-        [
-            _lane_row(1, -half, w, 0, True, False, False, 0.0, _BEHIND + d),  # ego approach
-            _lane_row(1, half, w, 0, False, True, False, 0.0, _BEHIND + d),  # oncoming, outgoing
-            _lane_row(0, 0.0, w, 1, True, False, ego_red, a0, a1),  # ego connector
-            _lane_row(2, -half, w, 0, turn == 1, False, False, 0.0, arm, ~t_junction),
-            _lane_row(2, half, w, 0, False, True, False, 0.0, arm, ~t_junction),
-            _lane_row(3, -half, w, 0, turn == 0, False, False, 0.0, arm),
-            _lane_row(3, half, w, 0, False, True, False, 0.0, arm),
-            _lane_row(4, -half, w, 0, turn == 2, False, False, 0.0, arm),
-            _lane_row(4, half, w, 0, False, True, False, 0.0, arm),
-            _lane_row(6, 0.0, w, 1, False, False, ~ego_red, arm, arm + 2 * H),  # crossing connectors
-            _lane_row(7, 0.0, w, 1, False, False, ~ego_red, arm, arm + 2 * H),
-            _lane_row(2, half, w, 1, False, True, ego_red, -2 * H, 0.0, ~t_junction),  # oncoming straight
-        ]
-    )
-    strips = jnp.stack(
-        [
-            jnp.stack([1.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, _BEHIND + d, 1.0]),
-            jnp.stack([2.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, arm, ~t_junction]),
-            jnp.stack([3.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, arm, 1.0]),
-            jnp.stack([4.0, -w - 1.0, w + 1.0, PolygonType.ROADBLOCK, 0.0, arm, 1.0]),
-            jnp.stack([5.0, -H, H, PolygonType.INTERSECTION, 0.0, 2 * H, 1.0]),
-            jnp.zeros(7),
-        ]
-    )
-    # traffic: crossing from the left / right (queued when their light is red, else driving),
-    # oncoming going away behind the ego, oncoming approaching from the ahead arm (far).
-    moving = ego_red
-    q0 = arm - 7.0  # queue position before the stop line of the crossing paths
-    traffic = jnp.stack(
-        [
-            jnp.stack([6.0, 0.0, 1.0, jnp.where(moving, 10.0, q0 - 12.0), jnp.where(moving, arm + 20, q0), jnp.where(moving, 0.6, 0.0), jnp.where(moving, 0.9, 0.0), 0.9]),
-            jnp.stack([7.0, 0.0, 1.0, jnp.where(moving, 10.0, q0 - 12.0), jnp.where(moving, arm + 20, q0), jnp.where(moving, 0.6, 0.0), jnp.where(moving, 0.9, 0.0), 0.9]),
-            jnp.stack([1.0, half, -1.0, _BEHIND - 30.0, _BEHIND + d - 5.0, 0.5, 0.9, 0.8]),
-            jnp.stack([2.0, half, -1.0, 35.0, arm, 0.3, 0.6, jnp.where(t_junction, 0.0, 0.6)]),
-        ]
-    )
-    lay.update(
-        paths=paths, lanes=jnp.concatenate([lanes, jnp.zeros((_MAX_LANES - 12, 10))]), strips=strips,
-        traffic=traffic, route_len=route_len, command=turn.astype(jnp.int32),
-        stop_s=jnp.where(ego_red, a0, 1e6), ego_red=ego_red, edge_lo=jnp.float32(-half), edge_hi=jnp.float32(w + half),
-        other_lane_offsets=jnp.full(4, w), other_lane_valid=jnp.zeros(4, bool), static_s_max=a0 - 3.0,
-    )
-    return lay
-
-
-def _merge_layout(r, cfg: GeneratorConfig):
-    w = cfg.lane_width
-    theta = r.u(0.12, 0.3)
-    radius = r.u(80.0, 160.0)
-    d = r.u(10.0, 50.0)
-    lay = _empty_layout()
-    route = P.path(-_BEHIND, 0.0, 0.0, _BEHIND + d, radius, -theta, 140.0)
-    s_merge = P.arc_range(route)[1]
-    pe = P.path_pose(route, s_merge[None])[0]
-    back = 170.0
-    main = P.path(pe[0] - back * jnp.cos(pe[2]), pe[1] - back * jnp.sin(pe[2]), pe[2], back + 140.0)
-    paths = lay["paths"].at[0].set(route).at[1].set(main)
-    main_len = back + 140.0
-    lanes = lay["lanes"]
-    lanes = lanes.at[0].set(_lane_row(0, 0.0, w, 0, True, False, False, 0.0, s_merge))  # ramp
-    lanes = lanes.at[1].set(_lane_row(1, 0.0, w, 0, True, False, False, 0.0, main_len))  # main right
-    lanes = lanes.at[2].set(_lane_row(1, w, w, 0, False, False, False, 0.0, main_len))  # main left
-    shoulder = r.u(0.3, 1.0)
-    strips = lay["strips"]
-    strips = strips.at[0].set(jnp.stack([0.0, -w / 2 - shoulder, w / 2 + shoulder, PolygonType.ROADBLOCK, 0.0, s_merge + 5.0, 1.0]))
-    strips = strips.at[1].set(jnp.stack([1.0, -w / 2 - shoulder, 1.5 * w + shoulder, PolygonType.ROADBLOCK, 0.0, main_len, 1.0]))
-    traffic = jnp.stack(
-        [
-            jnp.stack([1.0, w, 1.0, back - 60.0, back - 20.0, 0.8, 1.0, 0.8]),
-            jnp.stack([1.0, w, 1.0, back + 10.0, back + 50.0, 0.8, 1.0, 0.8]),
-            jnp.stack([1.0, 0.0, 1.0, back + 25.0, back + 60.0, 0.8, 1.0, 0.7]),
-            jnp.stack([1.0, 0.0, 1.0, back - 120.0, back - 90.0, 0.7, 0.9, 0.5]),
-        ]
-    )
-    lay.update(
-        paths=paths, lanes=lanes, strips=strips, traffic=traffic, route_len=P.path_length(route),
-        edge_lo=-w / 2 - shoulder, edge_hi=w / 2 + shoulder, static_s_max=s_merge - 40.0,
-    )
-    return lay
 
 
 # ---------------------------------------------------------------------------------------
@@ -372,7 +151,6 @@ def _agent_tracks(path, offset, direction, s0, v0, t_brake, decel, present):
 
 def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     """Samples the 14 agent slots; returns per-slot parameters and static attributes."""
-    w = cfg.lane_width
     paths = lay["paths"]
     route = paths[0]
     n_slots = 14
@@ -382,10 +160,10 @@ def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     # slot 0: lead vehicle on the route
     lead_len = r.u(4.2, 5.2)
     v = ego_speed
-    bumper = _EGO.front_length + lead_len / 2  # rear axle to lead centre at zero bumper gap
+    bumper = EGO.front_length + lead_len / 2  # rear axle to lead centre at zero bumper gap
     lead_mode = r.randint(0, 4)  # 0 none, 1 cruise, 2 mild braking, 3 stopped far
     gap_safe = 2.0 + 1.5 * v + r.u(0.0, 25.0)
-    lead_s = _BEHIND + bumper + jnp.select(
+    lead_s = BEHIND + bumper + jnp.select(
         [hard_kind == HardKind.STOPPED_AHEAD, hard_kind == HardKind.BRAKING_LEAD, lead_mode == 3],
         [v**2 / 8.0 + r.u(6.0, 14.0), 2.0 + v * r.u(1.0, 1.4), 4.0 * v + r.u(12.0, 40.0)],
         gap_safe,
@@ -407,7 +185,7 @@ def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     lead_present = lead_present & ~((hard_kind == HardKind.SHARP_TURN) | (hard_kind == HardKind.SHARP_CURVE))
 
     # slot 1: follower on the route
-    fol_s = _BEHIND - r.u(12.0, 30.0)
+    fol_s = BEHIND - r.u(12.0, 30.0)
     fol_v = v * r.u(0.8, 1.0)
     fol_present = r.u() < 0.5
 
@@ -421,7 +199,7 @@ def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     # slot 6: crossing pedestrian, at the route centre at t_cross
     t_cross = r.u(2.0, 4.5)
     ped_v = r.u(0.9, 1.6)
-    s_c = _BEHIND + jnp.maximum(v * t_cross * r.u(0.5, 1.1), v**2 / 4.0 + 10.0)
+    s_c = BEHIND + jnp.maximum(v * t_cross * r.u(0.5, 1.1), v**2 / 4.0 + 10.0)
     side = jnp.where(r.u() < 0.5, -1.0, 1.0)
     pc = P.path_pose(route, s_c[None])[0]
     ped_h = pc[2] - side * (jnp.pi / 2) + r.u(-0.2, 0.2)
@@ -431,17 +209,17 @@ def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
 
     # slot 7: sidewalk pedestrian walking along the road outside its edge
     side_off = jnp.where(r.u() < 0.5, lay["edge_lo"] - 1.5, lay["edge_hi"] + 1.5)
-    walk_s = _BEHIND + r.u(-10.0, 60.0)
+    walk_s = BEHIND + r.u(-10.0, 60.0)
     walker_present = (r.u() < 0.4) & (walk_s < lay["static_s_max"] - 8.0)
 
     # slot 8: cyclist at the right edge of the rightmost lane, ahead
-    cyc_s = _BEHIND + _EGO.front_length + 2.0 * v + r.u(10.0, 40.0)
+    cyc_s = BEHIND + EGO.front_length + 2.0 * v + r.u(10.0, 40.0)
     cyc_off = lay["edge_lo"] + 1.0
     cyc_v = r.u(3.0, 6.0)
     cyc_present = (hard_kind < 0) & (r.u() < cfg.cyclist_prob) & (kind != SceneKind.INTERSECTION)
 
     # slots 9..11: cones / barriers on the shoulder or closing another lane
-    st_s = _BEHIND + r.u(8.0, 70.0, (3,))
+    st_s = BEHIND + r.u(8.0, 70.0, (3,))
     in_lane = (r.u(0.0, 1.0, (3,)) < 0.4) & lay["other_lane_valid"][:3]
     shoulder_off = jnp.where(r.u(0.0, 1.0, (3,)) < 0.5, lay["edge_lo"] - 0.6, lay["edge_hi"] + 0.6)
     st_off = jnp.where(in_lane, lay["other_lane_offsets"][:3], shoulder_off)
@@ -449,7 +227,7 @@ def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     st_present = (r.u(0.0, 1.0, (3,)) < cfg.static_prob) & (st_s < lay["static_s_max"])
 
     # slots 12..13: parked cars beyond the road edge
-    pk_s = _BEHIND + r.u(-20.0, 80.0, (2,))
+    pk_s = BEHIND + r.u(-20.0, 80.0, (2,))
     pk_off = jnp.where(r.u(0.0, 1.0, (2,)) < 0.5, lay["edge_lo"] - 2.2, lay["edge_hi"] + 2.2)
     pk_present = (r.u(0.0, 1.0, (2,)) < cfg.parked_prob) & (pk_s < lay["static_s_max"])
 
@@ -473,7 +251,7 @@ def _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind):
     h = wrap_angle(h + jit_head[:, None])
     return dict(
         x=x, y=y, heading=h, vx=vx, vy=vy, valid=valid, agent_type=kinds, length=size_l, width=size_w, height=size_h,
-        fol_gap=_BEHIND - fol_s, fol_offset=jit_lat[1],
+        fol_gap=BEHIND - fol_s, fol_offset=jit_lat[1],
     )
 
 
@@ -503,7 +281,7 @@ def _expert(cfg, route, agents, ego_speed, speed_limit_des, stop_s):
     half_lat = jnp.abs(agents["length"][:, None] / 2 * jnp.sin(dh)) + jnp.abs(agents["width"][:, None] / 2 * jnp.cos(dh))
     half_lon = jnp.abs(agents["length"][:, None] / 2 * jnp.cos(dh)) + jnp.abs(agents["width"][:, None] / 2 * jnp.sin(dh))
     v_along = agents["vx"] * jnp.cos(route_h) + agents["vy"] * jnp.sin(route_h)
-    in_corr = agents["valid"] & (dist < _EGO.width / 2 + half_lat + 0.5)
+    in_corr = agents["valid"] & (dist < EGO.width / 2 + half_lat + 0.5)
     total_len = polyline_arc_lengths(pts, valid_pts)[-1]
     in_corr = in_corr & (arc < total_len - 1.0)  # projections clamped to the route end
     a0_arc, a1_arc = P.arc_range(route)
@@ -514,14 +292,14 @@ def _expert(cfg, route, agents, ego_speed, speed_limit_des, stop_s):
         idx = jnp.minimum(t_idx + jnp.arange(window + 1), t_steps - 1)
         # objects in the corridor now or within the window, and ahead of the ego now
         occ = in_corr[:, idx] & (arc[:, idx] > s) & (arc[:, t_idx] > s)[:, None]  # (n, W)
-        gaps = arc[:, idx] - half_lon[:, idx] - s - _EGO.front_length
+        gaps = arc[:, idx] - half_lon[:, idx] - s - EGO.front_length
         now = occ[:, 0]
         first = jnp.argmax(occ, axis=1)
         any_occ = jnp.any(occ, axis=1)
         gap_future = jnp.take_along_axis(gaps, first[:, None], 1)[:, 0]
         gap = jnp.where(now, gaps[:, 0], jnp.where(any_occ, gap_future, jnp.inf))
         vobs = jnp.where(now, jnp.maximum(v_along[:, t_idx], 0.0), 0.0)
-        stop_gap = stop_s - s - _EGO.front_length
+        stop_gap = stop_s - s - EGO.front_length
         gap = jnp.concatenate([gap, jnp.where(stop_gap > -0.5, stop_gap, jnp.inf)[None]])
         vobs = jnp.concatenate([vobs, jnp.zeros(1)])
         s_star = cfg.idm_min_gap + vel * cfg.idm_headway + vel * (vel - vobs) / (2 * jnp.sqrt(cfg.idm_accel * cfg.idm_decel))
@@ -547,8 +325,8 @@ def _expert(cfg, route, agents, ego_speed, speed_limit_des, stop_s):
         s_new = s + 0.5 * (vel + v_new) * OBS_DT
         return (s_new, v_new), (s_new, v_new, a)
 
-    (_, _), (s_traj, v_traj, a_traj) = jax.lax.scan(step, (jnp.float32(_BEHIND), ego_speed), jnp.arange(NUM_OBS_STEPS - 1))
-    s_all = jnp.concatenate([jnp.full(1, _BEHIND), s_traj])
+    (_, _), (s_traj, v_traj, a_traj) = jax.lax.scan(step, (jnp.float32(BEHIND), ego_speed), jnp.arange(NUM_OBS_STEPS - 1))
+    s_all = jnp.concatenate([jnp.full(1, BEHIND), s_traj])
     v_all = jnp.concatenate([ego_speed[None], v_traj])
     return s_all, v_all, a_traj[0]
 
@@ -602,7 +380,7 @@ def _select(pred, a, b):
 
 
 def _draw_header(key, cfg: GeneratorConfig, hard_fraction=None):
-    r = _Rand(key)
+    r = UniformPool(key)
     hard = r.u() < (cfg.hard_fraction if hard_fraction is None else hard_fraction)
     hard_kind = jnp.where(hard, r.randint(0, 4), HardKind.NONE)
     cum = np.cumsum(cfg.kind_probs) / sum(cfg.kind_probs)
@@ -630,17 +408,17 @@ def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = Generator
         [r.u(8.0, 15.0), r.u(8.0, 12.0), r.u(12.0, 18.0), r.u(7.0, 10.0)],
         ego_speed,
     )
-    road = _road_layout(r, cfg, kind == SceneKind.CURVE, hard_kind == HardKind.SHARP_CURVE)
+    road = road_layout(r, cfg.lane_width, kind == SceneKind.CURVE, hard_kind == HardKind.SHARP_CURVE)
     # on a sharp curve the ego already drives about the comfortable curve speed
     ego_speed = jnp.where(
         hard_kind == HardKind.SHARP_CURVE, jnp.minimum(ego_speed, 0.95 * curve_speed(road["paths"][0])), ego_speed
     )
     speed_limit = jnp.maximum(speed_limit, ego_speed)
     desired = jnp.maximum(desired, ego_speed)
-    inter = _intersection_layout(
-        r, cfg, hard_kind == HardKind.SHARP_TURN, ego_speed, r.u() < cfg.red_prob
+    inter = intersection_layout(
+        r, cfg.lane_width, hard_kind == HardKind.SHARP_TURN, ego_speed, r.u() < cfg.red_prob
     )
-    merge = _merge_layout(r, cfg)
+    merge = merge_layout(r, cfg.lane_width)
     lay = _select(kind == SceneKind.MERGE, merge, _select(kind == SceneKind.INTERSECTION, inter, road))
 
     agents = _make_agents(r, lay, cfg, ego_speed, speed_limit, hard_kind, kind)
@@ -659,13 +437,13 @@ def generate_scene(key: jax.Array, scene_id, config: GeneratorConfig = Generator
     expert = expert.at[:, 2].set(wrap_angle(expert[:, 2]))
 
     sizes = cfg.sizes
-    kappa0 = P.curvature_at(route, jnp.full((1,), _BEHIND))[0]
+    kappa0 = P.curvature_at(route, jnp.full((1,), BEHIND))[0]
     a0 = jnp.where(ego_speed > 0.0, a0, jnp.maximum(a0, 0.0))
     hp, hv, ha = history_from_motion_jax(ego_speed, jnp.minimum(a0, ego_speed / 1.5), ego_speed * kappa0)
     ego = EgoState(
         velocity=jnp.stack([ego_speed, 0.0]),
         acceleration=jnp.stack([a0, ego_speed**2 * kappa0]),
-        steering_angle=jnp.arctan(_EGO.wheel_base * kappa0),
+        steering_angle=jnp.arctan(EGO.wheel_base * kappa0),
         history_poses=hp,
         history_velocity=hv,
         history_acceleration=ha,
@@ -723,10 +501,10 @@ def generate_scenes(key: jax.Array, num_scenes: int, config: GeneratorConfig = G
     if not 0.0 <= config.hard_fraction <= 1.0:
         raise ValueError(f"hard_fraction must be in [0, 1], got {config.hard_fraction}")
     sz = config.sizes
-    if sz.num_agents < _NUM_SLOTS or sz.num_lanes < _MAX_LANES or sz.num_drivable < _MAX_STRIPS:
+    if sz.num_agents < _NUM_SLOTS or sz.num_lanes < MAX_LANES or sz.num_drivable < MAX_STRIPS:
         raise ValueError(
-            f"sizes too small for the generator: need num_agents >= {_NUM_SLOTS}, num_lanes >= {_MAX_LANES}, "
-            f"num_drivable >= {_MAX_STRIPS}; got {sz}"
+            f"sizes too small for the generator: need num_agents >= {_NUM_SLOTS}, num_lanes >= {MAX_LANES}, "
+            f"num_drivable >= {MAX_STRIPS}; got {sz}"
         )
     if sz.lane_vertices % 2 or sz.drivable_vertices % 2 or min(sz.lane_vertices, sz.drivable_vertices) < 8:
         raise ValueError(f"lane_vertices and drivable_vertices must be even and >= 8; got {sz}")

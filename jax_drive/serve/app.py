@@ -59,6 +59,14 @@ log = logging.getLogger("jax_drive.serve")
 
 CLIENT_CLOSED = 499  # nginx's status for "the client went away" (recorded, never received)
 RETRY_AFTER_S = "1"
+# POST path -> the PolicyServer method that answers its JSON body (through one request handler)
+POST_ROUTES = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat",
+    "/v1/load_lora_adapter": "load_lora",
+    "/v1/unload_lora_adapter": "unload_lora",
+    "/update_weights_from_disk": "update_weights",
+}
 
 
 class GuardMiddleware:
@@ -266,26 +274,14 @@ def create_app(server: PolicyServer):
     async def models():
         return server.models()
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await handle(request, server.completions)
+    def answered_by(method: str):
+        async def endpoint(request: Request):
+            return await handle(request, getattr(server, method))
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await handle(request, server.chat)
+        return endpoint
 
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora(request: Request):
-        return await handle(request, server.load_lora)
-
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora(request: Request):
-        return await handle(request, server.unload_lora)
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights(request: Request):
-        return await handle(request, server.update_weights)
-
+    for path, method in POST_ROUTES.items():
+        app.add_api_route(path, answered_by(method), methods=["POST"], name=method)
     return app
 
 

@@ -103,6 +103,16 @@ def ic_opposite_lane(b, rng, accident_prone, background):
 
 
 # --------------------------------------------------------------------- intersection
+def _truck_queue(b: Builder, lane: int, stop_xy: tuple[float, float], first_vid: int, count: int = 3):
+    """``count`` trucks stopped and waiting behind the stop line at ``stop_xy`` on ``lane``;
+    the first one talks (vids first_vid, first_vid + 1, ...)."""
+    q0 = b.arc(lane, stop_xy) - TRUCK[0] / 2 - 1.0
+    for k in range(count):
+        b.add(Agent(lane=lane, arc=q0 - k * (TRUCK[0] + 2.0), speed=0.0, behaviour=Behaviour.STOPPED,
+                     size=TRUCK, cruise=0.0, role=Role.FOCAL if k == 0 else Role.BACKGROUND, transceiver=k == 0,
+                     vid=first_vid + k))
+
+
 def tv_red_light(b, rng, accident_prone, background):
     ns = b.light(1e4, 0.0, 0.0)  # north-south green for the whole episode
     ew = b.light(0.0, 0.0, 1e4)  # east-west red
@@ -116,12 +126,7 @@ def tv_red_light(b, rng, accident_prone, background):
     v1 = 8.0
     start = b.arc(car_lane, (5.25, -45.0 + rng.uniform(-3, 3)))
     b.add(focal_agent(car_lane, start, v1, 109, cruise=v1))
-    # queued left-turners (stopped, waiting), the first one talks
-    q0 = b.arc(queue_lane, (1.75, -STOP)) - TRUCK[0] / 2 - 1.0
-    for k in range(3):
-        b.add(Agent(lane=queue_lane, arc=q0 - k * (TRUCK[0] + 2.0), speed=0.0, behaviour=Behaviour.STOPPED,
-                     size=TRUCK, cruise=0.0, role=Role.FOCAL if k == 0 else Role.BACKGROUND, transceiver=k == 0,
-                     vid=117 + k))
+    _truck_queue(b, queue_lane, (1.75, -STOP), first_vid=117)  # queued left-turners
     ca, cb = conflict_arcs(b, car_lane, runner_lane)
     t1 = (ca - start) / v1
     v2 = 10.0 + rng.uniform(-0.5, 0.5)
@@ -140,11 +145,7 @@ def tv_left_turn(b, rng, accident_prone, background):
     v1 = 7.0
     start = b.arc(car_lane, (1.75, -35.0 + rng.uniform(-3, 3)))
     b.add(focal_agent(car_lane, start, v1, 109, cruise=v1))
-    q0 = b.arc(truck_lane, (-1.75, STOP)) - TRUCK[0] / 2 - 1.0
-    for k in range(3):
-        b.add(Agent(lane=truck_lane, arc=q0 - k * (TRUCK[0] + 2.0), speed=0.0, behaviour=Behaviour.STOPPED,
-                     size=TRUCK, cruise=0.0, role=Role.FOCAL if k == 0 else Role.BACKGROUND, transceiver=k == 0,
-                     vid=111 + k))
+    _truck_queue(b, truck_lane, (-1.75, STOP), first_vid=111)
     ca, cb = conflict_arcs(b, car_lane, onc_lane)
     t1 = (ca - start) / v1
     v2 = 9.5 + rng.uniform(-0.5, 0.5)

@@ -32,7 +32,7 @@ from flax import nnx
 
 from jax_drive.models.qwen2_5_vl.config import VisionConfig
 from jax_drive.models.layers import apply_rope, attention, linear, rms_norm
-from jax_drive.models.transformer import StackedLinear, swiglu_mlp
+from jax_drive.models.transformer import StackedBlocks, StackedLinear, swiglu_mlp
 
 VISION_PROJECTIONS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")
 
@@ -272,8 +272,11 @@ vision_forward_jit = partial(jax.jit, static_argnames=("config",))(vision_forwar
 
 
 # --------------------------------------------------------------------------- module
-class VisionBlocks(nnx.Module):
+class VisionBlocks(StackedBlocks):
     """All vision blocks, weights stacked along the block axis (NV = depth)."""
+
+    projection_names = VISION_PROJECTIONS
+    norm_names = ("norm1", "norm2")
 
     def __init__(self, config: VisionConfig, dtype, rngs: nnx.Rngs):
         n, c, f = config.depth, config.hidden_size, config.intermediate_size
@@ -284,15 +287,6 @@ class VisionBlocks(nnx.Module):
         self.down_proj = StackedLinear(n, f, c, True, dtype, rngs)
         self.norm1 = nnx.Param(jnp.ones((n, c), dtype))
         self.norm2 = nnx.Param(jnp.ones((n, c), dtype))
-
-    def projections(self) -> dict[str, StackedLinear]:
-        return {name: getattr(self, name) for name in VISION_PROJECTIONS}
-
-    def arrays(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: p.arrays() for name, p in self.projections().items()}
-        out["norm1"] = self.norm1[...]
-        out["norm2"] = self.norm2[...]
-        return out
 
 
 class Dense(nnx.Module):
