@@ -10,7 +10,9 @@ in one file so each run is made once and the later ones load the programs the fi
 * re-evaluating a finished run on a larger held-out set (``reevaluate`` and
   ``experiments/mtdrive_reeval.py``): the policies it loads, and that with the run's own
   number of scenes it reproduces the run's evaluation exactly (the rebuilt preset in
-  test_mtdrive_reeval.py)."""
+  test_mtdrive_reeval.py);
+* on-policy format recovery after SFT, resumed and reused by later runs (the data it
+  collects is tested in test_mtdrive.py)."""
 
 import dataclasses
 import json
@@ -89,13 +91,17 @@ def _metrics(path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in read_jsonl(path)]
 
 
+def _adapters(model, trainable: str = "lora") -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(split_model(model, trainable)[1])]
+
+
 def _final_weights(run_dir, which: str) -> list[np.ndarray]:
     model, _ = load_policy(SMOKE)
     if which == "sft":
         restore_trainable(model, SMOKE.sft.optim, sft_checkpoint_dir(run_dir))
     else:
         restore_trainable(model, rl_config(SMOKE).optim, rl_checkpoint_dir(run_dir))
-    return [np.asarray(x) for x in jax.tree.leaves(split_model(model, "lora")[1])]
+    return _adapters(model)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +113,7 @@ def uninterrupted_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_smoke_preset_gives_the_recorded_results(uninterrupted_run):
+def test_mtdrive_smoke_is_unchanged(uninterrupted_run):
     """MTDrive's ``smoke`` preset, run by the front end, reduces to the values recorded before
     the redesign (the same reduction and tolerances as the other pipelines' comparisons)."""
     with open(uninterrupted_run / "results.json") as f:
@@ -171,18 +177,12 @@ def test_same_scenes_reproduce_the_runs_evaluation(finished_run, tmp_path, monke
     """The tiny random model answers alike before and after training, so the weights each
     evaluation held are checked separately: the run's final SFT and RL adapters, which differ."""
     from jax_drive.pipelines import mtdrive
-    from jax_drive.pipelines.mtdrive.presets import rl_config
-    from jax_drive.rl.checkpoint import restore_trainable
-    from jax_drive.rl.optim import split_model
-
-    def adapters(model, trainable):
-        return [np.asarray(x) for x in jax.tree.leaves(split_model(model, trainable)[1])]
 
     held = []
 
     def recording_restore(model, optim, directory):
         meta = restore_trainable(model, optim, directory)
-        held.append((directory, adapters(model, optim.trainable)))
+        held.append((directory, _adapters(model, optim.trainable)))
         return meta
 
     monkeypatch.setattr(mtdrive.runs, "restore_trainable", recording_restore)
@@ -200,7 +200,7 @@ def test_same_scenes_reproduce_the_runs_evaluation(finished_run, tmp_path, monke
                              (rl_config(preset).optim, mtdrive.rl_checkpoint_dir(run))):
         model, _ = mtdrive.load_policy(preset)
         restore_trainable(model, optim, directory)
-        expected.append((directory, adapters(model, optim.trainable)))
+        expected.append((directory, _adapters(model, optim.trainable)))
     assert [d for d, _ in held] == [d for d, _ in expected]
     for (_, got), (_, want) in zip(held, expected):
         for a, b in zip(got, want):
@@ -267,3 +267,47 @@ def test_held_out_sets_grow_by_appending_scenes():
         np.testing.assert_array_equal(s_refs, l_refs[:SMOKE.eval_scenes])
         for a, b in zip(jax.tree.leaves(s_scenes), jax.tree.leaves(l_scenes)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[:SMOKE.eval_scenes])
+
+
+# ----------------------------------------------------------------------------- on-policy recovery
+def test_onpolicy_recovery_continues_sft_on_the_policys_own_failures(tmp_path):
+    """``sft_onpolicy_scenes``: the SFT policy (the tiny random model: every answer unusable)
+    answers fresh scenes; each failure gives an expert row and a recovery row, as many SFT
+    rows are replayed, SFT continues for ``sft_onpolicy_steps`` steps, and the continued
+    adapters become the run's SFT policy (``final_sft_dir`` / ``load_sft``). A resumed run
+    loads both stages from the journal."""
+    from jax_drive.pipelines.mtdrive import final_sft_dir, load_sft, onpolicy_checkpoint_dir
+
+    preset = dataclasses.replace(SMOKE, sft_onpolicy_scenes=3, sft_onpolicy_steps=3)
+    out = tmp_path / "run"
+    result = run_mtdrive(preset, out, skip_rl=True, evaluate=(), progress=False, log=lambda msg: None)
+    card = result["sft_onpolicy"]["card"]
+    assert (card["scenes"], card["unusable"]) == (3, 3) and len(card["scene_ids"]) == 3
+    kept = sum(v for k, v in card["kept"].items() if k != "max_tokens")
+    assert kept == 6 and card["replay"] == 6  # one replayed SFT row per on-policy row
+    assert [r["step"] for r in result["sft_onpolicy"]["history"]] == [1, 2, 3]
+    assert result["budget"]["sft_onpolicy_scenes"] == 3
+    assert final_sft_dir(out) == onpolicy_checkpoint_dir(out)
+
+    continued, _ = load_policy(preset)
+    assert load_sft(continued, preset, out)["step"] == 3  # the SFT stage itself ran 2 steps
+    before, _ = load_policy(preset)
+    restore_trainable(before, preset.sft.optim, sft_checkpoint_dir(out))
+    assert any(not np.array_equal(a, b) for a, b in zip(_adapters(before), _adapters(continued)))
+
+    again = run_mtdrive(preset, out, skip_rl=True, evaluate=(), resume=True, progress=False, log=lambda msg: None)
+    assert {"onpolicy_data", "sft_onpolicy"} <= set(again["resumed_stages"])
+    assert again["sft_onpolicy"] == result["sft_onpolicy"]
+
+    # a later run that reuses this one's SFT policy gets the continued adapters, and can
+    # continue them once more on its own collection (the replay rows are rebuilt)
+    reuse = run_mtdrive(preset, tmp_path / "reuse", sft_from=out, skip_rl=True, evaluate=(), progress=False,
+                        log=lambda msg: None)
+    assert reuse["data_card"]["sft_steps"] == 3 and reuse["sft_onpolicy"]["card"]["replay"] == 6
+    assert reuse["data_card"]["sft_checkpoint"] == onpolicy_checkpoint_dir(out)
+    assert final_sft_dir(tmp_path / "reuse") == onpolicy_checkpoint_dir(tmp_path / "reuse")
+    # one more link: "reuse" trained no SFT stage itself, so the SFT loss curve comes from "run"
+    third = run_mtdrive(dataclasses.replace(preset, sft_onpolicy_scenes=0), tmp_path / "third",
+                        sft_from=tmp_path / "reuse", skip_rl=True, evaluate=(), progress=False, log=lambda msg: None)
+    assert third["data_card"]["sft_checkpoint"] == onpolicy_checkpoint_dir(tmp_path / "reuse")
+    assert third["sft_history"] == result["sft_history"] and len(result["sft_history"]) == 2
