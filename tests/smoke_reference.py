@@ -4,7 +4,9 @@ The pipelines' top floors were redesigned without changing their results; this m
 each ``smoke`` pipeline and reduces its results to the numbers a refactor must keep
 (evaluation metrics, loss curves, data counts, per-method and per-arm rates). The values
 recorded before the redesign are in ``tests/data/smoke_reference.json``; the tests compare
-fresh runs against them (tests/test_smoke_reference.py).
+fresh runs against them with :func:`differences` (TalkingVehicles and InterDrive in
+tests/test_smoke_reference*.py; MTDrive on the uninterrupted ``jax-drive train --preset smoke``
+run of tests/test_mtdrive_runs.py, which runs that pipeline anyway).
 
     python tests/smoke_reference.py tests/data/smoke_reference.json   # (re-)record
 """
@@ -19,6 +21,29 @@ import tempfile
 REFERENCE = os.path.join(os.path.dirname(__file__), "data", "smoke_reference.json")
 MTDRIVE_KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
 RL_KEYS = ("pdms_final", "loss", "reward_mean")
+
+
+def recorded() -> dict:
+    """The values recorded before the redesign: {"mtdrive", "talking_vehicles", "interdrive"}."""
+    with open(REFERENCE) as f:
+        return json.load(f)
+
+
+def differences(got, want, path: str = "") -> list[str]:
+    """Differences between two reduced results (floats within 1e-5 relative, the rest equal)."""
+    import pytest
+
+    if isinstance(want, dict):
+        if set(got) != set(want):
+            return [f"{path}: keys {sorted(got)} != {sorted(want)}"]
+        return [d for k in want for d in differences(got[k], want[k], f"{path}/{k}")]
+    if isinstance(want, list):
+        if len(got) != len(want):
+            return [f"{path}: {len(got)} items != {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in differences(g, w, f"{path}[{i}]")]
+    if isinstance(want, float):
+        return [] if got == pytest.approx(want, rel=1e-5, abs=1e-6) else [f"{path}: {got} != {want}"]
+    return [] if got == want else [f"{path}: {got!r} != {want!r}"]
 
 
 def _round(x, digits: int = 6):

@@ -1,5 +1,6 @@
 """MTDrive pipeline plumbing on the tiny model: SFT checkpoint reuse, seeds, prompt/caption
-consistency between the SFT data and the RL / evaluation rollouts."""
+consistency between the SFT data and the RL / evaluation rollouts, on-policy recovery data
+(the on-policy recovery run itself is in test_mtdrive_runs.py, beside the other smoke runs)."""
 
 import dataclasses
 import os
@@ -131,50 +132,6 @@ def test_recovery_rows_join_the_sft_data_and_train_only_the_correction():
         assert parse_trajectory(trained).ok
         before = text[i].split(FORMAT_FEEDBACK)[0]
         assert "[PT" in before or "Here is the planning trajectory (" in before  # the malformed answer is there
-
-
-def test_onpolicy_recovery_continues_sft_on_the_policys_own_failures(tmp_path):
-    """``sft_onpolicy_scenes``: the SFT policy (the tiny random model: every answer unusable)
-    answers fresh scenes; each failure gives an expert row and a recovery row, as many SFT
-    rows are replayed, SFT continues for ``sft_onpolicy_steps`` steps, and the continued
-    adapters become the run's SFT policy (``final_sft_dir`` / ``load_sft``). A resumed run
-    loads both stages from the journal."""
-    from jax_drive.pipelines.mtdrive import final_sft_dir, onpolicy_checkpoint_dir, sft_checkpoint_dir
-    from jax_drive.rl.checkpoint import restore_trainable
-
-    preset = dataclasses.replace(SMOKE, sft_onpolicy_scenes=3, sft_onpolicy_steps=3)
-    out = tmp_path / "run"
-    result = run_mtdrive(preset, out, skip_rl=True, evaluate=(), progress=False, log=lambda msg: None)
-    card = result["sft_onpolicy"]["card"]
-    assert (card["scenes"], card["unusable"]) == (3, 3) and len(card["scene_ids"]) == 3
-    kept = sum(v for k, v in card["kept"].items() if k != "max_tokens")
-    assert kept == 6 and card["replay"] == 6  # one replayed SFT row per on-policy row
-    assert [r["step"] for r in result["sft_onpolicy"]["history"]] == [1, 2, 3]
-    assert result["budget"]["sft_onpolicy_scenes"] == 3
-    assert final_sft_dir(out) == onpolicy_checkpoint_dir(out)
-
-    continued, _ = load_policy(preset)
-    assert load_sft(continued, preset, out)["step"] == 3  # the SFT stage itself ran 2 steps
-    before, _ = load_policy(preset)
-    restore_trainable(before, preset.sft.optim, sft_checkpoint_dir(out))
-    assert any(not np.array_equal(a, b) for a, b in zip(_lora_leaves(before), _lora_leaves(continued)))
-
-    again = run_mtdrive(preset, out, skip_rl=True, evaluate=(), resume=True, progress=False, log=lambda msg: None)
-    assert {"onpolicy_data", "sft_onpolicy"} <= set(again["resumed_stages"])
-    assert again["sft_onpolicy"] == result["sft_onpolicy"]
-
-    # a later run that reuses this one's SFT policy gets the continued adapters, and can
-    # continue them once more on its own collection (the replay rows are rebuilt)
-    reuse = run_mtdrive(preset, tmp_path / "reuse", sft_from=out, skip_rl=True, evaluate=(), progress=False,
-                        log=lambda msg: None)
-    assert reuse["data_card"]["sft_steps"] == 3 and reuse["sft_onpolicy"]["card"]["replay"] == 6
-    assert reuse["data_card"]["sft_checkpoint"] == onpolicy_checkpoint_dir(out)
-    assert final_sft_dir(tmp_path / "reuse") == onpolicy_checkpoint_dir(tmp_path / "reuse")
-    # one more link: "reuse" trained no SFT stage itself, so the SFT loss curve comes from "run"
-    third = run_mtdrive(dataclasses.replace(preset, sft_onpolicy_scenes=0), tmp_path / "third",
-                        sft_from=tmp_path / "reuse", skip_rl=True, evaluate=(), progress=False, log=lambda msg: None)
-    assert third["data_card"]["sft_checkpoint"] == onpolicy_checkpoint_dir(tmp_path / "reuse")
-    assert third["sft_history"] == result["sft_history"] and len(result["sft_history"]) == 2
 
 
 class _AnswerEngine:
