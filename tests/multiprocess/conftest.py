@@ -7,6 +7,7 @@ JAX starts. The processes it launches inherit the environment (the run's compila
 directory from tests/conftest.py, the test XLA flags) with their own device count.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,32 +15,25 @@ import threading
 import time
 from pathlib import Path
 
-FLAG = "--xla_force_host_platform_device_count=8"
-# as in tests/multidevice: a loaded 2-core host can keep a device from its peers for long
-PATIENCE = ("--xla_cpu_collective_call_warn_stuck_timeout_seconds=60",
-            "--xla_cpu_collective_call_terminate_timeout_seconds=300")
-_flags = os.environ.get("XLA_FLAGS", "")
-for _flag in (FLAG, *PATIENCE):
-    if _flag.split("=")[0] not in _flags:
-        _flags = f"{_flags} {_flag}".strip()
-os.environ["XLA_FLAGS"] = _flags
+import pytest
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
 
-NUM_DEVICES = 8
+def _load(path: Path, name: str):
+    """A module of another test directory, by path (its conftest is not importable by name)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# the 8 simulated devices (and the patient collective timeouts) of tests/multidevice, set
+# before JAX starts; its ``devices`` fixture fails (never skips) with fewer
+_multidevice = _load(Path(__file__).resolve().parents[1] / "multidevice" / "conftest.py", "multidevice_conftest")
+devices = _multidevice.devices
+NUM_DEVICES = _multidevice.NUM_DEVICES
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="session", autouse=True)
-def devices():
-    """The 8 simulated devices of this process (the single-process reference)."""
-    found = jax.devices()
-    if len(found) < NUM_DEVICES:
-        pytest.fail(f"{len(found)} device(s): run this directory in its own process with "
-                    f"XLA_FLAGS={FLAG} (as `make test` does)", pytrace=False)
-    return found[:NUM_DEVICES]
 
 
 def child_environment(**extra) -> dict:

@@ -9,8 +9,13 @@ step) three ways:
     launcher must exit 1 naming process 1;
   * ``--resume`` in 4 processes x 2 devices: restores checkpoint 2 (written by the 2 processes)
     and runs steps 3 and 4.
-The losses of all four steps, and the parameters and Adam moments of checkpoints 2 (restored
-here, in one process) and 4, equal the reference's (rtol 1e-5, atol 1e-7).
+The losses of all four steps and the Adam moments of checkpoints 2 (restored here, in one
+process) and 4 equal the reference's within rtol 1e-5, atol 1e-7; the parameters within rtol
+1e-5, atol 1e-6 (0.1% of one step at lr 1e-3). Both runs compute every device's rows alike
+(one 2 x 4 mesh), but the gradient sums across devices run in another order (XLA's in-process
+all-reduce here, gloo's across processes), and Adam divides a near-zero gradient by its own
+RMS, so that rounding moves its weight by more than float32 eps (as tests/multidevice explains;
+measured: 1.7e-7 after 2 steps).
 """
 
 import json
@@ -31,6 +36,7 @@ from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.optim import OptimConfig, make_optimizer, split_model
 
 RTOL, ATOL = 1e-5, 1e-7
+PARAMS_ATOL = 1e-6
 STEPS = 4
 
 
@@ -76,10 +82,11 @@ def _restore(directory, step):
 
 
 def _assert_states_equal(actual, expected):
-    pairs = zip(jax.tree_util.tree_leaves_with_path(jax.device_get((expected.params, expected.opt_state))),
-                jax.tree.leaves(jax.device_get((actual.params, actual.opt_state))))
-    for (path, e), a in pairs:
-        np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL, err_msg=jax.tree_util.keystr(path))
+    for part, atol in (("params", PARAMS_ATOL), ("opt_state", ATOL)):
+        pairs = zip(jax.tree_util.tree_leaves_with_path(jax.device_get(getattr(expected, part))),
+                    jax.tree.leaves(jax.device_get(getattr(actual, part))))
+        for (path, e), a in pairs:
+            np.testing.assert_allclose(a, e, rtol=RTOL, atol=atol, err_msg=part + jax.tree_util.keystr(path))
 
 
 def test_killed_process_ends_the_run_and_resume_in_other_process_count_continues(runs):

@@ -20,18 +20,16 @@ SCORE = dict(name="pdm_closed", num_scenes=16, seed=7, batch_size=8)
 EPISODES = dict(scenarios=["tv_red_light"], seeds=[0], episodes=8, max_time=4.0)
 
 
-def grpo_batch(rows: int = 16, length: int = 32, seed: int = 1) -> dict:
-    """A fixed mtGRPO training batch (rows of random tokens, a loss on their later part)."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 256, (rows, length + 1)).astype(np.int32)
-    lengths = rng.integers(length // 2, length + 1, rows)
-    real = np.arange(length + 1)[None] < lengths[:, None]
-    loss_mask = (real[:, 1:] & (np.arange(length)[None] >= length // 3)).astype(np.float32)
-    advantages = np.repeat(rng.normal(size=(rows, 1)), length, axis=1).astype(np.float32) * loss_mask
-    return {"input_ids": ids[:, :-1], "targets": ids[:, 1:], "attention_mask": real[:, :-1],
-            "positions": np.maximum(np.cumsum(real[:, :-1], axis=1) - 1, 0).astype(np.int32),
-            "loss_mask": loss_mask, "old_logp": np.zeros((rows, length), np.float32),
-            "advantages": advantages, "turn_id": np.where(loss_mask > 0, 0, -1).astype(np.int32)}
+def grpo_batch(rows: int = 16, length: int = 32) -> dict:
+    """The fixed mtGRPO training batch of tests/multidevice (random tokens, a loss on their later
+    part), loaded by path: this file also runs as a script in the launched processes."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "multidevice" / "test_parallel_train.py"
+    spec = importlib.util.spec_from_file_location("multidevice_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._grpo_batch(rows, length)
 
 
 def grpo_step():
