@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from jax_drive.runinfo import InputError, add_output_args, require_min, run_metadata, write_json
+from jax_drive.runinfo import InputError, add_output_args, output_dir, require_min, run_metadata, write_json
 
 
 def register_launch(sub) -> None:
@@ -119,7 +119,8 @@ def _train_args(parser) -> None:
     _runtime_args(parser)
     parser.add_argument("--model", default="tiny", help="tiny (random, byte tokenizer) or a model directory / GGUF")
     parser.add_argument("--lora-rank", type=int, default=4, help="0: full fine-tuning")
-    parser.add_argument("--out", required=True, help="metrics.jsonl, tb/, checkpoints/ (written by process 0 / all)")
+    parser.add_argument("--out", required=True, type=output_dir,
+                        help="metrics.jsonl, tb/, checkpoints/ (written by process 0 / all)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
