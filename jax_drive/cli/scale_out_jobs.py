@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 
-from jax_drive.runinfo import InputError, add_output_args, output_dir, require_min, run_metadata, write_json
+from jax_drive.runinfo import (InputError, add_output_args, output_dir, require_min, run_metadata, sigterm_exits,
+                              write_json)
 
 
 def register_launch(sub) -> None:
@@ -58,10 +59,11 @@ def _launch(args) -> int:
         env[key] = value
     common = dict(devices_per_process=args.devices_per_process, env=env, heartbeat_s=args.heartbeat_timeout,
                   grace_s=args.grace)
-    if args.ray is None:
-        return launch_local(command, args.processes, **common).returncode
-    return launch_ray(command, args.processes, address=args.ray, cpus_per_host=args.cpus_per_host,
-                      placement=args.placement, **common).returncode
+    with sigterm_exits():  # a stopped launcher stops its processes (they run in their own sessions)
+        if args.ray is None:
+            return launch_local(command, args.processes, **common).returncode
+        return launch_ray(command, args.processes, address=args.ray, cpus_per_host=args.cpus_per_host,
+                          placement=args.placement, **common).returncode
 
 
 # ----------------------------------------------------------------------------- jobs

@@ -250,7 +250,17 @@ _MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask", "vision") 
 
 
 def _rows(batch: dict, index) -> dict:
-    """The rows ``index`` of every entry (a per-row vision layout included)."""
+    """The rows ``index`` (a slice or index array) of every entry (a per-row vision layout
+    included), taken by one compiled program with the indices as host data: a batch spread over
+    several processes must only be indexed by programs every process runs alike (eager indexing
+    with an index on one local device can leave the processes in different collectives)."""
+    if isinstance(index, slice):
+        index = np.arange(int(jax.tree.leaves(batch)[0].shape[0]))[index]
+    return _take_rows(batch, np.asarray(index, np.int32))
+
+
+@jax.jit
+def _take_rows(batch: dict, index) -> dict:
     return jax.tree.map(lambda v: v[index], batch)
 
 

@@ -25,7 +25,9 @@ def reference(tmp_path_factory):
 @pytest.fixture(scope="session")
 def two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("two_processes")
-    run = launch(["--processes", "2", "--devices-per-process", "4", "--", sys.executable, str(HERE / "workload.py"),
+    # a patient heartbeat: on a loaded shared host a busy process can miss 30 s of heartbeats
+    run = launch(["--processes", "2", "--devices-per-process", "4", "--heartbeat-timeout", "120", "--",
+                  sys.executable, str(HERE / "workload.py"),
                   str(out)], timeout=1500)
     assert run.returncode == 0, run.output[-3000:]
     return out
