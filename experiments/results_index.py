@@ -49,6 +49,9 @@ CATALOGUE: dict[str, Entry] = {
         "and jax-drive score's whole process on a 300-scene x 8-proposal file (cold, warm)"),
     "navsim_parity.json": Entry(
         "jax-drive vs NAVSIM's own pdm_score (v1.1, v2.2) per column on 400 scenes x 8 proposals"),
+    "bench_multihost.json": Entry(
+        "An SFT step and a PDM evaluation in 1 process x 2 CPU devices vs 2 processes x 1 device "
+        "(jax.distributed, gloo): agreement and communication share, not speed"),
     "bench_draw.json": Entry("Token draw: two-level Gumbel-max vs jax.random.categorical and an inverse CDF"),
     "bench_sampler": Entry("Sampler vs transformers generate, SmolLM2 greedy, batch 1 and 8 (JSON and plot)"),
     "bench_sampler/quick.json": Entry(

@@ -19,12 +19,24 @@ sums. Configs name their mesh with :class:`MeshConfig`; the default (1, 1) means
 
 On a CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` makes one process see 8
 devices (set before JAX initialises its backend), which is how the equivalence tests run.
+
+Several processes (JAX's multi-controller runtime, started by
+:func:`jax_drive.distributed.multihost.initialize`): every process runs the same program; a
+mesh then spans the devices of all processes (process-major: process p's devices form a
+contiguous block of the batch axes) and must use every device. Host arrays handed to the
+batch functions (:func:`shard_batch`, :func:`call_on_rows`) are *this process's rows*: the
+global batch is the processes' rows in process order, so each process loads or generates only
+its own. :func:`local_mesh` is the mesh over one process's devices (per-process work with no
+cross-process traffic: sampling its own rows, scoring its own scenes); :func:`host_values`,
+:func:`gather_objects` and :func:`barrier` move results between processes. With one process
+all of this is the single-process code above.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -93,19 +105,62 @@ def make_mesh(config: MeshConfig | Mesh | None, devices: Sequence[Any] | None = 
         return config
     if config.single_device:
         return None
-    devices = list(jax.devices() if devices is None else devices)
+    devices = list(global_devices() if devices is None else devices)
     data, fsdp = config.shape(len(devices))
     if data * fsdp > len(devices):
         raise ValueError(f"MeshConfig(data={data}, fsdp={fsdp}) needs {data * fsdp} devices, "
                          f"{len(devices)} available (on a CPU: XLA_FLAGS="
                          f"--xla_force_host_platform_device_count={data * fsdp})")
     grid = np.asarray(devices[: data * fsdp], dtype=object).reshape(data, fsdp)
+    owners = {d.process_index for d in devices}
+    if len(owners) > 1 and data * fsdp != len(devices):
+        # a process without a device in the mesh could not hold its share of a batch
+        raise ValueError(f"a mesh over {len(owners)} processes must use all {len(devices)} devices, got "
+                         f"MeshConfig(data={data}, fsdp={fsdp}); use MeshConfig(data=-1, fsdp={fsdp})")
     return Mesh(grid, AXES)
+
+
+def global_devices() -> list:
+    """Every device of every process, process by process (each process's block contiguous,
+    so the rows of a batch split over a mesh are the processes' rows in process order)."""
+    return sorted(jax.devices(), key=lambda d: d.process_index)
+
+
+def local_mesh(config: MeshConfig | None) -> Mesh | None:
+    """The mesh of ``config`` over this process's devices only (``MeshConfig(data=-1)``: all
+    of them); None for a single-device config. Work on it needs no other process."""
+    return make_mesh(config, jax.local_devices()) if config is not None else None
+
+
+def row_mesh(devices: Sequence[Any]) -> Mesh:
+    """A data-parallel mesh over exactly ``devices`` (a Mesh even for one device, so a batch
+    split over it runs the same per-device program whatever the device count)."""
+    return Mesh(np.asarray(list(devices), dtype=object).reshape(-1, 1), AXES)
+
+
+def spans_processes(mesh: Mesh | None) -> bool:
+    """Whether ``mesh`` holds devices of other processes (a multi-controller global mesh)."""
+    return mesh is not None and any(d.process_index != jax.process_index() for d in mesh.devices.flat)
+
+
+def require_global_mesh(mesh: Mesh | None, what: str) -> None:
+    """Raises when several processes run but ``mesh`` does not span them: a trainer's state
+    must be one global array per leaf, not one copy per process."""
+    if jax.process_count() > 1 and not spans_processes(mesh):
+        raise ValueError(f"{what} runs in {jax.process_count()} processes: its mesh must span every process's "
+                         f"devices (MeshConfig(data=-1) or data * fsdp = {jax.device_count()})")
 
 
 def batch_shards(mesh: Mesh | None) -> int:
     """Devices a batch is split over (``data * fsdp``; 1 without a mesh)."""
     return 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def local_batch_shards(mesh: Mesh | None) -> int:
+    """This process's devices in the mesh, i.e. the devices its own rows are split over."""
+    if mesh is None:
+        return 1
+    return sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -154,15 +209,43 @@ def shard_batch(tree, mesh: Mesh | None):
 
     Without a mesh the tree is returned unchanged. Raises ValueError when a leaf's leading
     axis is not a multiple of :func:`batch_shards` (pad first with :func:`pad_batch`).
+    With a mesh over several processes, a leaf that is not already a global array holds this
+    process's rows (a multiple of :func:`local_batch_shards`, the same count in every
+    process); the result is the global batch of every process's rows in process order.
     """
     if mesh is None:
         return tree
+    if spans_processes(mesh):
+        return jax.tree.map(lambda x: _global_rows(x, mesh), tree)
     shards = batch_shards(mesh)
     for x in jax.tree.leaves(tree):
         if np.ndim(x) == 0 or np.shape(x)[0] % shards:
             raise ValueError(f"a batch of shape {np.shape(x)} cannot be split over {shards} devices: "
                              f"its leading axis must be a multiple of {shards}")
     return jax.device_put(tree, batch_sharding(mesh))
+
+
+def _global_rows(x, mesh: Mesh) -> jax.Array:
+    """One leaf of :func:`shard_batch` over several processes."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return jax.device_put(x, batch_sharding(mesh))
+    local = np.asarray(x)
+    shards = local_batch_shards(mesh)
+    if local.ndim == 0 or local.shape[0] % shards:
+        raise ValueError(f"this process's rows of shape {local.shape} cannot be split over its {shards} devices: "
+                         f"the leading axis must be a multiple of {shards}")
+    return jax.make_array_from_process_local_data(batch_sharding(mesh), local)
+
+
+def local_rows(x) -> np.ndarray:
+    """This process's rows of a global array split along its leading axis (the inverse of
+    :func:`shard_batch` over several processes), as NumPy; a fully addressable array whole."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(x)
+    shards = {}
+    for shard in x.addressable_shards:  # replicas of a row block appear once per device
+        shards.setdefault(shard.index[0].start or 0, shard.data)
+    return np.concatenate([np.asarray(shards[k]) for k in sorted(shards)], axis=0)
 
 
 def on_rows(fn, mesh: Mesh):
@@ -183,10 +266,19 @@ def call_on_rows(fn, batch: tuple, mesh: Mesh | None):
     The rows are padded to a multiple of :func:`batch_shards` (:func:`pad_batch`), placed with
     :func:`shard_batch`, run by :func:`on_rows` (``fn`` must treat rows independently: the
     scorer, the simulator), and the padding rows are dropped from every output leaf. Without a
-    mesh this is ``fn(*batch)``.
+    mesh this is ``fn(*batch)``. With a mesh over several processes ``batch`` holds this
+    process's rows and so does the result (every process must call it, as any global program).
     """
     if mesh is None:
         return fn(*batch)
+    if spans_processes(mesh):  # this process's rows; every process pads to the same count
+        n = int(jax.tree.leaves(batch)[0].shape[0])
+        if n == 0:
+            raise ValueError("every process needs at least one row (it pads with copies of its last)")
+        most = int(np.max(host_values(np.int64(n), stack=True)))
+        padded, _ = pad_batch(tuple(batch), round_up(most, local_batch_shards(mesh)))  # n <= most: one multiple
+        out = on_rows(fn, mesh)(*shard_batch(padded, mesh))
+        return jax.tree.map(lambda x: jnp.asarray(local_rows(x)[:n]), out)
     padded, n = pad_batch(tuple(batch), batch_shards(mesh))
     return take_rows(on_rows(fn, mesh)(*shard_batch(padded, mesh)), n)
 
@@ -283,3 +375,86 @@ def is_sharded(x, axis_name: str) -> bool:
         if axis_name in names:
             return True
     return False
+
+
+# ----------------------------------------------------------------------------- processes
+def is_primary() -> bool:
+    """Whether this is process 0, the one that writes logs and results."""
+    return jax.process_index() == 0
+
+
+def process_block(n: int, index: int | None = None, count: int | None = None) -> slice:
+    """The rows of ``n`` that process ``index`` of ``count`` (default: this one) owns: contiguous
+    blocks in process order, the first ``n % count`` one row longer."""
+    index = jax.process_index() if index is None else int(index)
+    count = jax.process_count() if count is None else int(count)
+    base, extra = divmod(int(n), count)
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (index < extra))
+
+
+def host_values(tree, stack: bool = False):
+    """Every leaf as NumPy on every process: a global array's full value (gathered from the
+    processes that hold its shards); with ``stack``, each process's own value of a host
+    leaf (one per process along a new leading axis, same shape everywhere). One process:
+    ``np.asarray`` (stacked: a leading axis of 1)."""
+    if jax.process_count() == 1:
+        return jax.tree.map(lambda x: np.asarray(x)[None] if stack else np.asarray(x), tree)
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if x.is_fully_replicated:  # every process holds the whole value already
+                return np.asarray(x.addressable_data(0))
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        if stack:
+            return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=False))
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)
+
+
+def gather_objects(obj) -> list:
+    """``obj`` of every process (picklable), in process order, on every process (``[obj]``
+    with one process). The processes are one program, so unpickling their data is safe."""
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = host_values(np.int64(data.size), stack=True)
+    # padded to a power of two: few distinct shapes, so few compiled gathers
+    width = 1 << max(int(np.max(sizes)) - 1, 1).bit_length()
+    padded = np.zeros(width, np.uint8)
+    padded[:data.size] = data
+    rows = host_values(padded, stack=True)
+    return [pickle.loads(rows[i, :int(sizes[i])].tobytes()) for i in range(len(sizes))]
+
+
+def barrier(name: str, timeout_s: float = 6 * 3600) -> None:
+    """Waits until every process reaches the barrier ``name`` (nothing with one process).
+
+    A barrier of the runtime's coordination service, not a device collective: it compiles
+    nothing and waits as long as a process takes (up to ``timeout_s``; a dead process ends
+    the run through the runtime's heartbeats first). Before the first collective of a set of
+    devices after uneven work (gloo gives up on peers that take 30 s to reach a new set's
+    first collective), a barrier lines the processes up.
+    """
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed  # the runtime's client has no public handle (orbax reads it here too)
+
+    client = distributed.global_state.client
+    if client is None:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+    else:
+        client.wait_at_barrier(f"jax_drive:{name}", int(timeout_s * 1000))
+
+
+def host_local(tree):
+    """A copy of ``tree`` on this process's default device, global arrays gathered whole
+    (what per-process work, e.g. the sampler of :func:`local_mesh`, reads)."""
+    if jax.process_count() == 1:
+        return tree
+    return jax.tree.map(
+        lambda x: jnp.asarray(host_values(x)) if isinstance(x, jax.Array) and not x.is_fully_addressable else x, tree)

@@ -99,12 +99,15 @@ def _release_compiled_programs():
 
 
 MULTIDEVICE = Path(__file__).parent / "multidevice"
+MULTIPROCESS = Path(__file__).parent / "multiprocess"
 
 
 def pytest_ignore_collect(collection_path, config):
-    """tests/multidevice needs its own process (8 simulated devices, set before JAX starts):
-    it is collected only when named on the command line (``pytest tests/multidevice``)."""
-    if collection_path != MULTIDEVICE:
-        return None
-    named = any(Path(arg.split("::")[0]).resolve().is_relative_to(MULTIDEVICE) for arg in config.args)
-    return None if named else True
+    """tests/multidevice and tests/multiprocess need their own process (8 simulated devices,
+    set before JAX starts): each is collected only when named on the command line
+    (``pytest tests/multidevice``, ``pytest tests/multiprocess``)."""
+    for own in (MULTIDEVICE, MULTIPROCESS):
+        if collection_path == own:
+            named = any(Path(arg.split("::")[0]).resolve().is_relative_to(own) for arg in config.args)
+            return None if named else True
+    return None

@@ -44,6 +44,10 @@ CLI_BASE = {
     "scale-out run": ["--scenario", "tv_red_light", "--results", "{tmp}/ok/results"],
     "scale-out status": ["--results", "{tmp}"],
     "scale-out carla-pool": ["--carla-root", "{tmp}"],
+    "scale-out job sft": ["--data", "{tmp}/afile"],
+    "scale-out job grpo": [],
+    "scale-out job score": [],
+    "scale-out job episodes": ["--scenario", "tv_red_light"],
 }
 # Every output of every command: (command, flag as argparse names it).
 CLI_OUTPUTS = {
@@ -51,7 +55,8 @@ CLI_OUTPUTS = {
     ("chat", "--json"), ("convert", "out"), ("train", "--out"), ("train", "--json"), ("sim run", "--json"),
     ("sim run", "--plot"), ("sim run", "--replay"), ("coop", "--json"), ("coop", "--run-dir"),
     ("scale-out run", "--results"), ("scale-out run", "--json"), ("scale-out run", "--xla-cache"),
-    ("scale-out status", "--json"), ("scale-out carla-pool", "--json"),
+    ("scale-out status", "--json"), ("scale-out carla-pool", "--json"), ("scale-out job sft", "--out"),
+    ("scale-out job grpo", "--out"), ("scale-out job score", "--json"), ("scale-out job episodes", "--json"),
 }
 # Non-finite numbers: (argv, the flag the message names).
 CLI_NON_FINITE = [

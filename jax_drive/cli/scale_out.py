@@ -1,9 +1,14 @@
-"""`jax-drive scale-out`: episodes on a pool of Ray scenario workers, and CARLA server pools.
+"""`jax-drive scale-out`: Ray scenario workers, CARLA server pools and multi-process JAX runs.
 
     jax-drive scale-out run --scenario tv_red_light --seeds 3 --episodes 10 --results runs/red \
         [--workers 2] [--address local|auto|HOST:PORT] [--backend jax|carla --carla HOST:PORT:TM ...]
     jax-drive scale-out status --results runs/red
     jax-drive scale-out carla-pool --carla-root /opt/carla --servers 2 [--gpus 0,1]
+    jax-drive scale-out launch --processes 2 [--devices-per-process 4] [--ray ADDRESS] -- COMMAND ...
+    jax-drive scale-out job {sft,grpo,score,episodes} ...
+
+``launch`` and ``job`` (:mod:`jax_drive.cli.scale_out_jobs`) run one program in several JAX
+processes over a global mesh (JAX's multi-controller runtime).
 
 ``run`` records every episode once under ``--results`` and resumes there after a crash or
 Ctrl-C (rerun the same command). ``carla-pool`` starts CARLA servers, waits until they
@@ -20,7 +25,9 @@ from jax_drive.runinfo import (InputError, add_output_args, finite_float, output
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("scale-out", help="Ray scenario workers and CARLA server pools")
+    from jax_drive.cli.scale_out_jobs import register_jobs, register_launch
+
+    parser = subparsers.add_parser("scale-out", help="Ray scenario workers, CARLA server pools, multi-process runs")
     sub = parser.add_subparsers(dest="scale_command", required=True)
 
     run = sub.add_parser("run", help="run episodes on Ray workers into a resumable results directory")
@@ -73,6 +80,8 @@ def register(subparsers) -> None:
     pool.add_argument("--once", action="store_true", help="exit once every server is ready (leaves them running)")
     add_output_args(pool, progress=False)
     pool.set_defaults(func=_carla_pool)
+    register_launch(sub)
+    register_jobs(sub)
 
 
 def parse_carla_servers(items: list[str]) -> list[tuple[str, int, int]]:

@@ -10,6 +10,13 @@ everything into ``<dir>/<step>.partial`` and then renames it to ``<dir>/<step>``
 which is never read and is removed when the directory is opened again. Restoring needs a
 target tree of the same structure (the freshly initialised state of the run being
 resumed), which fixes shapes, dtypes and the optax / nnx pytree node types.
+
+Several processes (:mod:`jax_drive.distributed.multihost`) save together: every process
+writes the shards it holds into the same ``<step>.partial`` on a shared filesystem, process 0
+writes ``meta.json``, and after a barrier process 0 alone renames the directory (and prunes
+old steps), so the commit happens once; a second barrier keeps every process from reading the
+directory before it is committed. A checkpoint restores into any mesh and process count:
+orbax reads each process's shards of the target's shardings.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+import numpy as np
+
 from jax_drive.rl.atomic import atomic_write_json
 from jax_drive.faults import pause_point
+from jax_drive.parallel import barrier, is_primary
 from jax_drive.rl.optim import make_optimizer, split_model, write_back
 
 PARTIAL_SUFFIX = ".partial"
@@ -56,7 +66,8 @@ def committed_steps(directory: str | os.PathLike) -> list[int]:
 
 
 def _tree(state: RunState) -> dict:
-    return {"params": state.params, "opt_state": state.opt_state, "rng": jax.random.key_data(state.rng)}
+    # the key as host data: one value for every process (each holds its own device copy)
+    return {"params": state.params, "opt_state": state.opt_state, "rng": np.asarray(jax.random.key_data(state.rng))}
 
 
 class Checkpointer:
@@ -74,9 +85,11 @@ class Checkpointer:
         self.max_to_keep = max_to_keep
         self.name = name
         os.makedirs(self.directory, exist_ok=True)
-        for entry in os.listdir(self.directory):  # left by a run killed during a save
-            if entry.endswith(PARTIAL_SUFFIX):
-                shutil.rmtree(os.path.join(self.directory, entry))
+        if is_primary():
+            for entry in os.listdir(self.directory):  # left by a run killed during a save
+                if entry.endswith(PARTIAL_SUFFIX):
+                    shutil.rmtree(os.path.join(self.directory, entry))
+        barrier(f"checkpoint-open:{self.name}")
         self._orbax = ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
     def all_steps(self) -> list[int]:
@@ -92,20 +105,27 @@ class Checkpointer:
         step = int(state.step)
         final = os.path.join(self.directory, str(step))
         partial = final + PARTIAL_SUFFIX
-        if os.path.exists(partial):
-            shutil.rmtree(partial)
-        os.makedirs(partial)
+        primary = is_primary()
+        if primary:
+            if os.path.exists(partial):
+                shutil.rmtree(partial)
+            os.makedirs(partial)
+        barrier(f"checkpoint-begin:{self.name}:{step}")
         self._orbax.save(os.path.join(partial, "state"), args=ocp.args.StandardSave(_tree(state)))
         meta = {"step": step, "data_position": int(state.data_position)}
         if extra:
             meta["extra"] = extra
-        atomic_write_json(os.path.join(partial, "meta.json"), meta)
+        if primary:
+            atomic_write_json(os.path.join(partial, "meta.json"), meta)
         pause_point(f"{self.name}_checkpoint", step)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        for old in self.all_steps()[:-self.max_to_keep]:
-            shutil.rmtree(os.path.join(self.directory, str(old)))
+        barrier(f"checkpoint-written:{self.name}:{step}")
+        if primary:
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(partial, final)
+            for old in self.all_steps()[:-self.max_to_keep]:
+                shutil.rmtree(os.path.join(self.directory, str(old)))
+        barrier(f"checkpoint-committed:{self.name}:{step}")
 
     def restore(self, target: RunState, step: int | None = None) -> tuple[RunState, dict]:
         """Restore into the structure of ``target``; returns (state, meta). Raises if none."""

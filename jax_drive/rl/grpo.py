@@ -15,6 +15,14 @@ One trainer step:
 
 Defaults follow MTDrive: G = 8, 6 turns, 32 prompts (256 rollouts) per step, mini-batch 128
 rows, lr 1e-6 constant, beta 0.01 (K3), cross-turn mtGRPO advantages.
+
+Several processes (:mod:`jax_drive.distributed.multihost`; the trainer's mesh spans them
+all): each process takes its block of the step's scenes and samples their rollouts on its
+own devices with its own key (``fold_in(key, process)``: no work is done twice, and a run
+repeats for a given process count); advantages are per group, so per process; each process
+pads its rows to the length and row count every process agrees on, and the update runs on
+the global batch. The step's record is computed from every process's rollouts (gathered),
+so process 0 logs the whole step.
 """
 
 from __future__ import annotations
@@ -28,8 +36,25 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, shard_batch, shard_model, shard_params
+from jax_drive.parallel import (
+    MeshConfig,
+    barrier,
+    batch_shards,
+    gather_objects,
+    host_local,
+    host_values,
+    local_batch_shards,
+    local_mesh,
+    make_mesh,
+    process_block,
+    require_global_mesh,
+    round_up,
+    shard_batch,
+    shard_model,
+    shard_params,
+)
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
 from jax_drive.data.tokens import TokenRow
 from jax_drive.rl.batching import GRAMMAR_KEYS, add_images, batch_token_logprobs, bucket_length, pad_rows
@@ -50,6 +75,7 @@ from jax_drive.rollout import (
     RolloutConfig,
     RolloutResult,
     compute_reference,
+    concat_results,
     run_rollouts,
     scene_prompts,
     select_scenes,
@@ -151,7 +177,8 @@ class GRPOConfig:
 
 # ----------------------------------------------------------------------------- batches
 def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucket_size: int = 128,
-                      multiple_of: int = 1, model=None, grammar_rows=None) -> dict[str, np.ndarray]:
+                      multiple_of: int = 1, model=None, grammar_rows=None,
+                      length: int | None = None) -> dict[str, np.ndarray]:
     """Padded training arrays from rollouts.
 
     Args:
@@ -164,6 +191,8 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
         :func:`jax_drive.rl.batching.add_images`).
       grammar_rows: (grammar id, token budget per turn) of every row's answers when they were
         sampled under a grammar (its index in the update's ``GrammarTables``), else None.
+      length: the padded length (default: the rows' longest, bucketed); rows longer than
+        ``length + 1`` tokens are cut. With it, ``result`` may hold no scene (an all-padding batch).
     Returns:
       dict of (R', L) arrays: input_ids, targets, positions, attention_mask, loss_mask
       (1 on generated tokens), old_logp (sampling log-probs), advantages (the token's turn
@@ -174,14 +203,15 @@ def build_train_batch(result: RolloutResult, advantages: Any, pad_id: int, bucke
     if adv.shape[:2] != result.pdms.shape[:2]:
         raise ValueError(f"advantages {adv.shape} do not match the rollouts {result.pdms.shape}")
     rows = [TokenRow(t.tokens, (t.turn_ids >= 0).astype(np.float32), t.images) for t in result.rows]
-    length = bucket_length(max(len(r) for r in rows) - 1, bucket_size)
-    num_rows = -(-len(rows) // multiple_of) * multiple_of
+    if length is None:
+        length = bucket_length(max(len(r) for r in rows) - 1, bucket_size)
+    num_rows = max(-(-len(rows) // multiple_of) * multiple_of, multiple_of)
     batch = pad_rows(rows, length, pad_id, num_rows=num_rows,
                      extra={"old_logp": result.sample_logprobs, "turn_id": result.turn_ids})
     # padding carries turn id 0 in pad_rows' extras: off-loss tokens get -1 here
     turn_id = np.where(batch["loss_mask"] > 0, batch["turn_id"], -1).astype(np.int32)
     row_adv = np.zeros((num_rows, adv.shape[-1]), np.float32)
-    row_adv[:len(rows)] = adv.reshape(len(rows), -1)
+    row_adv[:len(rows)] = adv.reshape(len(rows), adv.shape[-1])
     batch["turn_id"] = turn_id
     batch["advantages"] = np.asarray(token_advantages(row_adv, turn_id))
     if grammar_rows is not None:
@@ -220,7 +250,17 @@ _MODEL_KEYS = ("input_ids", "targets", "positions", "attention_mask", "vision") 
 
 
 def _rows(batch: dict, index) -> dict:
-    """The rows ``index`` of every entry (a per-row vision layout included)."""
+    """The rows ``index`` (a slice or index array) of every entry (a per-row vision layout
+    included), taken by one compiled program with the indices as host data: a batch spread over
+    several processes must only be indexed by programs every process runs alike (eager indexing
+    with an index on one local device can leave the processes in different collectives)."""
+    if isinstance(index, slice):
+        index = np.arange(int(jax.tree.leaves(batch)[0].shape[0]))[index]
+    return _take_rows(batch, np.asarray(index, np.int32))
+
+
+@jax.jit
+def _take_rows(batch: dict, index) -> dict:
     return jax.tree.map(lambda v: v[index], batch)
 
 
@@ -243,8 +283,9 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
     Args:
       graphdef, params, rest: the split model (params = trainable state).
       opt_state: optax state. ref_params: frozen reference trainable state (or None).
-      batch: :func:`build_train_batch` output (numpy or jax arrays).
-      config: GRPOConfig. key: mini-batch shuffling key.
+      batch: :func:`build_train_batch` output (numpy or jax arrays; in several processes,
+        this process's rows of the global batch, the same shape in every process).
+      config: GRPOConfig. key: mini-batch shuffling key (the same in every process).
       precomputed: optional 'old_logp' / 'ref_logp' arrays shaped like the batch, already
         computed under params / ref_params (:class:`jax_drive.rl.streaming.RowLogprobs`);
         they replace the recomputation here.
@@ -256,6 +297,7 @@ def grpo_update(graphdef, params, rest, opt_state, ref_params, batch: dict, conf
       ``logp_mismatch`` (mean |sampler - trainer| log-prob on generated tokens).
     """
     mesh = make_mesh(config.mesh)
+    require_global_mesh(mesh, "grpo_update")
     step_fn, logp_fn = _compiled(graphdef, config.loss, config.chunk_size, config.optim,
                                  config.logprob_temperature, mesh)
     batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
@@ -336,6 +378,26 @@ def answer_grammar_tables(tokenizer, vocab_size: int, rollout: RolloutConfig):
     return tables, (int(ids[0]), rollout.sampling.max_new_tokens)
 
 
+# ----------------------------------------------------------------------------- processes
+def _references(scenes: Scene, pdm_config) -> np.ndarray:
+    """PDM-Closed references of every scene; in several processes each computes its block."""
+    if jax.process_count() == 1:
+        return np.asarray(compute_reference(scenes, pdm_config), np.float32)
+    block = process_block(int(scenes.command.shape[0]))
+    own = np.asarray(compute_reference(index_scene(scenes, np.arange(block.start, block.stop)), pdm_config))
+    return np.concatenate(gather_objects(own.astype(np.float32)), axis=0)
+
+
+def _common_shape(result: RolloutResult, config: GRPOConfig, local_shards: int) -> tuple[int, dict]:
+    """(groups kept by all processes, {"rows", "length"} of every process's block): the most
+    rows any process holds, rounded up to its devices, and the longest row's bucketed length."""
+    lengths = [len(t.tokens) for t in result.rows]
+    found = host_values(np.asarray([len(lengths), max(lengths, default=1)], np.int64), stack=True)
+    rows, longest = int(found[:, 0].max()), int(found[:, 1].max())
+    shape = {"rows": round_up(max(rows, 1), local_shards), "length": bucket_length(longest - 1, config.bucket_size)}
+    return int(found[:, 0].sum()) // config.rollout.group_size, shape
+
+
 # ----------------------------------------------------------------------------- data
 def scene_order(num_scenes: int, seed: int, start: int, count: int) -> np.ndarray:
     """Indices ``start .. start + count`` of the endless stream of per-epoch permutations."""
@@ -392,8 +454,11 @@ def grpo_train(
     from jax_drive.sampling import JaxEngine, SamplerConfig
 
     n = int(scenes.command.shape[0])
+    processes = jax.process_count()
+    if processes > 1 and config.prompts_per_step % processes:
+        raise ValueError(f"prompts_per_step {config.prompts_per_step} does not split over {processes} processes")
     if references is None:
-        references = compute_reference(scenes, pdm_config)
+        references = _references(scenes, pdm_config)
     references = np.asarray(references, np.float32)
     if references.shape != (n, 40, 3):
         raise ValueError(f"references must be ({n}, 40, 3), got {references.shape}")
@@ -401,10 +466,15 @@ def grpo_train(
     if len(prompts) != n:
         raise ValueError(f"{len(prompts)} prompts for {n} scenes")
     mesh = make_mesh(config.mesh)
+    require_global_mesh(mesh, "grpo_train")
     shards = batch_shards(mesh)
     if config.minibatch_size % shards:
         raise ValueError(f"minibatch_size {config.minibatch_size} is not a multiple of the {shards} devices "
                          "that share each mini-batch")
+    sampler_model = None  # several processes: each samples with its own copy on its own devices
+    if engine is None and processes > 1:
+        sampler_model = nnx.clone(model)  # before sharding: every process holds the same arrays
+        engine = JaxEngine(sampler_model, tokenizer, SamplerConfig(mesh=local_mesh(MeshConfig(data=-1))))
     engine = JaxEngine(model, tokenizer, SamplerConfig(mesh=config.mesh)) if engine is None else engine
     pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
 
@@ -421,6 +491,10 @@ def grpo_train(
     def step(state: RunState) -> StepOutcome:
         rng, k_roll, k_mb = jax.random.split(state.rng, 3)
         idx = scene_order(n, config.seed, state.data_position, config.prompts_per_step)
+        if processes > 1:  # this process's scenes, its own rollout key
+            idx, k_roll = idx[process_block(len(idx))], jax.random.fold_in(k_roll, jax.process_index())
+            if sampler_model is not None:
+                nnx.update(sampler_model, host_local(state.params))
         rows_logp = _row_logprobs(graphdef, rest, state.params, ref_params, config)
         t0 = time.perf_counter()
         result = run_rollouts(engine, tokenizer, index_scene(scenes, idx), k_roll, config.rollout,
@@ -434,10 +508,15 @@ def grpo_train(
             keep = np.flatnonzero(np.any(train_adv != 0.0, axis=(1, 2)))
             train_result, train_adv = select_scenes(result, keep), train_adv[keep]
         kept = train_adv.shape[0]
+        shape = {}
+        if processes > 1:  # one row count and length for every process's block
+            barrier(f"grpo-rollouts:{state.step}")  # rollouts take uneven time; the update's collectives wait
+            kept, shape = _common_shape(train_result, config, local_batch_shards(mesh))
         if kept:
             multiple = int(np.lcm(min(rows_multiple, kept * config.rollout.group_size), shards))
-            batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size, multiple_of=multiple,
-                                      model=model, grammar_rows=grammar_rows)
+            batch = build_train_batch(train_result, train_adv, pad_id, config.bucket_size,
+                                      multiple_of=shape.get("rows", multiple), model=model,
+                                      grammar_rows=grammar_rows, length=shape.get("length"))
             precomputed = None
             if rows_logp is not None:
                 precomputed = _precomputed(rows_logp, result, keep, config.rollout.group_size, batch)
@@ -455,12 +534,17 @@ def grpo_train(
         t2 = time.perf_counter()
         after = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
                          data_position=state.data_position + config.prompts_per_step)
-        summary = summarize(result)
         train_tokens = float(np.asarray(batch["attention_mask"]).sum()) * config.ppo_epochs if batch is not None else 0.0
+        adv = np.asarray(adv)
+        if processes > 1:  # the record covers every process's rollouts
+            parts = gather_objects((result, adv, train_tokens))
+            result, adv = concat_results([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            train_tokens = float(sum(p[2] for p in parts))
+        summary = summarize(result)
         record = {
             **summary,
             **update,
-            "advantage_abs_mean": float(np.abs(np.asarray(adv))[result.turn_mask].mean()),
+            "advantage_abs_mean": float(np.abs(adv)[result.turn_mask].mean()),
             "rollout_seconds": t1 - t0,
             "update_seconds": t2 - t1,
             "rollout_tokens_per_s": summary["generated_tokens"] / max(t1 - t0, 1e-9),

@@ -14,6 +14,11 @@ can be resumed once the cause is fixed, and no non-finite checkpoint is ever wri
 ``LoopConfig.skip_nonfinite`` (off by default; for long runs, as optax's
 ``apply_if_finite``) such a step's update is dropped instead: params and optimiser state stay
 as they were, the step and data position advance, and the record says ``skipped_nonfinite``.
+
+Several processes (:mod:`jax_drive.distributed.multihost`) run the loop together: every
+process steps, guards and checkpoints (a checkpoint is written by all of them), and only
+process 0 writes metric records and shows the progress bar; the trainer's step makes its
+record the same on every process.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from jax_drive.faults import pause_point
+from jax_drive.parallel import is_primary
 from jax_drive.rl.checkpoint import Checkpointer, RunState
 from jax_drive.rl.logging import MetricsLogger
 from jax_drive.rl.optim import write_back
@@ -126,8 +132,9 @@ def train_loop(model, state: RunState, step: Callable[[RunState], StepOutcome], 
     Raises:
       NonFiniteError (see the module docstring).
     """
-    logger = MetricsLogger(out_dir, resume_from=state.step if resume else None)
-    bar = tqdm(total=config.total_steps, initial=state.step, desc=config.name, disable=not progress,
+    primary = is_primary()  # the one process that writes records
+    logger = MetricsLogger(out_dir if primary else None, resume_from=state.step if resume else None)
+    bar = tqdm(total=config.total_steps, initial=state.step, desc=config.name, disable=not (progress and primary),
                dynamic_ncols=True)
     try:
         if config.live_model:

@@ -10,7 +10,10 @@ padded to a multiple of ``bucket_size`` (few distinct shapes -> few compiles), a
 (AdamW, constant lr, global-norm clip; LoRA or full fine-tuning). Log-probs come from
 ``model.token_logprobs`` (vocab-chunked, no (B, L, V) float32 tensor). The run is
 checkpointed with orbax and resumes exactly (``resume=True``). ``SFTConfig.mesh`` runs the
-step data-parallel and FSDP-sharded on a device mesh (``jax_drive.parallel``).
+step data-parallel and FSDP-sharded on a device mesh (``jax_drive.parallel``). In several
+processes (:mod:`jax_drive.distributed.multihost`) the mesh spans them all: every process
+plans the same batches (from the rows' lengths) and pads only its own block of each batch's
+rows, so the global batch, the losses and the updates are those of one process.
 """
 
 from __future__ import annotations
@@ -23,14 +26,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_drive.data.tokens import TokenRow, chat_samples, tokenize_chat
 from jax_drive.rl.batching import add_images, batch_token_logprobs, bucket_length, iterate_epochs, pad_rows
 from jax_drive.rl.checkpoint import RunState
 from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, open_checkpointer, restored, train_loop
 from jax_drive.rl.logging import peak_rss_gb
-from jax_drive.parallel import MeshConfig, batch_shards, make_mesh, round_up, shard_batch, shard_model, shard_params
+from jax_drive.parallel import (
+    MeshConfig,
+    batch_shards,
+    make_mesh,
+    process_block,
+    require_global_mesh,
+    round_up,
+    shard_batch,
+    shard_model,
+    shard_params,
+)
 from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model
 
 
@@ -134,6 +146,7 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     total = config.max_steps if config.max_steps is not None else config.epochs * per_epoch
 
     mesh = make_mesh(config.mesh)
+    require_global_mesh(mesh, "sft_train")
     shard_model(model, mesh)  # the live model holds the sharded arrays (no full copy stays)
     graphdef, params, rest = split_model(model, config.optim.trainable)
     tx = make_optimizer(config.optim)
@@ -145,13 +158,16 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
     for _ in range(state.data_position):
         next(stream)
     num_rows = round_up(config.batch_size, batch_shards(mesh))
+    mine = process_block(num_rows)  # this process's rows of every batch (all of them with one process)
 
     def step(state: RunState) -> StepOutcome:
         epoch, index = next(stream)
         chosen = [rows[i] for i in index]
         length = bucket_length(max(len(r) for r in chosen) - 1, config.bucket_size, config.max_length)
-        batch = add_images(pad_rows(chosen, length, pad_id, num_rows=num_rows), chosen, model)
+        own = chosen[mine]
+        batch = add_images(pad_rows(own, length, pad_id, num_rows=mine.stop - mine.start), own, model)
         batch = shard_batch(batch, mesh) if mesh is not None else jax.tree.map(jnp.asarray, batch)
+        tokens = sum(min(len(r), length) for r in chosen)  # real input tokens of the whole batch
         start = time.perf_counter()
         params, opt_state, loss, metrics = step_fn(state.params, rest, state.opt_state, batch)
         loss = float(loss)  # blocks
@@ -164,7 +180,7 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
             "loss_tokens": metrics["loss_tokens"],
             "epoch": epoch,
             "padded_length": length,
-            "tokens_per_s": lambda: int(np.asarray(batch["attention_mask"]).sum()) / max(seconds, 1e-9),
+            "tokens_per_s": tokens / max(seconds, 1e-9),
             "step_seconds": seconds,
             "peak_rss_gb": peak_rss_gb,
         }
