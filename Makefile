@@ -53,6 +53,7 @@ demo-score: $(STAMP)
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider tests/multidevice
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:cacheprovider tests/multiprocess
 
 clean:
 	rm -rf $(VENV) runs
