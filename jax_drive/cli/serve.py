@@ -125,15 +125,15 @@ def check_deployment(args: argparse.Namespace, api_key: str | None) -> list[str]
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag in ("max_wait_ms", "request_timeout"):
+        if not math.isfinite(getattr(args, flag)):
+            raise InputError(f"--{flag.replace('_', '-')} must be a finite number, got {getattr(args, flag)}")
     require_min(1, port=args.port, max_batch_rows=args.max_batch_rows, default_max_tokens=args.default_max_tokens,
                 decode_chunk_steps=args.decode_chunk_steps)
     require_min(0, max_loras=args.max_loras, max_wait_ms=args.max_wait_ms, max_body_bytes=args.max_body_bytes,
                 max_request_rows=args.max_request_rows, max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
                 max_queued_rows=args.max_queued_rows)
-    for flag in ("max_wait_ms", "request_timeout"):
-        if not math.isfinite(getattr(args, flag)):
-            raise InputError(f"--{flag.replace('_', '-')} must be a finite number, got {getattr(args, flag)}")
     limits = ServeLimits(max_body_bytes=_off_if_zero(args.max_body_bytes),
                          max_request_rows=_off_if_zero(args.max_request_rows),
                          max_prompt_tokens=_off_if_zero(args.max_prompt_tokens),
