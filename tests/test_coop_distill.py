@@ -155,12 +155,14 @@ def test_student_trains_saves_loads_and_drives(tmp_path, teacher_run):
     _, chat_tok, history = D.train_student(model, tokenizer, samples[:16], config, str(tmp_path), progress=False)
     assert len(history) == 2 and not np.allclose(before, np.asarray(model.embed[...]))
     from jax_drive.models import load_pretrained
-    from jax_drive.pipelines.talking_vehicles import local_engine
+    from jax_drive.pipelines.engines import EngineSpec, make_engine
+    from jax_drive.pipelines.talking_vehicles.presets import PROMPT_BUCKETS
 
     loaded, _, loaded_tok = load_pretrained(tmp_path / "model")
     assert loaded_tok.chat_template == D.COMPACT_TEMPLATE
     np.testing.assert_allclose(np.asarray(loaded.embed[...]), np.asarray(model.embed[...]), atol=1e-6)
-    policy = LanguagePolicy(local_engine(loaded, loaded_tok), AgentConfig(style="compact", max_new_tokens=4),
+    policy = LanguagePolicy(make_engine(EngineSpec(prompt_buckets=PROMPT_BUCKETS, min_gen_bucket=8, max_batch=64),
+                                                loaded, loaded_tok), AgentConfig(style="compact", max_new_tokens=4),
                             key=jax.random.key(1))
     run_specs([EpisodeSpec("tv_red_light", 0, 0, "eval")], policy, max_time=0.6)
     assert [c.agents for c in policy.calls] == [2, 2]
