@@ -52,7 +52,7 @@ def trajectory_prompt(tokenizer) -> list[int]:
     """The cpu-demo's first planning prompt of one generated evaluation scene."""
     import jax
 
-    from jax_drive.pipelines.presets import PRESETS, TEXT_PROMPT
+    from jax_drive.pipelines.mtdrive.presets import PRESETS, TEXT_PROMPT
     from jax_drive.rollout import scene_prompts
     from jax_drive.scenes import GeneratorConfig, generate_scenes
 

@@ -1,6 +1,8 @@
 """The ``smoke`` presets of the three pipelines give the results recorded before the top
 floors were redesigned (tests/data/smoke_reference.json, made by tests/smoke_reference.py on
-the code before the change): the refactor moved code, not behaviour."""
+the code before the change): the refactor moved code, not behaviour. The runs use the
+unconstrained setting the reference was recorded in (``smoke_reference.UNCONSTRAINED``: the
+smoke presets' grammars off, the recorded answer budgets)."""
 
 from __future__ import annotations
 
