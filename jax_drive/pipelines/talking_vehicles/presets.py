@@ -127,7 +127,7 @@ def _presets() -> dict[str, Preset]:
         "smoke": Preset(
             name="smoke", model="tiny", student_model="tiny", scenarios=TALKING_VEHICLES[:2], seeds=(0,),
             eval_episodes=2, baseline_eval_episodes=2,
-            # the action grammar over the byte tokenizer with a 16-character message: 62 tokens
+            # the action grammar over the byte tokenizer with a 16-character message: 64 tokens
             agent=AgentConfig(max_new_tokens=8, constrain_answers=True, max_message_chars=16),
             student_agent=AgentConfig(style="compact", max_new_tokens=8),
             learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=8,
@@ -146,7 +146,7 @@ def _presets() -> dict[str, Preset]:
         # then two DAgger rounds (alone it drove into states the teacher never reaches).
         "cpu-demo": Preset(
             name="cpu-demo", eval_episodes=2, baseline_eval_episodes=10, student_eval_episodes=4,
-            # every answer parses, in at most 11 + 13 + 80 + 1 = 105 SmolLM2 tokens (the
+            # every answer parses, in at most 11 + 15 + 80 + 1 = 107 SmolLM2 tokens (the
             # unconstrained 24 tokens are too few for a JSON answer with a sentence-long message)
             agent=AgentConfig(max_new_tokens=24, constrain_answers=True),
             learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=128,
