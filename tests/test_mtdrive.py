@@ -138,11 +138,17 @@ def test_onpolicy_recovery_continues_sft_on_the_policys_own_failures(tmp_path):
     answers fresh scenes; each failure gives an expert row and a recovery row, as many SFT
     rows are replayed, SFT continues for ``sft_onpolicy_steps`` steps, and the continued
     adapters become the run's SFT policy (``final_sft_dir`` / ``load_sft``). A resumed run
-    loads both stages from the journal."""
+    loads both stages from the journal. With free answers (the smoke reference's unconstrained
+    setting): under the smoke preset's trajectory grammar every answer is usable and on-policy
+    recovery has nothing to recover."""
+    from smoke_reference import UNCONSTRAINED
+
+    from jax_drive.configs import override
     from jax_drive.pipelines.mtdrive import final_sft_dir, onpolicy_checkpoint_dir, sft_checkpoint_dir
     from jax_drive.rl.checkpoint import restore_trainable
 
-    preset = dataclasses.replace(SMOKE, sft_onpolicy_scenes=3, sft_onpolicy_steps=3)
+    free = override(SMOKE, UNCONSTRAINED["mtdrive"])
+    preset = dataclasses.replace(free, sft_onpolicy_scenes=3, sft_onpolicy_steps=3)
     out = tmp_path / "run"
     result = run_mtdrive(preset, out, skip_rl=True, evaluate=(), progress=False, log=lambda msg: None)
     card = result["sft_onpolicy"]["card"]

@@ -33,6 +33,15 @@ def test_which_presets_constrain():
             preset.constrain_answers, name
 
 
+def test_mtdrive_curation_predicts_under_the_evaluation_grammar():
+    from jax_drive.pipelines.mtdrive.pipeline import predictor
+
+    for name in ("smoke", "paper"):
+        preset = MT.PRESETS[name]
+        grammar = predictor(preset, engine=None).params.grammar
+        assert grammar == MT.eval_config(preset).answer_grammar() and (grammar is None) == (name == "paper")
+
+
 def test_mtdrive_smoke_budgets_hold_the_trajectory_grammar(engine):
     for name in ("smoke", "smoke-vlm"):
         preset = MT.PRESETS[name]
