@@ -47,6 +47,10 @@ CATALOGUE: dict[str, Entry] = {
     "bench_pdm.json": Entry(
         "PDM scorer vs the numpy/shapely reference: one scene (1-4,096 proposals), 256 scenes x 8, "
         "and jax-drive score's whole process on a 300-scene x 8-proposal file (cold, warm)"),
+    "bench_pdm_multi.json": Entry(
+        "PDM scorer vs the numpy/shapely reference on 256 scenes x 8 proposals only (bench_pdm's multi-scene part)",
+        "python experiments/bench_pdm.py --only multi --scenes 256 --proposals 8 "
+        "--json experiments/results/bench_pdm_multi.json"),
     "navsim_parity.json": Entry(
         "jax-drive vs NAVSIM's own pdm_score (v1.1, v2.2) per column on 400 scenes x 8 proposals"),
     "bench_draw.json": Entry("Token draw: two-level Gumbel-max vs jax.random.categorical and an inverse CDF"),
@@ -77,9 +81,6 @@ CATALOGUE: dict[str, Entry] = {
         "reduced size (4 x 4 x 3 x 64), every configuration (each feature's contribution)",
         "python experiments/bench_rollout.py --scenes 4 --group 4 --turns 3 --max-new-tokens 64 --warmup "
         "--json experiments/results/bench_rollout/untrained_4x4x3.json"),
-    "bench_rollout/constrained_2x4x2.json": Entry(
-        "reduced to 2 scenes x G 4 x 2 turns x 168 tokens on a heavily loaded machine: constrained answers "
-        "(trajectory grammar) with and without jump-forward vs the unconstrained path and the peer"),
     "bench_rollout/trained.json": Entry(
         "canonical size, a format-recovery SFT checkpoint, with and without prompt lookup",
         "python experiments/bench_rollout.py --configs full no_lookup --sft-from RUN "
