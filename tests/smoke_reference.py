@@ -8,6 +8,11 @@ fresh runs against them with :func:`differences` (TalkingVehicles and InterDrive
 tests/test_smoke_reference*.py; MTDrive on the uninterrupted ``jax-drive train --preset smoke``
 run of tests/test_mtdrive_runs.py, which runs that pipeline anyway).
 
+The reference was recorded with free (unconstrained) answers. The ``smoke`` presets now sample
+their answers under grammars (``constrain_answers``, docs/structured.md), with answer budgets
+that hold the grammars; :data:`UNCONSTRAINED` turns that off and restores the budgets of the
+recording, so the comparison still proves that the redesign changed nothing in that setting.
+
     python tests/smoke_reference.py tests/data/smoke_reference.json   # (re-)record
 """
 
@@ -21,6 +26,12 @@ import tempfile
 REFERENCE = os.path.join(os.path.dirname(__file__), "data", "smoke_reference.json")
 MTDRIVE_KEYS = ("pdms_first", "pdms_final", "format_rate", "turns_mean")
 RL_KEYS = ("pdms_final", "loss", "reward_mean")
+# --set overrides giving each pipeline's smoke preset the unconstrained setting it was recorded in.
+UNCONSTRAINED = {
+    "mtdrive": {"constrain_answers": False, "max_new_tokens": 24, "rl.rollout.sampling.max_new_tokens": 24},
+    "talking_vehicles": {"agent.constrain_answers": False},
+    "interdrive": {"constrain_answers": False, "consensus_tokens": 8},
+}
 
 
 def recorded() -> dict:
@@ -85,24 +96,32 @@ def reduce_interdrive(report: dict) -> dict:
 
 
 def run_mtdrive_smoke(out_dir: str) -> dict:
+    """The MTDrive smoke pipeline in the recorded (unconstrained) setting, reduced."""
+    from jax_drive.configs import override
     from jax_drive.pipelines.mtdrive import run_mtdrive
     from jax_drive.pipelines.mtdrive.presets import PRESETS
 
-    return reduce_mtdrive(run_mtdrive(PRESETS["smoke"], out_dir, progress=False, log=lambda m: None))
+    preset = override(PRESETS["smoke"], UNCONSTRAINED["mtdrive"])
+    return reduce_mtdrive(run_mtdrive(preset, out_dir, progress=False, log=lambda m: None))
 
 
 def run_talking_vehicles_smoke(run_dir: str) -> dict:
+    """The TalkingVehicles smoke pipeline in the recorded (unconstrained) setting, reduced."""
+    from jax_drive.configs import override
     from jax_drive.pipelines import talking_vehicles as TV
 
-    return reduce_talking_vehicles(TV.run(TV.PRESETS["smoke"], list(TV.METHODS), run_dir, progress=False))
+    preset = override(TV.PRESETS["smoke"], UNCONSTRAINED["talking_vehicles"])
+    return reduce_talking_vehicles(TV.run(preset, list(TV.METHODS), run_dir, progress=False))
 
 
 def run_interdrive_smoke(work_dir: str) -> dict:
+    """The InterDrive smoke script in the recorded (unconstrained) setting, reduced."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
     import interdrive as script  # noqa: E402
 
     out = os.path.join(work_dir, "interdrive.json")
-    script.main(["--preset", "smoke", "--work-dir", work_dir, "--json", out, "--no-progress"])
+    settings = [arg for path, value in UNCONSTRAINED["interdrive"].items() for arg in ("--set", f"{path}={value}")]
+    script.main(["--preset", "smoke", "--work-dir", work_dir, "--json", out, "--no-progress", *settings])
     with open(out) as f:
         return reduce_interdrive(json.load(f))
 

@@ -3,7 +3,10 @@ in one file so each run is made once and the later ones load the programs the fi
 (the suite's persistent XLA cache; subprocess runs save every program):
 
 * the front end's uninterrupted ``jax-drive train --preset smoke`` gives the results recorded
-  before the redesign (tests/smoke_reference.py);
+  before the redesign (tests/smoke_reference.py). Every run here is in the unconstrained
+  setting that reference was recorded in (``--set`` with ``smoke_reference.UNCONSTRAINED``:
+  grammars off, 24-token answers, so the untrained model's answers fail and on-policy recovery
+  has failures to learn from); the preset's constrained answers run in test_structured_presets.py;
 * SIGKILL of a real run inside a training step and inside a checkpoint write, after which
   ``--resume`` must end with the results, metrics and weights of that uninterrupted run
   (the building blocks are tested in test_mtdrive_resume.py);
@@ -25,19 +28,22 @@ import jax
 import numpy as np
 import pytest
 
+from jax_drive.configs import override
 from jax_drive.pipelines.journal import RunDirError
 from jax_drive.pipelines.mtdrive import load_policy, make_held_out, reevaluate, rl_checkpoint_dir, run_mtdrive, sft_checkpoint_dir
 from jax_drive.pipelines.mtdrive.presets import PRESETS, rl_config, with_seed
 from jax_drive.rl.checkpoint import committed_steps, restore_trainable
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.optim import split_model
-from smoke_reference import differences, recorded, reduce_mtdrive
+from smoke_reference import UNCONSTRAINED, differences, recorded, reduce_mtdrive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import mtdrive_reeval  # noqa: E402
 
-SMOKE = PRESETS["smoke"]
+SMOKE = override(PRESETS["smoke"], UNCONSTRAINED["mtdrive"])
+FREE_ANSWERS = [arg for path, value in UNCONSTRAINED["mtdrive"].items()
+                for arg in ("--set", f"{path}={json.dumps(value)}")]
 QUIET = {"progress": False, "log": lambda msg: None}
 # wall-clock and memory figures differ between any two runs; every other metric must not
 TIMING_KEYS = {"rollout_seconds", "update_seconds", "rollout_tokens_per_s", "train_tokens_per_s", "peak_rss_gb",
@@ -46,7 +52,8 @@ TIMING_KEYS = {"rollout_seconds", "update_seconds", "rollout_tokens_per_s", "tra
 
 # ----------------------------------------------------------------------------- killed for real
 def _command(out, resume: bool) -> list[str]:
-    return [sys.executable, "-m", "jax_drive.cli", "train", "--preset", "smoke", "--out", str(out), "--no-progress",
+    return [sys.executable, "-m", "jax_drive.cli", "train", "--preset", "smoke", *FREE_ANSWERS, "--out", str(out),
+            "--no-progress",
             *(["--resume"] if resume else [])]
 
 

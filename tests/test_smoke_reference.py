@@ -1,6 +1,8 @@
 """The ``smoke`` presets of the three pipelines give the results recorded before the top
 floors were redesigned (tests/data/smoke_reference.json, made by tests/smoke_reference.py on
-the code before the change): the refactor moved code, not behaviour.
+the code before the change): the refactor moved code, not behaviour. The runs use the
+unconstrained setting the reference was recorded in (``smoke_reference.UNCONSTRAINED``: the
+smoke presets' grammars off, the recorded answer budgets).
 
 One pipeline per test file, so ``pytest --dist loadfile`` runs them on different workers:
 TalkingVehicles here, InterDrive in test_smoke_reference_interdrive.py, and MTDrive in

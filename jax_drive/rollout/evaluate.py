@@ -96,13 +96,13 @@ class PolicyPredictor:
     """First-turn predictor backed by a language-model engine (greedy), for the data builders
     (RL curation, on-policy recovery). ``prompt``: the prompts' settings; when they hold
     images (``uses_images``) the scenes' camera images go with them (the engine's tokenizer
-    must be an image tokenizer)."""
+    must be an image tokenizer). ``grammar``: every answer's grammar (None = free answers)."""
 
     name = "policy"
 
-    def __init__(self, engine, max_new_tokens: int, prompt: PromptConfig | None = None):
+    def __init__(self, engine, max_new_tokens: int, prompt: PromptConfig | None = None, grammar=None):
         self.engine = engine
-        self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, grammar=grammar)
         self.prompt = prompt
 
     def __call__(self, scene: Scene, key: jax.Array, prompts: Sequence[list[dict]]) -> list[str]:

@@ -26,12 +26,14 @@ from jax_drive.coop.negotiation import (
     RuleTeacher,
     TeacherConfig,
 )
+from jax_drive.coop.negotiation.prompts import MAX_WORDS
 from jax_drive.coop.negotiation.teacher import stated_speed
 from jax_drive.coop.runner import run_episodes
 from jax_drive.pipelines import engines
 from jax_drive.pipelines.interdrive.arms import arm_config, episode_plan
 from jax_drive.pipelines.interdrive.presets import Preset, engine_spec, model_spec
 from jax_drive.sampling import SamplingParams
+from jax_drive.sampling.grammar import actor_reply_grammar
 from jax_drive.sim import metrics as M
 
 
@@ -122,7 +124,8 @@ def decision_probe(engine, examples: list[dict], preset: Preset) -> dict:
     """Greedy replies of ``engine`` (one ``generate_chat`` call) to the examples' prompts,
     scored by :func:`decision_agreement` against the teacher's replies; plus a few
     (teacher, model) reply pairs."""
-    params = SamplingParams(max_new_tokens=preset.actor_tokens, temperature=0.0)
+    grammar = actor_reply_grammar(MAX_WORDS) if preset.constrain_answers else None  # the closed loop's replies
+    params = SamplingParams(max_new_tokens=preset.actor_tokens, temperature=0.0, grammar=grammar)
     outs = engine.generate_chat([e["messages"][:-1] for e in examples], params, jax.random.key(0))
     targets = [e["messages"][-1]["content"] for e in examples]
     report = decision_agreement(targets, [o.text for o in outs])
@@ -169,4 +172,5 @@ def make_negotiator(preset: Preset, engine: str = "jax", *, adapter_dir: str | N
     else:
         backend = engines.make_engine(engine_spec(preset), *load_model(preset, adapter_dir))
     return LLMNegotiator(backend, preset.style, actor_tokens=preset.actor_tokens,
-                         consensus_tokens=preset.consensus_tokens, temperature=preset.temperature, name=engine)
+                         consensus_tokens=preset.consensus_tokens, temperature=preset.temperature, name=engine,
+                         constrain_answers=preset.constrain_answers)

@@ -29,6 +29,14 @@ class Preset:
     Model: ``model`` (load_pretrained source, or 'tiny': a random tiny model); ``actor_tokens`` / ``consensus_tokens``
       generation budgets; greedy decoding at ``temperature`` 0; ``prompt_bucket`` pads
       prompts to a multiple of it; ``engine_batch`` rows per sampler call (None: all).
+    Structured answers: ``constrain_answers`` samples the actor replies (``I will ...``, at
+      most 18 words; also in the probe), the sum-actions JSON (every group member in order,
+      its budget the grammar's longest answer) and the consensus score under their grammars
+      (``LLMNegotiator(constrain_answers=True)``, docs/structured.md), so every answer
+      parses; the budgets must hold each grammar's shortest answer (byte tokenizer of the
+      tiny model: 8 actor, 36 consensus tokens). On in the small-model presets (smoke,
+      cpu-demo); off in ``paper`` and to reproduce CoLMDriver's unconstrained prompts
+      (``--set constrain_answers=false``).
     Small-model path: teacher episodes on ``train_seeds`` (both backgrounds, alternating
       accident-prone and safe, ``train_episodes_per_seed`` per type) with
       ``corrupt_prob``; ``sft_counts`` examples per kind (each at most ``sft_max_chars``
@@ -70,6 +78,7 @@ class Preset:
                                bucket_size=32, checkpoint_every=10)
     convergence_groups: int = 24
     probe_size: int = 128
+    constrain_answers: bool = False
 
     def __post_init__(self):
         overlap = set(self.train_seeds) & set(self.eval_seeds)
@@ -86,7 +95,7 @@ PRESETS = {
     # epochs; fewer left a negotiator that always said STOP). Arms 2 and 3 (no critic) talk
     # one round, the paper preset three, so from (3) to (4) the critic adds its extra rounds
     # as well as its feedback.
-    "cpu-demo": Preset(name="cpu-demo"),
+    "cpu-demo": Preset(name="cpu-demo", constrain_answers=True),
     # A GPU (vLLM serving Qwen2.5-3B-Instruct, the paper's negotiator size, via --engine
     # openai): the paper-style prompts, four episodes per type and setting and seed
     # alternating accident-prone and safe, three rounds with and without the critic,
@@ -102,9 +111,11 @@ PRESETS = {
                     convergence_groups=200),
     # A check of every stage in minutes: a random tiny model over the byte tokenizer
     # (it cannot negotiate; its output exercises the parsers' failure paths), two types,
-    # one seed, no background traffic, a handful of SFT examples and steps.
+    # one seed, no background traffic, a handful of SFT examples and steps; answers under
+    # their grammars (40 consensus tokens hold the consensus grammar's 36-byte shortest answer).
     "smoke": Preset(name="smoke", types=("ic_straight_straight", "ic_straight_left"), backgrounds=(False,),
-                    eval_seeds=(0,), max_rounds=2, model="tiny", actor_tokens=8, consensus_tokens=8,
+                    eval_seeds=(0,), max_rounds=2, model="tiny", actor_tokens=8, consensus_tokens=40,
+                    constrain_answers=True,
                     train_seeds=(100,), train_episodes_per_seed=1,
                     sft_counts=(("actor", 6), ("sum", 3), ("consensus", 3)), lora_rank=4, lora_alpha=8.0,
                     sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=2, max_steps=2, max_length=1536,

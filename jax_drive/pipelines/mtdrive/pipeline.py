@@ -112,8 +112,9 @@ def build_sft_data(preset: Preset, train: Scene, tokenizer, key: jax.Array):
 
 
 def predictor(preset: Preset, engine) -> PolicyPredictor:
-    """The policy's greedy first turn, for curation and on-policy recovery."""
-    return PolicyPredictor(engine, preset.max_new_tokens, preset.prompt)
+    """The policy's greedy first turn, for curation and on-policy recovery (under the
+    evaluation's answer grammar: the first answer the RL rollouts will see)."""
+    return PolicyPredictor(engine, preset.max_new_tokens, preset.prompt, eval_config(preset).answer_grammar())
 
 
 def build_onpolicy_data(preset: Preset, engine, tokenizer, replay, key: jax.Array):

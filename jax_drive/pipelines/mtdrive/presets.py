@@ -41,6 +41,9 @@ ALL_DEVICES = MeshConfig(data=-1)
 # MTDrive's camera prompt with a real image: a small front camera (112 x 56, 4 x 8 patches,
 # 8 image tokens) for the tiny vision-language smoke model.
 SMOKE_IMAGE_PROMPT = PromptConfig(perception="image", camera=CameraConfig(width=112, height=56))
+# The smoke presets' answer budget: the trajectory grammar's shortest answer over the tiny
+# models' byte tokenizer (173 tokens) and a little room; without the grammar it was 24.
+SMOKE_TOKENS = 184
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +94,15 @@ class Preset:
     prompt_lookup: prompt-lookup speculative decoding in the refinement turns of RL and
       evaluation rollouts (``JaxEngine(prompt_lookup=...)``; exact under greedy decoding,
       distribution-preserving under sampling); None = off.
+    constrain_answers: every answer of RL rollouts, evaluation and RL curation is sampled
+      under MTDrive's trajectory grammar (``RolloutConfig.constrain_answers``,
+      docs/structured.md): always 8 well-formed points, so the reward measures driving, not
+      format; the trainer scores the masked policy. ``max_new_tokens`` (and the RL
+      rollouts') must then hold the grammar's shortest answer: 128 SmolLM2 tokens, 173 for
+      the byte tokenizer of the tiny models. On in the small-model presets (smoke,
+      smoke-vlm, cpu-demo, cpu-study); off in ``paper`` (MTDrive's unconstrained setting)
+      and to reproduce it (``--set constrain_answers=false``). On-policy recovery
+      (``sft_onpolicy_scenes``) then finds no unusable answer and adds no step.
     """
 
     name: str
@@ -124,6 +136,7 @@ class Preset:
     remat_layers: bool = True
     frozen_layers: int = 0
     prompt_lookup: PromptLookup | None = PromptLookup()
+    constrain_answers: bool = False
 
     def __post_init__(self):
         if self.sft_recovery < 0:
@@ -186,9 +199,10 @@ def _presets() -> dict[str, Preset]:
             eval_seeds=(0,), sft_single=4, sft_multi=4, sft_qa_scenes=4, curation_scenes=4,
             sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=4, max_steps=2, bucket_size=64,
                           max_length=2048, checkpoint_every=1),
-            rl=dataclasses.replace(cpu_rl, rollout=_rollout(2, 2, 24, 1.0, NO_PERCEPTION), prompts_per_step=2,
-                                   minibatch_size=4, steps=2),
-            max_new_tokens=24, eval_turns=2, prompt=NO_PERCEPTION,
+            # 184 new tokens: the trajectory grammar's shortest answer is 173 byte tokens
+            rl=dataclasses.replace(cpu_rl, rollout=_rollout(2, 2, SMOKE_TOKENS, 1.0, NO_PERCEPTION),
+                                   prompts_per_step=2, minibatch_size=4, steps=2),
+            max_new_tokens=SMOKE_TOKENS, eval_turns=2, prompt=NO_PERCEPTION, constrain_answers=True,
         ),
         # Sized for about 20 minutes on 2 CPU cores: compact caption, 168 new tokens (an
         # 8-point answer is ~140-170 SmolLM2 tokens), 2 turns. LoRA in every block (adapters in
@@ -207,7 +221,7 @@ def _presets() -> dict[str, Preset]:
                 minibatch_size=2, steps=2, optim=OptimConfig(learning_rate=5e-5), recompute_old_logprobs=False,
                 loss=LossConfig(kl_coef=0.0), bucket_size=128),
             max_new_tokens=168, eval_turns=2, caption=COMPACT_CAPTION, eval_batch=8, untrained_eval_scenes=1,
-            curation_scenes=4, sft_max_tokens=1280, max_context_tokens=1408,
+            curation_scenes=4, sft_max_tokens=1280, max_context_tokens=1408, constrain_answers=True,
         ),
         "paper": Preset(
             name="paper", model="Qwen2.5-VL-3B-Instruct", lora_rank=0, train_scenes=100_000, eval_scenes=12_146,
@@ -266,17 +280,20 @@ def engine_spec(preset: Preset) -> EngineSpec:
 
 
 def eval_config(preset: Preset) -> RolloutConfig:
-    """Greedy multi-turn evaluation rollouts (one per scene, ``eval_turns`` turns)."""
+    """Greedy multi-turn evaluation rollouts (one per scene, ``eval_turns`` turns; under the
+    trajectory grammar with ``constrain_answers``)."""
     config = _rollout(group=1, turns=preset.eval_turns, max_new_tokens=preset.max_new_tokens, temperature=0.0,
                       prompt=preset.prompt, caption=preset.caption)
-    return dataclasses.replace(config, max_context_tokens=preset.max_context_tokens)
+    return dataclasses.replace(config, max_context_tokens=preset.max_context_tokens,
+                               constrain_answers=preset.constrain_answers)
 
 
 def rl_config(preset: Preset, advantage: str | None = None) -> GRPOConfig:
     """The preset's RL settings with its prompt / caption (so RL prompts match the SFT data)."""
     config = preset.rl
     rollout = dataclasses.replace(config.rollout, prompt=preset.prompt, caption=preset.caption,
-                                  max_context_tokens=preset.max_context_tokens)
+                                  max_context_tokens=preset.max_context_tokens,
+                                  constrain_answers=preset.constrain_answers)
     config = dataclasses.replace(config, rollout=rollout)
     if advantage is not None:
         config = dataclasses.replace(config, advantage=dataclasses.replace(config.advantage, mode=advantage))

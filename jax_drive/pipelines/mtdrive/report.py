@@ -14,7 +14,8 @@ def eval_card(preset) -> dict:
     """How the held-out evaluation was run (a :class:`~jax_drive.pipelines.mtdrive.presets.Preset`'s settings)."""
     return {"seeds": list(preset.eval_seeds), "scenes_per_seed": preset.eval_scenes,
             "untrained_scenes_per_seed": min(preset.untrained_eval_scenes or preset.eval_scenes, preset.eval_scenes),
-            "turn_budget": preset.eval_turns, "decoding": "greedy", "max_new_tokens": preset.max_new_tokens}
+            "turn_budget": preset.eval_turns, "decoding": "greedy", "max_new_tokens": preset.max_new_tokens,
+            "constrained_answers": preset.constrain_answers}
 
 
 def budget_card(preset, rl) -> dict:

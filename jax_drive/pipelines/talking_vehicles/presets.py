@@ -41,7 +41,13 @@ class Preset:
       baseline_eval_episodes, student_eval_episodes: the same for rule_based / silent and for
         the distilled policy (cheaper policies get more episodes; the first ``eval_episodes``
         are the LLM methods' episodes; None = ``eval_episodes``).
-      agent: prompts and decoding of the LLM agents (full style).
+      agent: prompts and decoding of the LLM agents (full style). Its ``constrain_answers``
+        samples every decision under the action grammar (``{"command": <one of the seven>,
+        "message": <at most max_message_chars characters>}``, docs/structured.md), so every
+        answer parses, with the answer budget derived from the grammar (its fewest tokens plus
+        the message cap, not ``max_new_tokens``). On in the small-model presets (smoke,
+        cpu-demo); off in ``paper`` and to reproduce the seed's unconstrained protocol
+        (``--set agent.constrain_answers=false``: the ``max_new_tokens`` budget again).
       learning: the learning protocol.
       distill_episodes, distill_seeds, distill_epsilons: teacher episodes per scenario per
         seed of the ``distill`` split, one exploration epsilon per distillation seed.
@@ -55,7 +61,9 @@ class Preset:
       student_model: base model of the distilled policy (local ``load_pretrained`` source).
       student_path: an already distilled policy (a saved model directory) to evaluate
         instead of distilling one ("" = distil).
-      student: its fine-tuning; student_agent: its prompts and decoding (compact style).
+      student: its fine-tuning; student_agent: its prompts and decoding (compact style;
+        unconstrained: the student learns the teacher's format by fine-tuning, and its
+        28-token budget is what makes it cheap).
       max_batch: rows per sampler call of the local engine (memory bound; one
         ``generate`` call per decision may run several).
       embed_tokens: texts are cut to this many tokens for retrieval embeddings.
@@ -119,7 +127,9 @@ def _presets() -> dict[str, Preset]:
         "smoke": Preset(
             name="smoke", model="tiny", student_model="tiny", scenarios=TALKING_VEHICLES[:2], seeds=(0,),
             eval_episodes=2, baseline_eval_episodes=2,
-            agent=AgentConfig(max_new_tokens=8), student_agent=AgentConfig(style="compact", max_new_tokens=8),
+            # the action grammar over the byte tokenizer with a 16-character message: 64 tokens
+            agent=AgentConfig(max_new_tokens=8, constrain_answers=True, max_message_chars=16),
+            student_agent=AgentConfig(style="compact", max_new_tokens=8),
             learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=8,
                                     discussion_tokens=8, max_time=6.0),
             distill_episodes=2, distill_seeds=(0,), distill_epsilons=(0.0,),
@@ -128,14 +138,17 @@ def _presets() -> dict[str, Preset]:
             max_batch=64, embed_tokens=64, max_time=6.0,
         ),
         # Sized for a 2-core CPU: the protocol's minimum for the SmolLM2 methods (2 episodes
-        # per scenario per seed, one accident-prone, one safe), no chain of thought, one
-        # learning episode per lane and no reset; the baselines on 10 episodes, the distilled
+        # per scenario per seed, one accident-prone, one safe), answers under the action
+        # grammar, no chain of thought, one learning episode per lane and no reset; the
+        # baselines on 10 episodes, the distilled
         # policy on 4. The student: full fine-tuning on the informative decisions of the
         # teacher's episodes with rare commands repeated (without, it rarely changed lanes),
         # then two DAgger rounds (alone it drove into states the teacher never reaches).
         "cpu-demo": Preset(
             name="cpu-demo", eval_episodes=2, baseline_eval_episodes=10, student_eval_episodes=4,
-            agent=AgentConfig(max_new_tokens=24),
+            # every answer parses, in at most 11 + 15 + 80 + 1 = 107 SmolLM2 tokens (the
+            # unconstrained 24 tokens are too few for a JSON answer with a sentence-long message)
+            agent=AgentConfig(max_new_tokens=24, constrain_answers=True),
             learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=128,
                                     discussion_tokens=80),
             distill_episodes=6, distill_seeds=(0, 1, 2), distill_epsilons=(0.0, 0.1, 0.2),
