@@ -83,6 +83,10 @@ CATALOGUE: dict[str, Entry] = {
     "bench_rollout/constrained_2x4x2.json": Entry(
         "reduced to 2 scenes x G 4 x 2 turns x 168 tokens on a heavily loaded machine: constrained answers "
         "(trajectory grammar) with and without jump-forward vs the unconstrained path and the peer"),
+    "bench_structured.json": Entry(
+        "Structured answers on SmolLM2: each format's grammar compile time, the mask's overhead per decode step "
+        "(batch 16), jump-forward's forward passes and wall per answer, the mass canonical spellings remove",
+        "python experiments/bench_structured.py --json experiments/results/bench_structured.json"),
     "bench_rollout/trained.json": Entry(
         "canonical size, a format-recovery SFT checkpoint, with and without prompt lookup",
         "python experiments/bench_rollout.py --configs full no_lookup --sft-from RUN "

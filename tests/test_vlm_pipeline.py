@@ -238,6 +238,7 @@ def test_smoke_vlm_pipeline_end_to_end(tmp_path):
     results = run_mtdrive(preset, tmp_path, evaluate=("rl",), progress=False, log=lambda _: None)
     assert set(results["stages"]) == {"rl"} and results["stages"]["rl"]["per_seed"][0]["scenes"] == preset.eval_scenes
     assert 0.0 <= results["stages"]["rl"]["mean"]["pdms_final"] <= 1.0
+    assert preset.constrain_answers and results["stages"]["rl"]["mean"]["format_rate"] == 1.0  # the grammar's promise
     assert len(results["sft_history"]) == preset.sft.max_steps and len(results["rl_history"]) == preset.rl.steps
     # every SFT row held its scene's camera: 8 image tokens per placeholder
     rows = rows_from_arrays(dict(np.load(tmp_path / "stages" / "sft_data.npz")))

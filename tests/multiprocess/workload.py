@@ -3,7 +3,8 @@ process as the 1-process x 8-device reference: one mtGRPO update on a fixed batc
 2 x 4 mesh, a batched PDM evaluation and a batch of cooperative episodes. Process 0 writes
 the results to OUT_DIR (update.npz, update.json, scores.npz, episodes.json).
 
-    python tests/multiprocess/workload.py OUT_DIR      (joins the run from JAX_DRIVE_*)
+    python tests/multiprocess/workload.py OUT_DIR [update|scores|episodes ...]
+                                      (joins the run from JAX_DRIVE_*; default: all parts)
 """
 
 from __future__ import annotations
@@ -80,24 +81,32 @@ def episodes() -> list[dict]:
     return [result_part(r) for r in run_episode_plan(specs, chunk_size=4)]
 
 
-def run(out: Path) -> None:
-    """Everything, in every process; process 0 writes the files."""
+PARTS = ("update", "scores", "episodes")
+
+
+def run(out: Path, parts: tuple[str, ...] = PARTS) -> None:
+    """The chosen parts (all by default), in every process; process 0 writes their files."""
     from jax_drive.parallel import is_primary
 
-    params, opt_state, metrics = grpo_step()
-    score = scores()
-    records = episodes()
-    if is_primary():
-        out.mkdir(parents=True, exist_ok=True)
+    update = grpo_step() if "update" in parts else None
+    score = scores() if "scores" in parts else None
+    records = episodes() if "episodes" in parts else None
+    if not is_primary():
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    if update is not None:
+        params, opt_state, metrics = update
         np.savez(out / "update.npz", **{f"params{k}": v for k, v in flat(params).items()},
                  **{f"opt{k}": v for k, v in flat(opt_state).items()})
         (out / "update.json").write_text(json.dumps(metrics))
+    if score is not None:
         np.savez(out / "scores.npz", **score)
+    if records is not None:
         (out / "episodes.json").write_text(json.dumps(records))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # workload.py OUT [PART ...]
     from jax_drive.distributed import multihost
 
     multihost.initialize()
-    run(Path(sys.argv[1]))
+    run(Path(sys.argv[1]), tuple(sys.argv[2:]) or PARTS)

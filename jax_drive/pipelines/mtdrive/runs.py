@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 
+from jax_drive.configs import OverrideError, flatten, override
 from jax_drive.pipelines.mtdrive.presets import BUDGET_FIELDS, PRESETS, Preset, with_seed
 from jax_drive.pipelines.stages import PolicyRef
 from jax_drive.rl.checkpoint import committed_steps, restore_trainable
@@ -94,12 +95,13 @@ def run_identity(preset: Preset, advantage: str | None, sft_from: str | os.PathL
 def run_preset(run_dir: str | os.PathLike) -> tuple[Preset, dict]:
     """The preset a finished run evaluated with, and its ``run.json`` identity.
 
-    The preset is rebuilt from the recorded name and seed; the fields that only shape
-    training (:data:`~jax_drive.pipelines.mtdrive.presets.BUDGET_FIELDS`) keep the base
-    preset's values, and every other field must equal the record.
+    The preset is rebuilt from the recorded name and seed, with the recorded value of every
+    other field that differs from it (a run made with ``--set`` overrides); the fields that
+    only shape training (:data:`~jax_drive.pipelines.mtdrive.presets.BUDGET_FIELDS`) keep the
+    base preset's values.
     Raises:
-      ValueError when ``run_dir`` holds no run, names an unknown preset, or its record
-      differs from the preset in a field that is not a budget field (the preset changed since).
+      ValueError when ``run_dir`` holds no run, names an unknown preset, or records a field
+      that today's preset no longer has or takes (the preset changed since).
     """
     path = os.path.join(os.fspath(run_dir), "run.json")
     try:
@@ -113,10 +115,20 @@ def run_preset(run_dir: str | os.PathLike) -> tuple[Preset, dict]:
     if recorded.get("name") not in PRESETS:
         raise ValueError(f"{path}: unknown preset {recorded.get('name')!r}; choose from {sorted(PRESETS)}")
     preset = with_seed(PRESETS[recorded["name"]], int(recorded["seed"]))
-    mine = json.loads(json.dumps(dataclasses.asdict(preset), default=str))
-    differ = sorted(k for k in set(mine) | set(recorded)
-                    if k not in BUDGET_FIELDS and mine.get(k) != recorded.get(k))
-    if differ:
-        raise ValueError(f"{path}: the run's preset differs from today's {preset.name!r} in {differ}; "
+    differ = _differing_fields(preset, recorded)
+    try:
+        preset = override(preset, flatten({k: recorded[k] for k in differ if k in recorded}))
+    except OverrideError as error:
+        raise ValueError(f"{path}: the run's preset cannot be rebuilt from today's {preset.name!r} ({error}); "
+                         "its policies cannot be evaluated") from None
+    left = _differing_fields(preset, recorded)
+    if left:
+        raise ValueError(f"{path}: the run's preset differs from today's {preset.name!r} in {left}; "
                          "its policies cannot be rebuilt for evaluation")
     return preset, identity
+
+
+def _differing_fields(preset: Preset, recorded: dict) -> list[str]:
+    """The top-level fields, budget fields aside, whose value differs from the record's."""
+    mine = json.loads(json.dumps(dataclasses.asdict(preset), default=str))
+    return sorted(k for k in set(mine) | set(recorded) if k not in BUDGET_FIELDS and mine.get(k) != recorded.get(k))

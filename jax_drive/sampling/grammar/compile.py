@@ -128,8 +128,8 @@ def _renumbered(transitions: dict, initial: int, vocab_size: int, max_states: in
     order, number, raw, accepting = [initial], {initial: 0}, [], []
     for state in order:  # grows while iterating
         row = transitions.get(state, {})
-        ids = np.array(list(row.keys()), np.int64)
-        nxt = np.array(list(row.values()), np.int64)
+        ids = np.fromiter(row.keys(), np.int64, len(row))
+        nxt = np.fromiter(row.values(), np.int64, len(row))
         accepting.append(sentinel in row)
         keep = ids < vocab_size
         ids, nxt = ids[keep], nxt[keep]
