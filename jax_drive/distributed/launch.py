@@ -281,11 +281,11 @@ def launch_ray(command: list[str], hosts: int, *, address: str | None = None, de
         coordinator = f"{places[0][0]}:{ray.get(actors[0].free_port.remote())}"
         calls = {}
         for i, actor in enumerate(actors):
-            penv = child_env(coordinator, hosts, i, devices_per_process=devices_per_process, heartbeat_s=heartbeat_s,
-                             env=env, base={})
+            # the device count joins the node's own XLA_FLAGS on the actor's side (run)
+            penv = child_env(coordinator, hosts, i, heartbeat_s=heartbeat_s, env=env, base={})
             printer.line(None, f"jax-drive launch: process {i} of {hosts} on {places[i][0]} (Ray node "
                                f"{places[i][1][:12]}, coordinator {coordinator}): {shlex.join(command)}")
-            calls[actor.run.remote(command, penv, os.getcwd(), i)] = i
+            calls[actor.run.remote(command, penv, os.getcwd(), i, devices_per_process)] = i
         exits: dict[int, ProcessExit] = {}
         stopped: set[int] = set()
 
@@ -336,11 +336,15 @@ class HostProcess:
     def free_port(self) -> int:
         return free_port()
 
-    def run(self, command: list[str], env: dict, cwd: str, index: int) -> dict:
+    def run(self, command: list[str], env: dict, cwd: str, index: int, devices_per_process: int | None = None) -> dict:
         """Runs the command to its end (output to this actor's stdout, which Ray forwards to the
-        driver) and returns its return code, pid and last lines."""
+        driver) and returns its return code, pid and last lines. ``env`` is added to this
+        node's environment; the CPU device count is added to the node's ``XLA_FLAGS``."""
         tail = collections.deque(maxlen=TAIL_LINES)
-        self._proc = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd, stdout=subprocess.PIPE,
+        full = {**os.environ, **env}
+        if devices_per_process:
+            full["XLA_FLAGS"] = with_device_count(full.get("XLA_FLAGS", ""), devices_per_process)
+        self._proc = subprocess.Popen(command, env=full, cwd=cwd, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
                                       errors="replace")
         for line in self._proc.stdout:
