@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.configs import at_least
 from jax_drive.pdm import PDMConfig, interpolate_poses, score_proposals
 from jax_drive.text import chat
 from jax_drive.text.caption import CaptionConfig, caption_scenes
@@ -96,8 +97,7 @@ class BuildConfig:
     def __post_init__(self):
         if self.reference not in ("auto", "pdm_closed", "expert"):
             raise ValueError(f"reference must be auto, pdm_closed or expert, got {self.reference!r}")
-        if self.easy_ratio < 0:
-            raise ValueError("easy_ratio must be >= 0")
+        at_least(self, 0, "easy_ratio")
 
 
 # ---------------------------------------------------------------------------------------

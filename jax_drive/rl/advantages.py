@@ -48,6 +48,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jax_drive.configs import at_least
 from jax_drive.names import ADVANTAGE_MODES
 
 AdvantageMode = Literal["grpo", "mtgrpo_intra", "mtgrpo_cross"]
@@ -80,10 +81,8 @@ class AdvantageConfig:
             raise ValueError(f"unknown advantage mode {self.mode!r}; expected one of {ADVANTAGE_MODES}")
         if self.singleton not in ("zero", "raw"):
             raise ValueError(f"singleton must be 'zero' or 'raw', got {self.singleton!r}")
-        if self.epsilon < 0:
-            raise ValueError("epsilon must be >= 0")
-        if self.min_group_size < 1:
-            raise ValueError("min_group_size must be >= 1")
+        at_least(self, 0, "epsilon")
+        at_least(self, 1, "min_group_size")
 
 
 def masked_group_normalize(

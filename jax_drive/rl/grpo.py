@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_drive.configs import at_least
 from jax_drive.parallel import (
     MeshConfig,
     barrier,
@@ -148,8 +149,7 @@ class GRPOConfig:
     def __post_init__(self):
         if min(self.prompts_per_step, self.minibatch_size, self.ppo_epochs, self.bucket_size) < 1:
             raise ValueError("prompts_per_step, minibatch_size, ppo_epochs, bucket_size must be >= 1")
-        if self.steps < 0:
-            raise ValueError("steps must be >= 0")
+        at_least(self, 0, "steps")
         sampling = self.rollout.sampling
         if not self.recompute_old_logprobs and self.logprob_temperature != 1.0:
             if sampling.logprobs_mode != "processed" or sampling.top_k or sampling.top_p < 1.0:
