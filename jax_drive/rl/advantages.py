@@ -148,12 +148,7 @@ def mtgrpo_intra_advantages(
     rewards: chex.Array, turn_mask: chex.Array, config: AdvantageConfig = AdvantageConfig(mode="mtgrpo_intra")
 ) -> chex.Array:
     """Table 3 row 2 (paper Eq. 3): each turn index normalised across the G rollouts.
-
-    Args:
-      rewards, turn_mask: (P, G, N).
-    Returns:
-      (P, G, N) advantages (0 on missing turns).
-    """
+    rewards, turn_mask: (P, G, N) -> (P, G, N) advantages (0 on missing turns)."""
     return masked_group_normalize(rewards, turn_mask, axes=(-2,), config=config)
 
 
@@ -161,12 +156,7 @@ def mtgrpo_cross_advantages(
     rewards: chex.Array, turn_mask: chex.Array, config: AdvantageConfig = AdvantageConfig(mode="mtgrpo_cross")
 ) -> chex.Array:
     """Table 3 row 3: normalised within the group over all existing turns of all G rollouts.
-
-    Args:
-      rewards, turn_mask: (P, G, N).
-    Returns:
-      (P, G, N) advantages (0 on missing turns).
-    """
+    rewards, turn_mask: (P, G, N) -> (P, G, N) advantages (0 on missing turns)."""
     return masked_group_normalize(rewards, turn_mask, axes=(-2, -1), config=config)
 
 
