@@ -307,10 +307,7 @@ def _first_answers(scene: Scene, predictor: FirstTurnPredictor, key: jax.Array,
 
 
 def build_multi(
-    scene: Scene,
-    predictor: FirstTurnPredictor,
-    key: jax.Array,
-    config: BuildConfig = BuildConfig(),
+    scene: Scene, predictor: FirstTurnPredictor, key: jax.Array, config: BuildConfig = BuildConfig()
 ) -> tuple[list[dict], dict]:
     """2-turn records (+ mock multi-turn records) and statistics for the data card.
 
@@ -318,10 +315,7 @@ def build_multi(
     together in one scorer call (R = 1 + mock_turns answers per scene).
     """
     k_first, k_mock = jax.random.split(key)
-    prompts = prompt_conversations(scene, config)
-    answers = predictor(scene, k_first, prompts)
-    if len(answers) != len(prompts):
-        raise ValueError(f"predictor {predictor.name} returned {len(answers)} answers for {len(prompts)} scenes")
+    prompts, answers = _first_answers(scene, predictor, k_first, config)
     ids = _scene_ids(scene)
     mock_turns = config.mock_turns if config.mock_turns >= 2 else 0
     texts = [[a] for a in answers]
@@ -454,10 +448,7 @@ def build_qa(scene: Scene, key: jax.Array, config: BuildConfig = BuildConfig()) 
 
 
 def build_rl(
-    scene: Scene,
-    predictor: FirstTurnPredictor,
-    key: jax.Array,
-    config: BuildConfig = BuildConfig(),
+    scene: Scene, predictor: FirstTurnPredictor, key: jax.Array, config: BuildConfig = BuildConfig()
 ) -> tuple[list[dict], dict]:
     """Curated RL prompt records (prompt only) and the category counts."""
     k_first, k_pick = jax.random.split(key)
