@@ -161,6 +161,18 @@ def _pick(u, valid):
     return jnp.argmax(cumulative > target[:, None], -1), count > 0
 
 
+def _output_step(u):
+    """Observation step (C,) int32 of an output pose picked by uniforms u (C,): 5, 10, ..., 40."""
+    return 5 * (jnp.minimum(jnp.floor(u * NUM_OUTPUT_POSES), NUM_OUTPUT_POSES - 1).astype(jnp.int32) + 1)
+
+
+def _rear_axle_pose(centre, heading, back):
+    """Quantised (C, 3) rear-axle pose of an ego whose box centre (C, 2) and heading (C,) are
+    given; ``back``: rear axle to box centre, m."""
+    return _quantize_pose(
+        jnp.stack([centre[:, 0] - back * jnp.cos(heading), centre[:, 1] - back * jnp.sin(heading), heading], -1))
+
+
 def _one_scene(u, scene: Scene, config: QAConfig):
     """Candidates of one scene (no batch dims) from uniforms u (C, NUM_UNIFORMS)."""
     c = config.num_candidates
@@ -186,21 +198,18 @@ def _one_scene(u, scene: Scene, config: QAConfig):
     dac_label = in_drivable(dac_pose, drv.vertices[None], drv.valid[None])
 
     # NC -------------------------------------------------------------------------------
-    step = 5 * (jnp.minimum(jnp.floor(u[:, 3] * NUM_OUTPUT_POSES), NUM_OUTPUT_POSES - 1).astype(jnp.int32) + 1)
+    step = _output_step(u[:, 3])
     agent, nc_ok = _pick(u[:, 4], valid[:, step].T)
     nc_box = jnp.round(boxes[agent, step], 2)  # (C, 7), as written in the question
     offset = jnp.stack([span(5, -8.0, 8.0), span(6, -4.0, 4.0)], -1)
     centre = nc_box[:, :2] + geometry.rotate(offset, nc_box[:, 6])
     nc_heading = geometry.wrap_angle(nc_box[:, 6] + span(7, -1.0, 1.0))
-    nc_pose = jnp.stack(
-        [centre[:, 0] - back * jnp.cos(nc_heading), centre[:, 1] - back * jnp.sin(nc_heading), nc_heading], -1
-    )
-    nc_pose = _quantize_pose(nc_pose)
+    nc_pose = _rear_axle_pose(centre, nc_heading, back)
     nc_label = collides(nc_pose, nc_box)
 
     # TTC ------------------------------------------------------------------------------
     frames = jnp.asarray(config.ttc_frames)
-    t_step = 5 * (jnp.minimum(jnp.floor(u[:, 8] * NUM_OUTPUT_POSES), NUM_OUTPUT_POSES - 1).astype(jnp.int32) + 1)
+    t_step = _output_step(u[:, 8])
     t_agent, ttc_ok = _pick(u[:, 9], valid[:, t_step].T)
     future_steps = jnp.minimum(t_step[:, None] + frames[None, :], NUM_OBS_STEPS - 1)  # (C, D)
     future_boxes = jnp.round(boxes[t_agent[:, None], future_steps], 2)  # (C, D, 7)
@@ -209,11 +218,7 @@ def _one_scene(u, scene: Scene, config: QAConfig):
     rel = jnp.stack([-(span(10, 2.0, 25.0) + ttc_box[:, 3] / 2), span(11, -2.0, 2.0)], -1)
     ttc_centre = ttc_box[:, :2] + geometry.rotate(rel, ttc_box[:, 6])
     ttc_heading = geometry.wrap_angle(ttc_box[:, 6] + span(12, -0.15, 0.15))
-    ttc_pose = jnp.stack(
-        [ttc_centre[:, 0] - back * jnp.cos(ttc_heading), ttc_centre[:, 1] - back * jnp.sin(ttc_heading), ttc_heading],
-        -1,
-    )
-    ttc_pose = _quantize_pose(ttc_pose)
+    ttc_pose = _rear_axle_pose(ttc_centre, ttc_heading, back)
     ttc_speed = jnp.round(span(13, 0.0, config.max_ttc_speed), 2)
     dts = frames.astype(jnp.float32) * 0.1
     unsafe = ttc_unsafe(ttc_pose, ttc_speed, future_boxes, future_valid, dts, config.ahead_angle_deg)
