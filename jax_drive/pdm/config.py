@@ -83,7 +83,7 @@ class PDMConfig:
       num_steps, dt: scoring grid, 41 states at 0.1 s (0 .. 4 s).
 
       Ego vehicle (Chrysler Pacifica): ego_width, ego_front_length, ego_rear_length,
-        ego_wheel_base, ego_rear_axle_to_center (metres).
+        ego_wheel_base, ego_rear_axle_to_center (metres; defaults from :class:`VehicleParameters`).
 
       LQR tracker: q_longitudinal 10, r_longitudinal 1, q_lateral (1, 10, 0), r_lateral 1,
         tracking_horizon 10 steps, jerk_penalty 1e-4, curvature_rate_penalty 1e-2,
@@ -140,11 +140,11 @@ class PDMConfig:
     num_steps: int = 41
     dt: float = 0.1
 
-    ego_width: float = 2.297
-    ego_front_length: float = 4.049
-    ego_rear_length: float = 1.127
-    ego_wheel_base: float = 3.089
-    ego_rear_axle_to_center: float = 1.461
+    ego_width: float = VehicleParameters.width
+    ego_front_length: float = VehicleParameters.front_length
+    ego_rear_length: float = VehicleParameters.rear_length
+    ego_wheel_base: float = VehicleParameters.wheel_base
+    ego_rear_axle_to_center: float = VehicleParameters.rear_axle_to_center
 
     q_longitudinal: float = 10.0
     r_longitudinal: float = 1.0
