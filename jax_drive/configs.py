@@ -11,7 +11,8 @@ Values given as text are read by the type of the field they replace (int, float,
 str, None, tuples of those); each changed dataclass is rebuilt with ``dataclasses.replace``,
 so its own ``__post_init__`` checks the new value. :func:`from_dict` rebuilds a config from
 ``dataclasses.asdict`` output (e.g. a run's recorded preset). :func:`at_least` and
-:func:`above` are the bound checks configs' ``__post_init__`` share (one message format).
+:func:`above` are the bound checks configs' ``__post_init__`` share, :func:`one_of` the
+choice check (one message format each).
 
 Only the standard library is imported, so any layer may use this module.
 """
@@ -41,6 +42,13 @@ def above(config: Any, bound: float, *names: str, error: type[Exception] = Value
     """Raises ``error("a and b must be > bound")`` unless every named field of ``config`` is
     > ``bound`` (NaN fails)."""
     _check_bound(config, names, ">", bound, error)
+
+
+def one_of(name: str, value: Any, allowed: Any, error: type[Exception] = ValueError) -> None:
+    """Raises ``error("name must be one of allowed, got 'value'")`` unless ``value in allowed``
+    (``allowed`` is shown as given: pass it sorted where order should not matter)."""
+    if value not in allowed:
+        raise error(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def _check_bound(config: Any, names: tuple[str, ...], op: str, bound: float, error: type[Exception]) -> None:

@@ -38,3 +38,13 @@ def test_the_error_class_is_the_callers():
 
     with pytest.raises(InputError, match="^a must be >= 2$"):
         at_least(_Sizes(), 2, "a", error=InputError)
+
+
+def test_one_of_shows_the_choices_as_given_and_the_value_repr():
+    from jax_drive.configs import one_of
+
+    one_of("mode", "a", ("a", "b"))
+    with pytest.raises(ValueError, match=r"^mode must be one of \('a', 'b'\), got 'c'$"):
+        one_of("mode", "c", ("a", "b"))
+    with pytest.raises(KeyError, match=r"\['x', 'y'\], got 3"):
+        one_of("split", 3, sorted({"y", "x"}), error=KeyError)

@@ -37,7 +37,7 @@ from typing import Literal
 import jax
 import numpy as np
 
-from jax_drive.configs import at_least
+from jax_drive.configs import at_least, one_of
 from jax_drive.coop.messages import Message
 from jax_drive.coop.policy import DecisionBatch, PolicyOutput
 from jax_drive.sampling import SamplingParams
@@ -326,8 +326,7 @@ class AgentConfig:
     max_reasoning_chars: int = 240
 
     def __post_init__(self):
-        if self.style not in PROMPT_STYLES:
-            raise ValueError(f"style must be one of {sorted(PROMPT_STYLES)}, got {self.style!r}")
+        one_of("style", self.style, sorted(PROMPT_STYLES))
         at_least(self, 1, "max_new_tokens", "max_message_bytes")
         if self.max_message_chars < 0 or self.max_reasoning_chars < 1:
             raise ValueError("max_message_chars must be >= 0 and max_reasoning_chars >= 1")

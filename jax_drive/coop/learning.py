@@ -41,7 +41,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jax_drive.configs import at_least
+from jax_drive.configs import at_least, one_of
 from jax_drive.coop.agent import (
     AgentConfig,
     AgentContext,
@@ -77,8 +77,7 @@ class EpisodeSpec:
     split: str = "eval"
 
     def __post_init__(self):
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {sorted(SPLITS)}, got {self.split!r}")
+        one_of("split", self.split, sorted(SPLITS))
         at_least(self, 0, "index")
 
     @property

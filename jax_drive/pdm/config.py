@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jax_drive.configs import one_of
 from jax_drive.types import VehicleParameters
 
 
@@ -203,8 +204,7 @@ class PDMConfig:
     weight_ec: float = 2.0
 
     def __post_init__(self):
-        if self.navsim_version not in NAVSIM_VERSIONS:
-            raise ValueError(f"PDMConfig.navsim_version must be one of {NAVSIM_VERSIONS}, got {self.navsim_version!r}")
+        one_of("PDMConfig.navsim_version", self.navsim_version, NAVSIM_VERSIONS)
         # The chosen version's convention where a field is left at None.
         for name, value in VERSION_DEFAULTS[self.navsim_version].items():
             if getattr(self, name) is None:
@@ -212,8 +212,7 @@ class PDMConfig:
         for name, allowed in (("t0_overlap", ("keep", "drop")), ("hc_acceleration", ("shifted", "rigid_body")),
                               ("hc_history_dynamics", ("navsim", "logged", "finite_difference")),
                               ("ec_without_previous", ("drop", "one"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"PDMConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            one_of(f"PDMConfig.{name}", getattr(self, name), allowed)
         if self.jerk_matrix not in ("navsim", "nuplan"):
             raise ValueError(f"PDMConfig.jerk_matrix must be 'navsim' or 'nuplan', got {self.jerk_matrix!r}")
         if not self.ttc_future_frames or min(self.ttc_future_frames) < 0:
