@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from jax_drive.scenes.builders import AgentTrack, LaneSpec, PolygonSpec, SceneSizes, make_scene
+from jax_drive.scenes.builders import DEFAULT_SPEED_LIMIT, AgentTrack, LaneSpec, PolygonSpec, SceneSizes, make_scene
 from jax_drive.scenes.frames import poses_to_local
 from jax_drive.types import (NUM_HISTORY_STEPS, NUM_OBS_STEPS, NUM_OUTPUT_POSES, AgentType, Command, Scene,
                              VehicleParameters)
@@ -68,7 +68,7 @@ class WaymaxConversionConfig:
     lane_width: float = 3.7
     drivable_margin: float = 0.5
     map_radius: float = 100.0
-    speed_limit: float = 15.0
+    speed_limit: float = DEFAULT_SPEED_LIMIT
     rear_axle_to_center: float = VehicleParameters.rear_axle_to_center
     sizes: SceneSizes = SceneSizes()
 
