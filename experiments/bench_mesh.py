@@ -36,7 +36,7 @@ import sys
 from tqdm import tqdm
 
 from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
-                              script_environment, wall_times, write_json)
+                              script_environment, wall_times, write_results)
 
 
 def parse_args(argv: list[str] | None):
@@ -201,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "no_progress")},
         "results": records,
     }
-    write_json(args.json, result)
-    print(json.dumps(records, indent=1))
-    return 0
+    return write_results(args.json, result, records, indent=1)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -22,7 +21,7 @@ import numpy as np
 from bench_sampler import time_call  # sibling script (experiments/ is on sys.path when run)
 from tqdm import tqdm
 
-from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_json
+from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_results
 
 script_environment()
 
@@ -120,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.close()
     for key in ("ours_prefill_f32_s", "ours_prefill_bf16_s", "torch_prefill_f32_s"):
         result[key.replace("_s", "_tokens_per_s")] = b * l / result[key]
-    write_json(args.json, result)
-    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=2))
-    return 0
+    return write_results(args.json, result, {k: v for k, v in result.items() if k != "meta"})
 
 
 if __name__ == "__main__":

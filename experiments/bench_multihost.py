@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_json
+from jax_drive.runinfo import add_output_args, require_min, run_main, run_metadata, script_environment, write_results
 
 LAYOUTS = (("1x2", 1, 2), ("2x1", 2, 1))  # (name, processes, devices per process)
 
@@ -197,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                   "note": ("2 CPU cores shared by the processes: times are not a speed comparison; the overhead "
                            "shares and the agreement between the layouts are the result"),
                   **compare(dirs)}
-    write_json(args.json, result)
-    print(json.dumps(result["correctness"], indent=1))
-    return 0
+    return write_results(args.json, result, result["correctness"], indent=1)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from bench_sampler import QUESTIONS  # the same chat prompts as the sampler benc
 from tqdm import tqdm
 
 from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
-                               script_environment, write_json)
+                               script_environment, write_results)
 
 script_environment()
 
@@ -279,9 +279,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         "results": results,
         "summary": summary,
     }
-    write_json(args.json, report)
-    print(json.dumps(summary, indent=2))
-    return 0
+    return write_results(args.json, report, summary)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -37,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jax_drive.runinfo import (InputError, add_output_args, require_min, run_main, run_metadata,
-                               script_environment, write_json)
+                               script_environment, write_results)
 
 script_environment()
 
@@ -208,9 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             result.update(torch_tokens_per_s=None, speedup=None)
     bar.close()
     result["peak_rss_gb"] = peak_rss_gb()
-    write_json(args.json, result)
-    print(json.dumps({k: result[k] for k in ("jax_tokens_per_s", "torch_tokens_per_s", "speedup", "peak_rss_gb")}, indent=2))
-    return 0
+    return write_results(args.json, result,
+                         {k: result[k] for k in ("jax_tokens_per_s", "torch_tokens_per_s", "speedup", "peak_rss_gb")})
 
 
 if __name__ == "__main__":

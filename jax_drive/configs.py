@@ -10,7 +10,9 @@ paths, or nested objects), instead of one flag per field:
 Values given as text are read by the type of the field they replace (int, float, bool,
 str, None, tuples of those); each changed dataclass is rebuilt with ``dataclasses.replace``,
 so its own ``__post_init__`` checks the new value. :func:`from_dict` rebuilds a config from
-``dataclasses.asdict`` output (e.g. a run's recorded preset).
+``dataclasses.asdict`` output (e.g. a run's recorded preset). :func:`at_least` and
+:func:`above` are the bound checks configs' ``__post_init__`` share, :func:`one_of` the
+choice check (one message format each).
 
 Only the standard library is imported, so any layer may use this module.
 """
@@ -28,6 +30,32 @@ from typing import Any
 
 class OverrideError(ValueError):
     """An override names no field, or its value does not fit the field."""
+
+
+def at_least(config: Any, bound: float, *names: str, error: type[Exception] = ValueError) -> None:
+    """Raises ``error("a, b and c must be >= bound")`` unless every named field of ``config``
+    is >= ``bound`` (NaN fails)."""
+    _check_bound(config, names, ">=", bound, error)
+
+
+def above(config: Any, bound: float, *names: str, error: type[Exception] = ValueError) -> None:
+    """Raises ``error("a and b must be > bound")`` unless every named field of ``config`` is
+    > ``bound`` (NaN fails)."""
+    _check_bound(config, names, ">", bound, error)
+
+
+def one_of(name: str, value: Any, allowed: Any, error: type[Exception] = ValueError) -> None:
+    """Raises ``error("name must be one of allowed, got 'value'")`` unless ``value in allowed``
+    (``allowed`` is shown as given: pass it sorted where order should not matter)."""
+    if value not in allowed:
+        raise error(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _check_bound(config: Any, names: tuple[str, ...], op: str, bound: float, error: type[Exception]) -> None:
+    holds = (lambda v: v >= bound) if op == ">=" else (lambda v: v > bound)
+    if not all(holds(getattr(config, name)) for name in names):
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        raise error(f"{listed} must be {op} {bound}")
 
 
 def parse_assignments(items: Iterable[str]) -> dict[str, str]:

@@ -133,15 +133,8 @@ def _file_config(config: PDMConfig, proposals) -> PDMConfig:
     return config
 
 
-def evaluate_planner(
-    name: str,
-    scenes: Scene,
-    config: PDMConfig = PDMConfig(),
-    proposals=None,
-    batch_size: int = 64,
-    progress: bool = False,
-    references=None,
-) -> PDMResult:
+def evaluate_planner(name: str, scenes: Scene, config: PDMConfig = PDMConfig(), proposals=None, batch_size: int = 64,
+                     progress: bool = False, references=None) -> PDMResult:
     """Scores a named planner on scenes with batch dim (N,).
 
     Args:
@@ -176,15 +169,8 @@ def evaluate_planner(
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
-def evaluate_scene_file(
-    scene_file,
-    name: str,
-    config: PDMConfig = PDMConfig(),
-    proposals=None,
-    batch_size: int = 64,
-    progress: bool = False,
-    executables=None,
-) -> PDMResult:
+def evaluate_scene_file(scene_file, name: str, config: PDMConfig = PDMConfig(), proposals=None, batch_size: int = 64,
+                        progress: bool = False, executables=None) -> PDMResult:
     """Scores a planner (or ``proposals`` (S, 8, 3) or (S, P, 8, 3), name "file") on a
     :class:`jax_drive.scenes.io.SceneFile`.
 

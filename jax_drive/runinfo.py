@@ -259,6 +259,14 @@ def write_json(path: str | os.PathLike, payload: Any) -> str:
     return path
 
 
+def write_results(path: str | os.PathLike, payload: Any, shown: Any, indent: int = 2) -> int:
+    """A benchmark's ending: ``payload`` written to ``path`` (:func:`write_json`), ``shown``
+    (the figures a reader looks at first) printed as indented JSON; returns exit status 0."""
+    write_json(path, payload)
+    print(json.dumps(shown, indent=indent))
+    return 0
+
+
 def _finite_or_null(value: Any, where: str, nulled: list[str]) -> Any:
     """``value`` as JSON types with every non-finite float replaced by None (its path appended to ``nulled``)."""
     if isinstance(value, dict):

@@ -81,27 +81,32 @@ def test_cli_argparse_errors_exit_2(capsys):
 
 
 # ------------------------------------------------------------------ experiments/ scripts
+def _zero(flag: str) -> tuple[list[str], str]:
+    """A count flag set to 0 and require_min's message for it."""
+    return [flag, "0"], f"{flag} must be >= 1, got 0"
+
+
 # script -> arguments that are bad before anything heavy is imported, and the message.
 SCRIPTS = {
-    "bench_ipss": (["--group", "0"], "--group must be >= 1, got 0"),
-    "diagnostics/bench_matmul": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
-    "bench_negotiation": (["--groups", "0"], "--groups must be >= 1, got 0"),
+    "bench_ipss": _zero("--group"),
+    "diagnostics/bench_matmul": _zero("--repeats"),
+    "bench_negotiation": _zero("--groups"),
     "interdrive": (["--engine", "openai"], "--engine openai needs --url"),
-    "bench_mesh": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
-    "bench_models": (["--batch", "0"], "--batch must be >= 1, got 0"),
+    "bench_mesh": _zero("--repeats"),
+    "bench_models": _zero("--batch"),
     "bench_sampler": (["--batches", "1", "9"], "at most 8 prompts"),
     "bench_sampler_features": (["--prompts", "9"], "--prompts: at most 8"),
     "bench_serve": (["--max-wait-ms", "-1"], "--max-wait-ms must be >= 0"),
-    "bench_sim": (["--episodes", "0"], "--episodes must be >= 1, got 0"),
-    "bench_train": (["--length", "0"], "--length must be >= 1, got 0"),
-    "bench_vlm": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    "bench_sim": _zero("--episodes"),
+    "bench_train": _zero("--length"),
+    "bench_vlm": _zero("--repeats"),
     "coop_baselines": (["--reuse-tv", "/nonexistent.json"], "--reuse-tv /nonexistent.json"),
     "diagnostics/memory_logprob": (["--sections", "update,bogus"], "--sections must name some of"),
     "bench_ray": (["--workers", "1,two"], "--workers wants comma-separated integers"),
-    "bench_rollout": (["--group", "0"], "--group must be >= 1, got 0"),
-    "bench_coop": (["--episodes", "0"], "--episodes must be >= 1, got 0"),
+    "bench_rollout": _zero("--group"),
+    "bench_coop": _zero("--episodes"),
     "talking_vehicles": (["--method", "silent", "--method", "silent"], "--method names a method twice"),
-    "bench_test_suite": (["--workers", "0"], "--workers must be >= 1, got 0"),
+    "bench_test_suite": _zero("--workers"),
 }
 
 

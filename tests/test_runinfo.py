@@ -9,7 +9,7 @@ import pytest
 
 from jax_drive.runinfo import (InputError, add_output_args, check_output, command_line, finite_float, output_problem,
                                require_min, require_range, run_main, run_metadata, script_environment, wall_times,
-                               write_json)
+                               write_json, write_results)
 
 
 def test_metadata_keys():
@@ -45,6 +45,12 @@ def test_write_json_is_atomic_and_serialises_arrays(tmp_path):
     path = write_json(tmp_path / "a" / "b.json", {"x": np.arange(3), "y": (1, 2)})
     assert json.loads(open(path).read()) == {"x": [0, 1, 2], "y": [1, 2]}
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["b.json"]  # no temp file left
+
+
+def test_write_results_writes_the_payload_and_prints_what_is_shown(tmp_path, capsys):
+    assert write_results(tmp_path / "r.json", {"meta": {"a": 1}, "speedup": 2.5}, {"speedup": 2.5}, indent=1) == 0
+    assert json.loads((tmp_path / "r.json").read_text()) == {"meta": {"a": 1}, "speedup": 2.5}
+    assert capsys.readouterr().out == json.dumps({"speedup": 2.5}, indent=1) + "\n"
 
 
 def test_exit_codes(capsys):

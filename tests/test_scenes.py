@@ -7,17 +7,8 @@ import numpy as np
 import pytest
 
 from jax_drive.geometry import ego_corners, points_in_polygons
-from jax_drive.scenes import (
-    SceneSizes,
-    add_agent,
-    add_static,
-    index_scene,
-    make_scene,
-    scene_to_numpy,
-    stack_scenes,
-    straight_road,
-    straight_road_scene,
-)
+from jax_drive.scenes import (SceneSizes, add_agent, add_static, index_scene, make_scene, scene_to_numpy,
+                               stack_scenes, straight_road, straight_road_scene)
 from jax_drive.scenes import paths as P
 from jax_drive.scenes.builders import history_from_motion, pad_polygon, signed_area
 from jax_drive.scenes.frames import poses_to_global, poses_to_local, scene_to_global, to_ego_frame

@@ -6,14 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_drive.text import chat
-from jax_drive.text.codec import (
-    format_number,
-    format_point,
-    format_trajectory,
-    parse_trajectories,
-    parse_trajectory,
-    quantize,
-)
+from jax_drive.text.codec import (format_number, format_point, format_trajectory, parse_trajectories,
+                                  parse_trajectory, quantize)
 from jax_drive.text.format_score import FormatConfig, format_score, format_scores
 from jax_drive.text.prompts import PromptConfig, planning_prompt
 

@@ -23,15 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_drive.scenes.builders import (
-    LaneSpec,
-    PolygonSpec,
-    SceneSizes,
-    SceneSpec,
-    add_agent,
-    add_static,
-    agent_track,
-)
+from jax_drive.scenes.builders import LaneSpec, PolygonSpec, SceneSizes, SceneSpec, add_agent, add_static, agent_track
 from jax_drive.scenes.io import scene_record, write_scene_file
 from jax_drive.types import NUM_OBS_STEPS, AgentType, PolygonType
 

@@ -25,9 +25,10 @@ import dataclasses
 
 import numpy as np
 
-from jax_drive.scenes.builders import AgentTrack, LaneSpec, PolygonSpec, SceneSizes, make_scene
+from jax_drive.scenes.builders import DEFAULT_SPEED_LIMIT, AgentTrack, LaneSpec, PolygonSpec, SceneSizes, make_scene
 from jax_drive.scenes.frames import poses_to_local
-from jax_drive.types import NUM_HISTORY_STEPS, NUM_OBS_STEPS, NUM_OUTPUT_POSES, AgentType, Command, Scene
+from jax_drive.types import (NUM_HISTORY_STEPS, NUM_OBS_STEPS, NUM_OUTPUT_POSES, AgentType, Command, Scene,
+                             VehicleParameters)
 
 INSTALL_HINT = (
     "jax_drive.adapters.waymax needs Waymo's Waymax, installed from its own git source "
@@ -67,8 +68,8 @@ class WaymaxConversionConfig:
     lane_width: float = 3.7
     drivable_margin: float = 0.5
     map_radius: float = 100.0
-    speed_limit: float = 15.0
-    rear_axle_to_center: float = 1.461
+    speed_limit: float = DEFAULT_SPEED_LIMIT
+    rear_axle_to_center: float = VehicleParameters.rear_axle_to_center
     sizes: SceneSizes = SceneSizes()
 
 

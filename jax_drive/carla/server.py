@@ -47,21 +47,16 @@ class Health(enum.Enum):
 
 
 H = Health
-TRANSITIONS: dict[tuple[Health, str], Health] = {
-    (H.STOPPED, "start"): H.STARTING,
-    (H.STARTING, "ready"): H.READY,
-    (H.STARTING, "exited"): H.CRASHED,
-    (H.STARTING, "timeout"): H.CRASHED,
-    (H.READY, "probe_ok"): H.READY,
-    (H.READY, "probe_fail"): H.UNHEALTHY,
-    (H.READY, "exited"): H.CRASHED,
-    (H.UNHEALTHY, "probe_ok"): H.READY,
-    (H.UNHEALTHY, "probe_fail"): H.UNHEALTHY,
-    (H.UNHEALTHY, "exited"): H.CRASHED,
-    (H.UNHEALTHY, "hung"): H.CRASHED,
-    (H.CRASHED, "restart"): H.STARTING,
-    (H.CRASHED, "give_up"): H.FAILED,
+# each state's events and where they lead, one state a row
+_EDGES: dict[Health, dict[str, Health]] = {
+    H.STOPPED: {"start": H.STARTING},
+    H.STARTING: {"ready": H.READY, "exited": H.CRASHED, "timeout": H.CRASHED},
+    H.READY: {"probe_ok": H.READY, "probe_fail": H.UNHEALTHY, "exited": H.CRASHED},
+    H.UNHEALTHY: {"probe_ok": H.READY, "probe_fail": H.UNHEALTHY, "exited": H.CRASHED, "hung": H.CRASHED},
+    H.CRASHED: {"restart": H.STARTING, "give_up": H.FAILED},
 }
+TRANSITIONS: dict[tuple[Health, str], Health] = {
+    (state, event): after for state, edges in _EDGES.items() for event, after in edges.items()}
 
 
 def transition(state: Health, event: str) -> Health:

@@ -37,6 +37,7 @@ from typing import Literal
 import jax
 import numpy as np
 
+from jax_drive.configs import at_least, one_of
 from jax_drive.coop.messages import Message
 from jax_drive.coop.policy import DecisionBatch, PolicyOutput
 from jax_drive.sampling import SamplingParams
@@ -325,10 +326,8 @@ class AgentConfig:
     max_reasoning_chars: int = 240
 
     def __post_init__(self):
-        if self.style not in PROMPT_STYLES:
-            raise ValueError(f"style must be one of {sorted(PROMPT_STYLES)}, got {self.style!r}")
-        if self.max_new_tokens < 1 or self.max_message_bytes < 1:
-            raise ValueError("max_new_tokens and max_message_bytes must be >= 1")
+        one_of("style", self.style, sorted(PROMPT_STYLES))
+        at_least(self, 1, "max_new_tokens", "max_message_bytes")
         if self.max_message_chars < 0 or self.max_reasoning_chars < 1:
             raise ValueError("max_message_chars must be >= 0 and max_reasoning_chars >= 1")
         if self.constrain_answers and self.answer_prefix:

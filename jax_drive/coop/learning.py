@@ -41,6 +41,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from jax_drive.configs import at_least, one_of
 from jax_drive.coop.agent import (
     AgentConfig,
     AgentContext,
@@ -76,10 +77,8 @@ class EpisodeSpec:
     split: str = "eval"
 
     def __post_init__(self):
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {sorted(SPLITS)}, got {self.split!r}")
-        if self.index < 0:
-            raise ValueError("index must be >= 0")
+        one_of("split", self.split, sorted(SPLITS))
+        at_least(self, 0, "index")
 
     @property
     def accident_prone(self) -> bool:
@@ -152,10 +151,8 @@ class LearningConfig:
     max_time: float | None = None
 
     def __post_init__(self):
-        if min(self.max_episodes, self.solved_streak, self.batch_size, self.debrief_rounds) < 1:
-            raise ValueError("max_episodes, solved_streak, batch_size and debrief_rounds must be >= 1")
-        if self.max_resets < 0 or self.rag_examples < 0:
-            raise ValueError("max_resets and rag_examples must be >= 0")
+        at_least(self, 1, "max_episodes", "solved_streak", "batch_size", "debrief_rounds")
+        at_least(self, 0, "max_resets", "rag_examples")
 
 
 @dataclasses.dataclass

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.configs import at_least
 from jax_drive.pdm import PDMConfig, interpolate_poses, score_proposals
 from jax_drive.text import chat
 from jax_drive.text.caption import CaptionConfig, caption_scenes
@@ -96,8 +97,7 @@ class BuildConfig:
     def __post_init__(self):
         if self.reference not in ("auto", "pdm_closed", "expert"):
             raise ValueError(f"reference must be auto, pdm_closed or expert, got {self.reference!r}")
-        if self.easy_ratio < 0:
-            raise ValueError("easy_ratio must be >= 0")
+        at_least(self, 0, "easy_ratio")
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,10 +307,7 @@ def _first_answers(scene: Scene, predictor: FirstTurnPredictor, key: jax.Array,
 
 
 def build_multi(
-    scene: Scene,
-    predictor: FirstTurnPredictor,
-    key: jax.Array,
-    config: BuildConfig = BuildConfig(),
+    scene: Scene, predictor: FirstTurnPredictor, key: jax.Array, config: BuildConfig = BuildConfig()
 ) -> tuple[list[dict], dict]:
     """2-turn records (+ mock multi-turn records) and statistics for the data card.
 
@@ -318,10 +315,7 @@ def build_multi(
     together in one scorer call (R = 1 + mock_turns answers per scene).
     """
     k_first, k_mock = jax.random.split(key)
-    prompts = prompt_conversations(scene, config)
-    answers = predictor(scene, k_first, prompts)
-    if len(answers) != len(prompts):
-        raise ValueError(f"predictor {predictor.name} returned {len(answers)} answers for {len(prompts)} scenes")
+    prompts, answers = _first_answers(scene, predictor, k_first, config)
     ids = _scene_ids(scene)
     mock_turns = config.mock_turns if config.mock_turns >= 2 else 0
     texts = [[a] for a in answers]
@@ -454,10 +448,7 @@ def build_qa(scene: Scene, key: jax.Array, config: BuildConfig = BuildConfig()) 
 
 
 def build_rl(
-    scene: Scene,
-    predictor: FirstTurnPredictor,
-    key: jax.Array,
-    config: BuildConfig = BuildConfig(),
+    scene: Scene, predictor: FirstTurnPredictor, key: jax.Array, config: BuildConfig = BuildConfig()
 ) -> tuple[list[dict], dict]:
     """Curated RL prompt records (prompt only) and the category counts."""
     k_first, k_pick = jax.random.split(key)

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jax_drive.configs import one_of
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenRow:
@@ -70,8 +72,7 @@ def tokenize_chat(tokenizer, messages: list[dict], train_on: str = "all") -> Tok
       ValueError if the template renders a prefix inconsistently (not append-only).
     """
     messages = _check_messages(messages)
-    if train_on not in TRAIN_ON:
-        raise ValueError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
+    one_of("train_on", train_on, TRAIN_ON)
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     ids: list[int] = []
     weight: list[float] = []
@@ -121,8 +122,7 @@ def chat_samples(dataset: Any, train_on: str = "all") -> list[tuple[list[dict], 
     deliberately malformed one that must not be learned); otherwise ``train_on`` applies.
     Other keys are ignored. Raises ValueError naming the bad sample.
     """
-    if train_on not in TRAIN_ON:
-        raise ValueError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
+    one_of("train_on", train_on, TRAIN_ON)
     if isinstance(dataset, (str, os.PathLike)):
         items = _jsonl_items(dataset)
     else:
@@ -132,8 +132,7 @@ def chat_samples(dataset: Any, train_on: str = "all") -> list[tuple[list[dict], 
         messages = item.get("messages") if isinstance(item, dict) else item
         own = item.get("train_on", train_on) if isinstance(item, dict) else train_on
         try:
-            if own not in TRAIN_ON:
-                raise ValueError(f"train_on must be one of {TRAIN_ON}, got {own!r}")
+            one_of("train_on", own, TRAIN_ON)
             out.append((_check_messages(messages), own))
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from jax_drive.configs import at_least
 from jax_drive.distributed.backends import BackendFailure
 from jax_drive.distributed.episodes import EpisodeSpec, chunk_specs
 from jax_drive.distributed.store import ResultStore
@@ -100,8 +101,7 @@ class PoolConfig:
     poll_s: float = 0.1
 
     def __post_init__(self):
-        if self.num_workers < 1 or self.chunk_size < 1 or self.max_attempts < 1:
-            raise InputError("num_workers, chunk_size and max_attempts must be >= 1")
+        at_least(self, 1, "num_workers", "chunk_size", "max_attempts", error=InputError)
         if self.max_restarts < -1:
             raise InputError("max_restarts must be >= -1 (-1: restart forever)")
 

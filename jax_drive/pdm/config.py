@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jax_drive.configs import one_of
 from jax_drive.types import VehicleParameters
 
 
@@ -83,7 +84,7 @@ class PDMConfig:
       num_steps, dt: scoring grid, 41 states at 0.1 s (0 .. 4 s).
 
       Ego vehicle (Chrysler Pacifica): ego_width, ego_front_length, ego_rear_length,
-        ego_wheel_base, ego_rear_axle_to_center (metres).
+        ego_wheel_base, ego_rear_axle_to_center (metres; defaults from :class:`VehicleParameters`).
 
       LQR tracker: q_longitudinal 10, r_longitudinal 1, q_lateral (1, 10, 0), r_lateral 1,
         tracking_horizon 10 steps, jerk_penalty 1e-4, curvature_rate_penalty 1e-2,
@@ -140,11 +141,11 @@ class PDMConfig:
     num_steps: int = 41
     dt: float = 0.1
 
-    ego_width: float = 2.297
-    ego_front_length: float = 4.049
-    ego_rear_length: float = 1.127
-    ego_wheel_base: float = 3.089
-    ego_rear_axle_to_center: float = 1.461
+    ego_width: float = VehicleParameters.width
+    ego_front_length: float = VehicleParameters.front_length
+    ego_rear_length: float = VehicleParameters.rear_length
+    ego_wheel_base: float = VehicleParameters.wheel_base
+    ego_rear_axle_to_center: float = VehicleParameters.rear_axle_to_center
 
     q_longitudinal: float = 10.0
     r_longitudinal: float = 1.0
@@ -203,8 +204,7 @@ class PDMConfig:
     weight_ec: float = 2.0
 
     def __post_init__(self):
-        if self.navsim_version not in NAVSIM_VERSIONS:
-            raise ValueError(f"PDMConfig.navsim_version must be one of {NAVSIM_VERSIONS}, got {self.navsim_version!r}")
+        one_of("PDMConfig.navsim_version", self.navsim_version, NAVSIM_VERSIONS)
         # The chosen version's convention where a field is left at None.
         for name, value in VERSION_DEFAULTS[self.navsim_version].items():
             if getattr(self, name) is None:
@@ -212,8 +212,7 @@ class PDMConfig:
         for name, allowed in (("t0_overlap", ("keep", "drop")), ("hc_acceleration", ("shifted", "rigid_body")),
                               ("hc_history_dynamics", ("navsim", "logged", "finite_difference")),
                               ("ec_without_previous", ("drop", "one"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"PDMConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            one_of(f"PDMConfig.{name}", getattr(self, name), allowed)
         if self.jerk_matrix not in ("navsim", "nuplan"):
             raise ValueError(f"PDMConfig.jerk_matrix must be 'navsim' or 'nuplan', got {self.jerk_matrix!r}")
         if not self.ttc_future_frames or min(self.ttc_future_frames) < 0:

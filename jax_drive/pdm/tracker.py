@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.configs import one_of
 from jax_drive.geometry import wrap_angle
 from jax_drive.pdm.config import PDMConfig
 
@@ -87,8 +88,7 @@ def jerk_difference_matrix(num_rows: int, kind: str = "navsim") -> np.ndarray:
       overwrites the first, so every row but the last is -e_i and only the last row is a
       difference, e_n - e_{n-1}.
     """
-    if kind not in JERK_MATRICES:
-        raise ValueError(f"jerk matrix must be one of {JERK_MATRICES}, got {kind!r}")
+    one_of("jerk matrix", kind, JERK_MATRICES)
     out = np.zeros((num_rows, num_rows + 1), np.float64)
     rows = np.arange(num_rows)
     out[rows, rows] = -1.0

@@ -48,6 +48,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jax_drive.configs import at_least
 from jax_drive.names import ADVANTAGE_MODES
 
 AdvantageMode = Literal["grpo", "mtgrpo_intra", "mtgrpo_cross"]
@@ -80,10 +81,8 @@ class AdvantageConfig:
             raise ValueError(f"unknown advantage mode {self.mode!r}; expected one of {ADVANTAGE_MODES}")
         if self.singleton not in ("zero", "raw"):
             raise ValueError(f"singleton must be 'zero' or 'raw', got {self.singleton!r}")
-        if self.epsilon < 0:
-            raise ValueError("epsilon must be >= 0")
-        if self.min_group_size < 1:
-            raise ValueError("min_group_size must be >= 1")
+        at_least(self, 0, "epsilon")
+        at_least(self, 1, "min_group_size")
 
 
 def masked_group_normalize(
@@ -149,12 +148,7 @@ def mtgrpo_intra_advantages(
     rewards: chex.Array, turn_mask: chex.Array, config: AdvantageConfig = AdvantageConfig(mode="mtgrpo_intra")
 ) -> chex.Array:
     """Table 3 row 2 (paper Eq. 3): each turn index normalised across the G rollouts.
-
-    Args:
-      rewards, turn_mask: (P, G, N).
-    Returns:
-      (P, G, N) advantages (0 on missing turns).
-    """
+    rewards, turn_mask: (P, G, N) -> (P, G, N) advantages (0 on missing turns)."""
     return masked_group_normalize(rewards, turn_mask, axes=(-2,), config=config)
 
 
@@ -162,12 +156,7 @@ def mtgrpo_cross_advantages(
     rewards: chex.Array, turn_mask: chex.Array, config: AdvantageConfig = AdvantageConfig(mode="mtgrpo_cross")
 ) -> chex.Array:
     """Table 3 row 3: normalised within the group over all existing turns of all G rollouts.
-
-    Args:
-      rewards, turn_mask: (P, G, N).
-    Returns:
-      (P, G, N) advantages (0 on missing turns).
-    """
+    rewards, turn_mask: (P, G, N) -> (P, G, N) advantages (0 on missing turns)."""
     return masked_group_normalize(rewards, turn_mask, axes=(-2, -1), config=config)
 
 

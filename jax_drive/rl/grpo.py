@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_drive.configs import at_least
 from jax_drive.parallel import (
     MeshConfig,
     barrier,
@@ -52,15 +53,14 @@ from jax_drive.parallel import (
     require_global_mesh,
     round_up,
     shard_batch,
-    shard_model,
-    shard_params,
 )
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit, token_advantages
 from jax_drive.data.tokens import TokenRow
 from jax_drive.rl.batching import GRAMMAR_KEYS, add_images, batch_token_logprobs, bucket_length, pad_rows
 from jax_drive.rl.checkpoint import RunState
 from jax_drive.rl.logging import peak_rss_gb
-from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, open_checkpointer, restored, train_loop
+from jax_drive.rl.loop import (LoopConfig, StepOutcome, TrainResult, initial_state, open_checkpointer, restored,
+                               train_loop)
 from jax_drive.rl.loss import LossConfig, policy_loss
 from jax_drive.rl.optim import (
     OptimConfig,
@@ -69,7 +69,6 @@ from jax_drive.rl.optim import (
     make_optimizer,
     make_train_step,
     minibatch_indices,
-    split_model,
 )
 from jax_drive.rollout import (
     RolloutConfig,
@@ -148,8 +147,7 @@ class GRPOConfig:
     def __post_init__(self):
         if min(self.prompts_per_step, self.minibatch_size, self.ppo_epochs, self.bucket_size) < 1:
             raise ValueError("prompts_per_step, minibatch_size, ppo_epochs, bucket_size must be >= 1")
-        if self.steps < 0:
-            raise ValueError("steps must be >= 0")
+        at_least(self, 0, "steps")
         sampling = self.rollout.sampling
         if not self.recompute_old_logprobs and self.logprob_temperature != 1.0:
             if sampling.logprobs_mode != "processed" or sampling.top_k or sampling.top_p < 1.0:
@@ -478,11 +476,8 @@ def grpo_train(
     engine = JaxEngine(model, tokenizer, SamplerConfig(mesh=config.mesh)) if engine is None else engine
     pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
 
-    shard_model(model, mesh)  # the live model (the sampler's) holds the sharded arrays
-    graphdef, params, rest = split_model(model, config.optim.trainable)
+    graphdef, params, rest, state = initial_state(model, config.optim, mesh, config.seed)
     ref_params = copy_tree(params) if config.loss.uses_reference else None
-    tx = make_optimizer(config.optim)
-    state = RunState(params=params, opt_state=shard_params(tx.init(params), mesh), rng=jax.random.key(config.seed))
     ckpt = open_checkpointer(out_dir, "grpo")
     state = restored(state, ckpt, resume)
     rows_multiple = min(config.minibatch_size, config.prompts_per_step * config.rollout.group_size)

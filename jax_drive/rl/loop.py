@@ -30,11 +30,13 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
+import jax
+
 from jax_drive.faults import pause_point
-from jax_drive.parallel import is_primary
+from jax_drive.parallel import is_primary, shard_model, shard_params
 from jax_drive.rl.checkpoint import Checkpointer, RunState
 from jax_drive.rl.logging import MetricsLogger
-from jax_drive.rl.optim import write_back
+from jax_drive.rl.optim import OptimConfig, make_optimizer, split_model, write_back
 
 
 class NonFiniteError(RuntimeError):
@@ -99,6 +101,18 @@ def first_nonfinite(values: dict[str, float]) -> tuple[str, float] | None:
         if not math.isfinite(value):
             return name, value
     return None
+
+
+def initial_state(model, optim: OptimConfig, mesh, seed: int):
+    """A trainer's starting point: the live model's arrays sharded over ``mesh`` (None: one
+    device; no full copy stays), its ``optim.trainable`` params split from the rest, and a
+    fresh :class:`RunState` (optimiser state sharded like the params, ``rng`` from ``seed``).
+
+    Returns (graphdef, params, rest, state)."""
+    shard_model(model, mesh)
+    graphdef, params, rest = split_model(model, optim.trainable)
+    opt_state = shard_params(make_optimizer(optim).init(params), mesh)
+    return graphdef, params, rest, RunState(params=params, opt_state=opt_state, rng=jax.random.key(seed))
 
 
 def open_checkpointer(out_dir: str | os.PathLike | None, name: str) -> Checkpointer | None:

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from jax_drive.data.tokens import TokenRow, chat_samples, tokenize_chat
 from jax_drive.rl.batching import add_images, batch_token_logprobs, bucket_length, iterate_epochs, pad_rows
 from jax_drive.rl.checkpoint import RunState
-from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, open_checkpointer, restored, train_loop
+from jax_drive.rl.loop import (LoopConfig, StepOutcome, TrainResult, initial_state, open_checkpointer, restored,
+                               train_loop)
 from jax_drive.rl.logging import peak_rss_gb
 from jax_drive.parallel import (
     MeshConfig,
@@ -40,10 +41,8 @@ from jax_drive.parallel import (
     require_global_mesh,
     round_up,
     shard_batch,
-    shard_model,
-    shard_params,
 )
-from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step, split_model
+from jax_drive.rl.optim import OptimConfig, make_optimizer, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,10 +146,7 @@ def sft_train(model, dataset: Any, config: SFTConfig = SFTConfig(), *, tokenizer
 
     mesh = make_mesh(config.mesh)
     require_global_mesh(mesh, "sft_train")
-    shard_model(model, mesh)  # the live model holds the sharded arrays (no full copy stays)
-    graphdef, params, rest = split_model(model, config.optim.trainable)
-    tx = make_optimizer(config.optim)
-    state = RunState(params=params, opt_state=shard_params(tx.init(params), mesh), rng=jax.random.key(config.seed))
+    graphdef, _, rest, state = initial_state(model, config.optim, mesh, config.seed)
     ckpt = open_checkpointer(out_dir, "sft")
     state = restored(state, ckpt, resume)
     step_fn = _cached_step(graphdef, config.chunk_size, config.optim, mesh)

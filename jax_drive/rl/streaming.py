@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.configs import above, at_least
 from jax_drive.models.layers import KVCache, init_cache, positions_from_mask
 from jax_drive.models.transformer import forward_hidden, head_token_logprobs
 from jax_drive.data.tokens import TokenRow
@@ -67,10 +68,8 @@ class StreamConfig:
     temperature: float = 1.0
 
     def __post_init__(self):
-        if self.group_size < 1 or self.bucket_size < 1 or self.chunk_size < 1:
-            raise ValueError("group_size, bucket_size and chunk_size must be >= 1")
-        if not self.temperature > 0:
-            raise ValueError("temperature must be > 0")
+        at_least(self, 1, "group_size", "bucket_size", "chunk_size")
+        above(self, 0, "temperature")
 
 
 def prompt_length(turn_ids: np.ndarray) -> int:

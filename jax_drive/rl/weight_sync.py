@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.configs import at_least
 from jax_drive.sampling.engine import Completion, Message, Prompt
 from jax_drive.sampling.openai_engine import OpenAIEngine, OpenAIEngineError
 from jax_drive.sampling.params import SamplingParams
@@ -88,8 +89,7 @@ class WeightSyncConfig:
             raise ValueError(f"mode must be 'lora' or 'full', got {self.mode!r}")
         if not self.adapter_name:
             raise ValueError("adapter_name must be non-empty")
-        if self.keep < 1:
-            raise ValueError("keep must be >= 1")
+        at_least(self, 1, "keep")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from jax_drive.configs import at_least
 from jax_drive.rollout.images import prompt_image_inputs
 from jax_drive.rollout.result import SUB_SCORES, RolloutResult, Transcript, TurnRecord
 from jax_drive.rollout.reward import turn_rewards
@@ -111,10 +112,8 @@ class RolloutConfig:
     def __post_init__(self):
         if not self.format_feedback:
             raise ValueError("format_feedback must be non-empty (an empty feedback ends the rollout)")
-        if self.group_size < 1 or self.max_turns < 1:
-            raise ValueError("group_size and max_turns must be >= 1")
-        if self.max_context_tokens < 2:
-            raise ValueError("max_context_tokens must be >= 2")
+        at_least(self, 1, "group_size", "max_turns")
+        at_least(self, 2, "max_context_tokens")
         if not self.improvement_weight >= 0:  # also refuses NaN
             raise ValueError(f"improvement_weight must be >= 0, got {self.improvement_weight}")
         if self.constrain_answers and self.sampling.grammar is not None:

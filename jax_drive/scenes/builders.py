@@ -38,6 +38,8 @@ from jax_drive.types import (
     Scene,
 )
 
+DEFAULT_SPEED_LIMIT = 15.0  # m/s, a scene's speed limit when its source gives none
+
 
 @dataclasses.dataclass(frozen=True)
 class SceneSizes:
@@ -120,7 +122,7 @@ class SceneSpec:
     agents: list[AgentTrack] = dataclasses.field(default_factory=list)
     drivable: list[PolygonSpec] = dataclasses.field(default_factory=list)
     lanes: list[LaneSpec] = dataclasses.field(default_factory=list)
-    speed_limit: float = 15.0
+    speed_limit: float = DEFAULT_SPEED_LIMIT
     command: int = int(Command.GO_STRAIGHT)
     expert: np.ndarray | None = None
     history_poses: np.ndarray | None = None
@@ -298,7 +300,7 @@ def make_scene(
     agents: Sequence[AgentTrack] = (),
     drivable: Sequence[PolygonSpec] = (),
     lanes: Sequence[LaneSpec] = (),
-    speed_limit: float = 15.0,
+    speed_limit: float = DEFAULT_SPEED_LIMIT,
     command: int = int(Command.GO_STRAIGHT),
     expert=None,
     history_poses=None,
@@ -472,7 +474,7 @@ def straight_road(
     length_ahead: float = 150.0,
     ego_speed: float = 10.0,
     ego_accel: float = 0.0,
-    speed_limit: float = 15.0,
+    speed_limit: float = DEFAULT_SPEED_LIMIT,
     command: int = int(Command.GO_STRAIGHT),
 ) -> SceneSpec:
     """A straight road along +x with ``num_lanes`` lanes in the ego's direction.

@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from jax_drive.configs import at_least
 from jax_drive.sampling import Completion, Engine, RowDelta, SamplingParams
 
 log = logging.getLogger("jax_drive.serve")
@@ -135,8 +136,7 @@ class BatcherConfig:
     def __post_init__(self):
         if self.max_batch_rows < 1 or not 0 <= self.max_wait_s < float("inf"):
             raise ValueError("max_batch_rows must be >= 1 and max_wait_s a finite number >= 0")
-        if self.chunk_steps < 1:
-            raise ValueError("chunk_steps must be >= 1")
+        at_least(self, 1, "chunk_steps")
         if self.max_queued_rows is not None and self.max_queued_rows < 1:
             raise ValueError("max_queued_rows must be >= 1 or None")
 

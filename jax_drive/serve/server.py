@@ -40,6 +40,7 @@ from typing import Union
 
 from pydantic import BaseModel, ValidationError
 
+from jax_drive.configs import at_least
 from jax_drive.sampling import Completion, SamplingParams
 from jax_drive.sampling.grammar.regex import GrammarError, expanded_size, parse
 from jax_drive.serve.batcher import BatcherConfig, GenerationJob, QueueFull, RequestBatcher
@@ -98,8 +99,7 @@ class ServeConfig:
     max_grammar_size: int = 20_000
 
     def __post_init__(self):
-        if self.default_max_tokens < 1 or self.parse_workers < 1:
-            raise ValueError("default_max_tokens and parse_workers must be >= 1")
+        at_least(self, 1, "default_max_tokens", "parse_workers")
         if not self.grammar_compile_s > 0 or self.max_grammar_size < 1:
             raise ValueError("grammar_compile_s must be > 0 and max_grammar_size >= 1")
         self.limits.check_settings(self.batcher.max_queued_rows, self.default_max_tokens)

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_drive.configs import above, at_least
+
 
 @dataclasses.dataclass(frozen=True)
 class GroupingConfig:
@@ -60,10 +62,8 @@ class GroupingConfig:
     def __post_init__(self):
         if not 0.0 < self.edge_threshold < 1.0:
             raise ValueError(f"edge_threshold must be in (0, 1) (a sigmoid score), got {self.edge_threshold}")
-        if self.safety_slope <= 0 or self.waypoint_dt <= 0:
-            raise ValueError("safety_slope and waypoint_dt must be > 0")
-        if self.cooldown < 0 or self.hold_after_conflict < 0:
-            raise ValueError("cooldown and hold_after_conflict must be >= 0")
+        above(self, 0, "safety_slope", "waypoint_dt")
+        at_least(self, 0, "cooldown", "hold_after_conflict")
         if self.radius is not None and self.radius <= 0:
             raise ValueError(f"radius must be None or > 0, got {self.radius}")
 

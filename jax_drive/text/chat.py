@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from jax_drive.configs import one_of
+
 ROLES = ("system", "user", "assistant")
 Message = dict[str, str]
 
 
 def message(role: str, content: str) -> Message:
     """One message; raises ValueError for an unknown role or non-string content."""
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    one_of("role", role, ROLES)
     if not isinstance(content, str):
         raise ValueError(f"content must be a str, got {type(content).__name__}")
     return {"role": role, "content": content}

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_drive.configs import one_of
 from jax_drive.render.camera import CameraConfig, render_camera
 from jax_drive.text.codec import format_point
 from jax_drive.types import COMMAND_TEXT, NUM_HISTORY_STEPS, Command
@@ -84,8 +85,7 @@ class PromptConfig:
     camera: CameraConfig | None = None
 
     def __post_init__(self):
-        if self.perception not in PERCEPTIONS:
-            raise ValueError(f"perception must be one of {PERCEPTIONS}, got {self.perception!r}")
+        one_of("perception", self.perception, PERCEPTIONS)
         if self.perception == "image" and not self.image_placeholder:
             raise ValueError("perception='image' needs the <image> placeholder (image_placeholder=True)")
 

@@ -161,85 +161,84 @@ def _pick(u, valid):
     return jnp.argmax(cumulative > target[:, None], -1), count > 0
 
 
-def _one_scene(u, scene: Scene, config: QAConfig):
-    """Candidates of one scene (no batch dims) from uniforms u (C, NUM_UNIFORMS)."""
-    c = config.num_candidates
-    boxes = _agent_boxes(scene)  # (N, T, 7)
-    valid = scene.agents.valid  # (N, T)
-    back = VehicleParameters().rear_axle_to_center
-    agents = scene.agents
+def _output_step(u):
+    """Observation step (C,) int32 of an output pose picked by uniforms u (C,): 5, 10, ..., 40."""
+    return 5 * (jnp.minimum(jnp.floor(u * NUM_OUTPUT_POSES), NUM_OUTPUT_POSES - 1).astype(jnp.int32) + 1)
 
-    def span(col, lo, hi):
-        return lo + (hi - lo) * u[:, col]
 
-    # DAC ------------------------------------------------------------------------------
+def _rear_axle_pose(centre, heading, back):
+    """Quantised (C, 3) rear-axle pose of an ego whose box centre (C, 2) and heading (C,) are
+    given; ``back``: rear axle to box centre, m."""
+    return _quantize_pose(
+        jnp.stack([centre[:, 0] - back * jnp.cos(heading), centre[:, 1] - back * jnp.sin(heading), heading], -1))
+
+
+def _span(u, col, lo, hi):
+    """Uniforms u[:, col] (C,) mapped onto [lo, hi)."""
+    return lo + (hi - lo) * u[:, col]
+
+
+def _dac_candidates(u, scene: Scene) -> dict:
+    """DAC candidates: a pose near the route (uniform columns 0-2) and whether it is drivable."""
     origin = jnp.zeros((1, 2), scene.route.points.dtype)
     s0, _ = geometry.project_on_polyline(origin, scene.route.points, scene.route.valid)
-    s = s0[0] + span(0, 0.0, 40.0)
+    s = s0[0] + _span(u, 0, 0.0, 40.0)
     base = _route_pose(scene.route.points, scene.route.valid, s)
-    lateral = span(1, -10.0, 10.0)
+    lateral = _span(u, 1, -10.0, 10.0)
     normal = jnp.stack([-jnp.sin(base[:, 2]), jnp.cos(base[:, 2])], -1)
-    dac_heading = geometry.wrap_angle(base[:, 2] + span(2, -0.3, 0.3))
+    dac_heading = geometry.wrap_angle(base[:, 2] + _span(u, 2, -0.3, 0.3))
     dac_pose = jnp.concatenate([base[:, :2] + lateral[:, None] * normal, dac_heading[:, None]], -1)
     dac_pose = _quantize_pose(dac_pose)
     drv = scene.map.drivable
     dac_label = in_drivable(dac_pose, drv.vertices[None], drv.valid[None])
+    return dict(dac_pose=dac_pose, dac_label=dac_label, dac_ok=jnp.ones((u.shape[0],), bool))
 
-    # NC -------------------------------------------------------------------------------
-    step = 5 * (jnp.minimum(jnp.floor(u[:, 3] * NUM_OUTPUT_POSES), NUM_OUTPUT_POSES - 1).astype(jnp.int32) + 1)
-    agent, nc_ok = _pick(u[:, 4], valid[:, step].T)
+
+def _nc_candidates(u, scene: Scene, boxes, back: float) -> dict:
+    """NC candidates: an ego pose next to an agent's box (uniform columns 3-7) and whether they overlap."""
+    step = _output_step(u[:, 3])
+    agent, nc_ok = _pick(u[:, 4], scene.agents.valid[:, step].T)
     nc_box = jnp.round(boxes[agent, step], 2)  # (C, 7), as written in the question
-    offset = jnp.stack([span(5, -8.0, 8.0), span(6, -4.0, 4.0)], -1)
+    offset = jnp.stack([_span(u, 5, -8.0, 8.0), _span(u, 6, -4.0, 4.0)], -1)
     centre = nc_box[:, :2] + geometry.rotate(offset, nc_box[:, 6])
-    nc_heading = geometry.wrap_angle(nc_box[:, 6] + span(7, -1.0, 1.0))
-    nc_pose = jnp.stack(
-        [centre[:, 0] - back * jnp.cos(nc_heading), centre[:, 1] - back * jnp.sin(nc_heading), nc_heading], -1
-    )
-    nc_pose = _quantize_pose(nc_pose)
-    nc_label = collides(nc_pose, nc_box)
+    nc_heading = geometry.wrap_angle(nc_box[:, 6] + _span(u, 7, -1.0, 1.0))
+    nc_pose = _rear_axle_pose(centre, nc_heading, back)
+    return dict(nc_pose=nc_pose, nc_box=nc_box, nc_class=scene.agents.agent_type[agent], nc_object=agent,
+                nc_step=step, nc_label=collides(nc_pose, nc_box), nc_ok=nc_ok)
 
-    # TTC ------------------------------------------------------------------------------
+
+def _ttc_candidates(u, scene: Scene, boxes, back: float, config: QAConfig) -> dict:
+    """TTC candidates: an ego pose and speed behind an agent (uniform columns 8-13) and
+    whether the agent's next frames stay clear of it."""
+    agents, valid = scene.agents, scene.agents.valid
     frames = jnp.asarray(config.ttc_frames)
-    t_step = 5 * (jnp.minimum(jnp.floor(u[:, 8] * NUM_OUTPUT_POSES), NUM_OUTPUT_POSES - 1).astype(jnp.int32) + 1)
+    t_step = _output_step(u[:, 8])
     t_agent, ttc_ok = _pick(u[:, 9], valid[:, t_step].T)
     future_steps = jnp.minimum(t_step[:, None] + frames[None, :], NUM_OBS_STEPS - 1)  # (C, D)
     future_boxes = jnp.round(boxes[t_agent[:, None], future_steps], 2)  # (C, D, 7)
     future_valid = valid[t_agent[:, None], future_steps] & (t_step[:, None] + frames[None, :] < NUM_OBS_STEPS)
     ttc_box = future_boxes[:, 0]
-    rel = jnp.stack([-(span(10, 2.0, 25.0) + ttc_box[:, 3] / 2), span(11, -2.0, 2.0)], -1)
+    rel = jnp.stack([-(_span(u, 10, 2.0, 25.0) + ttc_box[:, 3] / 2), _span(u, 11, -2.0, 2.0)], -1)
     ttc_centre = ttc_box[:, :2] + geometry.rotate(rel, ttc_box[:, 6])
-    ttc_heading = geometry.wrap_angle(ttc_box[:, 6] + span(12, -0.15, 0.15))
-    ttc_pose = jnp.stack(
-        [ttc_centre[:, 0] - back * jnp.cos(ttc_heading), ttc_centre[:, 1] - back * jnp.sin(ttc_heading), ttc_heading],
-        -1,
-    )
-    ttc_pose = _quantize_pose(ttc_pose)
-    ttc_speed = jnp.round(span(13, 0.0, config.max_ttc_speed), 2)
+    ttc_heading = geometry.wrap_angle(ttc_box[:, 6] + _span(u, 12, -0.15, 0.15))
+    ttc_pose = _rear_axle_pose(ttc_centre, ttc_heading, back)
+    ttc_speed = jnp.round(_span(u, 13, 0.0, config.max_ttc_speed), 2)
     dts = frames.astype(jnp.float32) * 0.1
     unsafe = ttc_unsafe(ttc_pose, ttc_speed, future_boxes, future_valid, dts, config.ahead_angle_deg)
     ttc_velocity = jnp.stack([agents.vx[t_agent, t_step], agents.vy[t_agent, t_step]], -1)
+    return dict(ttc_pose=ttc_pose, ttc_speed=ttc_speed, ttc_box=ttc_box, ttc_class=agents.agent_type[t_agent],
+                ttc_object=t_agent, ttc_step=t_step, ttc_velocity=ttc_velocity,
+                ttc_label=~unsafe,  # Yes = safe
+                ttc_ok=ttc_ok)
 
-    return dict(
-        dac_pose=dac_pose,
-        dac_label=dac_label,
-        dac_ok=jnp.ones((c,), bool),
-        nc_pose=nc_pose,
-        nc_box=nc_box,
-        nc_class=agents.agent_type[agent],
-        nc_object=agent,
-        nc_step=step,
-        nc_label=nc_label,
-        nc_ok=nc_ok,
-        ttc_pose=ttc_pose,
-        ttc_speed=ttc_speed,
-        ttc_box=ttc_box,
-        ttc_class=agents.agent_type[t_agent],
-        ttc_object=t_agent,
-        ttc_step=t_step,
-        ttc_velocity=ttc_velocity,
-        ttc_label=~unsafe,  # Yes = safe
-        ttc_ok=ttc_ok,
-    )
+
+def _one_scene(u, scene: Scene, config: QAConfig):
+    """Candidates of one scene (no batch dims) from uniforms u (C, NUM_UNIFORMS): the DAC,
+    NC and TTC fields, each (C, ...)."""
+    boxes = _agent_boxes(scene)  # (N, T, 7)
+    back = VehicleParameters().rear_axle_to_center
+    return {**_dac_candidates(u, scene), **_nc_candidates(u, scene, boxes, back),
+            **_ttc_candidates(u, scene, boxes, back, config)}
 
 
 def _balance(u, label, ok, per_class):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_drive.configs import one_of
 from jax_drive.models.hf_weights import WeightLoadError, assign_hf_weights
 from jax_drive.models.qwen2_5_vl.config import VisionConfig, VLMConfig
 from jax_drive.models.qwen2_5_vl.model import Qwen2_5_VL
@@ -131,8 +132,7 @@ def vlm_hf_state_dict(model: Qwen2_5_VL, layout: str = "legacy") -> dict[str, jn
     """
     from jax_drive.models.export import hf_state_dict
 
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    one_of("layout", layout, LAYOUTS)
     lm_prefix, vis_prefix = (("model.", "visual.") if layout == "legacy"
                              else ("model.language_model.", "model.visual."))
     out = {}
@@ -190,8 +190,7 @@ def export_vlm_peft(model: Qwen2_5_VL, out_dir: str | Path, base_model_name: str
 
     if not isinstance(model, Qwen2_5_VL):
         raise TypeError(f"expected a Qwen2_5_VL, got {type(model).__name__}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    one_of("layout", layout, LAYOUTS)
     prefix = "model.layers" if layout == "legacy" else "model.language_model.layers"
     targets = lora_projections(model)
     return export_peft(model, out_dir, base_model_name, layers_prefix=prefix,
@@ -203,7 +202,6 @@ def load_vlm_peft(model: Qwen2_5_VL, adapter_dir: str | Path,
     """Applies an adapter written by `export_vlm_peft` (same layout) to ``model`` in place."""
     from jax_drive.models.export import load_peft
 
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    one_of("layout", layout, LAYOUTS)
     prefix = "model.layers" if layout == "legacy" else "model.language_model.layers"
     return load_peft(model, adapter_dir, layers_prefix=prefix)

@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from jax_drive.configs import one_of
 from jax_drive.sampling.grammar.regex import GrammarError, normalize
 
 GrammarKind = Literal["regex", "json_schema", "choice", "anything"]
@@ -115,8 +116,7 @@ class Grammar:
     canonical_literals: bool = False
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise GrammarError(f"grammar kind must be one of {KINDS}, got {self.kind!r}")
+        one_of("grammar kind", self.kind, KINDS, error=GrammarError)
 
     @classmethod
     def regex(cls, pattern: str) -> "Grammar":

@@ -95,15 +95,8 @@ def grammar_fields(grammar: Grammar | None, dialect: ServerDialect, endpoint: st
                                         f"grammar on /{endpoint}: {error}{hint}") from None
 
 
-def build_completion_request(
-    prompt: Prompt,
-    params: SamplingParams,
-    model: str,
-    seed: int | None,
-    dialect: ServerDialect,
-    grammar: Grammar | None = None,
-    exact: bool = True,
-) -> dict:
+def build_completion_request(prompt: Prompt, params: SamplingParams, model: str, seed: int | None,
+                             dialect: ServerDialect, grammar: Grammar | None = None, exact: bool = True) -> dict:
     """JSON body of a POST /v1/completions for one completion row of one prompt.
 
     ``prompt`` is text or token ids; ids are only valid for dialects that accept them.
@@ -115,32 +108,25 @@ def build_completion_request(
         if not dialect.token_id_prompts:
             raise UnsupportedParameterError(f"the {dialect.name} server takes text prompts only")
         prompt_field = [int(t) for t in prompt]
-    body = {"model": model, "prompt": prompt_field, "logprobs": 1, "echo": False}
-    body.update(sampling_fields(params, seed, dialect))
-    body.update(grammar_fields(grammar, dialect, "completions", exact))
-    return body
+    head = {"prompt": prompt_field, "logprobs": 1, "echo": False}
+    return _row_body(head, "completions", params, model, seed, dialect, grammar, exact)
 
 
-def build_chat_request(
-    messages: Sequence[Message],
-    params: SamplingParams,
-    model: str,
-    seed: int | None,
-    dialect: ServerDialect,
-    grammar: Grammar | None = None,
-    exact: bool = True,
-) -> dict:
+def build_chat_request(messages: Sequence[Message], params: SamplingParams, model: str, seed: int | None,
+                       dialect: ServerDialect, grammar: Grammar | None = None, exact: bool = True) -> dict:
     """JSON body of a POST /v1/chat/completions for one completion row of a conversation
     (``grammar``: the row's grammar, :func:`grammar_fields`)."""
-    body = {
-        "model": model,
-        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-        "logprobs": True,
-        "top_logprobs": 1,
-    }
-    body.update(sampling_fields(params, seed, dialect))
-    body.update(grammar_fields(grammar, dialect, "chat", exact))
-    return body
+    head = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "logprobs": True, "top_logprobs": 1}
+    return _row_body(head, "chat", params, model, seed, dialect, grammar, exact)
+
+
+def _row_body(head: dict, endpoint: str, params: SamplingParams, model: str, seed: int | None,
+              dialect: ServerDialect, grammar: Grammar | None, exact: bool) -> dict:
+    """The model, then ``endpoint``'s own fields (``head``), then the row's sampling and
+    grammar fields: one request body."""
+    return {"model": model, **head, **sampling_fields(params, seed, dialect),
+            **grammar_fields(grammar, dialect, endpoint, exact)}
 
 
 def build_prompt_logprobs_request(prompt: Sequence[int], model: str) -> dict:
