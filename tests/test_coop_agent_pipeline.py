@@ -73,7 +73,8 @@ def test_llm_method_chunks_resume_without_running_again(tmp_path):
     preset = dataclasses.replace(TV.PRESETS["smoke"], scenarios=("tv_red_light",), max_time=1.1)
     run = str(tmp_path)
     first = TV.run_method(preset, "zero_shot", run, progress=False)
-    assert os.path.exists(os.path.join(run, "zero_shot_eval_seed0.json"))
+    (key,) = first["chunk_keys"]
+    assert os.path.exists(os.path.join(run, f"zero_shot_eval_seed0_{key}.json"))
     lat = first["latency"]
     assert lat["calls"] == 3 and lat["agents_per_call_mean"] == 4.0  # 2 episodes x (car + truck), 3 decisions
     assert first["latency"]["agent_seconds_median"] > 0 and first["parse_failures"]
@@ -82,6 +83,60 @@ def test_llm_method_chunks_resume_without_running_again(tmp_path):
     os.remove(os.path.join(run, "zero_shot.json"))  # only the chunk is left: evaluation resumes from it
     resumed = TV.run_method(preset, "zero_shot", run, engines=NoEngines(preset), progress=False)
     assert resumed["average"] == first["average"] and resumed["latency"] == first["latency"]
+
+
+def _save_student(path, seed):
+    """A tiny random 'student' saved as the distillation saves one (merged weights + its tokenizer)."""
+    from coop_tiny import tiny_model
+
+    from jax_drive.coop.distill import compact_chat_tokenizer
+    from jax_drive.models.export import save_safetensors
+
+    model, tokenizer = tiny_model(seed)
+    save_safetensors(model, path, tokenizer=compact_chat_tokenizer(tokenizer))
+
+
+def _chunks(run, label):
+    return sorted(f for f in os.listdir(run) if f.startswith(f"{label}_eval_seed"))
+
+
+def test_a_retrained_student_is_evaluated_again_and_the_same_one_is_not(tmp_path, monkeypatch):
+    """Chunks are keyed by the policy's identity: the student's files (retrained: evaluated
+    again, its old chunk left alone), the episodes and the time cap."""
+    preset = dataclasses.replace(TV.PRESETS["smoke"], scenarios=("tv_red_light",), max_time=1.1)
+    run, student = str(tmp_path / "run"), str(tmp_path / "student")
+    _save_student(student, seed=0)
+    preset = dataclasses.replace(preset, student_path=student)
+    first = TV.run_method(preset, "distilled", run, progress=False)
+    assert len(_chunks(run, "distilled")) == 1
+    evaluated = []
+    real = TV.evaluation.evaluate_chunk
+    monkeypatch.setattr(TV.evaluation, "evaluate_chunk", lambda *a, **k: evaluated.append(1) or real(*a, **k))
+    again = TV.run_method(preset, "distilled", run, progress=False, force=True)  # same student: chunk reused
+    assert not evaluated and again["chunk_keys"] == first["chunk_keys"] and again["average"] == first["average"]
+    _save_student(student, seed=1)  # retrained in place: same path, other weights
+    retrained = TV.run_method(preset, "distilled", run, progress=False, force=True)
+    assert evaluated == [1] and retrained["chunk_keys"] != first["chunk_keys"]
+    assert len(_chunks(run, "distilled")) == 2 and retrained["policy_identity"] != first["policy_identity"]
+    shorter = TV.run_method(dataclasses.replace(preset, max_time=0.7), "distilled", run, progress=False, force=True)
+    assert evaluated == [1, 1] and shorter["chunk_keys"] != retrained["chunk_keys"]
+
+
+def test_policy_identities_name_what_decides_the_policy(tmp_path):
+    from jax_drive.pipelines.talking_vehicles import identity as ID
+    from jax_drive.pipelines.talking_vehicles.methods import METHODS
+
+    preset = TV.PRESETS["smoke"]
+    ids = {m: METHODS[m](m, preset, None, str(tmp_path), False).identity for m in ("rule_based", "silent", "zero_shot")}
+    assert ids["rule_based"] != ids["silent"] and ids["zero_shot"]["model"] == "tiny"
+    quiet = METHODS["zero_shot_silent"]("zero_shot_silent", preset, None, str(tmp_path), False).identity
+    assert ID.digest(quiet) != ID.digest(ids["zero_shot"])  # communicate differs
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.bin").write_bytes(b"12")
+    before = ID.files_digest([str(tmp_path / "w")])
+    (tmp_path / "w" / "a.bin").write_bytes(b"13")
+    assert ID.files_digest([str(tmp_path / "w")]) != before
+    assert ID.model_identity(str(tmp_path / "w")) == {"model_files": ID.files_digest([str(tmp_path / "w")])}
 
 
 def test_distillation_with_a_dagger_round_builds_every_stage_once(tmp_path, monkeypatch):

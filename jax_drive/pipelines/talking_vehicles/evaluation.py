@@ -3,7 +3,9 @@ summaries over scenarios and seeds, the Table 3 latency figures and the printed 
 
 A policy is evaluated on the same held-out episodes as every other method (the ``eval``
 split: scenarios x seeds x episodes, accident-prone and safe alternating), one batch per
-seed; each seed's chunk of records can be saved and is then loaded, not run again.
+seed; each seed's chunk of records can be saved and is then loaded, not run again, as long
+as the policy, the episodes and the time cap are the same (the chunk's file name carries a
+hash of them).
 """
 
 from __future__ import annotations
@@ -128,19 +130,30 @@ def evaluate_chunk(policy, specs: Sequence[EpisodeSpec], *, progress: bool = Tru
             "storyboard": None if pick is None else episode_story(results[pick], specs[pick].tag)}
 
 
+def chunk_key(identity: dict | None, specs: Sequence[EpisodeSpec], max_time: float | None) -> str:
+    """12 hex digits naming one seed's chunk: the policy's identity, the episodes' tags and
+    the time cap (anything else would reuse another evaluation's records)."""
+    from jax_drive.pipelines.talking_vehicles.identity import digest
+
+    return digest({"policy": identity, "episodes": [s.tag for s in specs], "max_time": max_time})
+
+
 def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *, progress: bool = True,
              story: str | None = None, label: str = "", max_time: float | None = None,
-             chunk_dir: str | None = None) -> dict:
+             chunk_dir: str | None = None, identity: dict | None = None) -> dict:
     """Evaluates the policy ``make_policy()`` (built only when a chunk has to run) on
     ``specs``, one batch per seed; with ``chunk_dir`` every seed's chunk is saved
-    (``<label>_eval_seed<s>.json``) and a saved chunk is loaded, not rerun (a long evaluation
-    resumes where it stopped). Returns :func:`summarise_records`' summary plus latency,
-    evaluation seconds and the storyboard."""
+    (``<label>_eval_seed<s>_<key>.json``, :func:`chunk_key` of ``identity``, the seed's
+    episodes and ``max_time``) and a saved chunk of the same key is loaded, not rerun (a long
+    evaluation resumes where it stopped; a changed policy runs again). Returns
+    :func:`summarise_records`' summary plus latency, evaluation seconds, the storyboard and
+    the chunk keys."""
     specs = list(specs)
-    chunks, policy = [], None
+    chunks, keys, policy = [], [], None
     for seed in sorted({s.seed for s in specs}):
         part = [s for s in specs if s.seed == seed]
-        path = os.path.join(chunk_dir, f"{label}_eval_seed{seed}.json") if chunk_dir else None
+        keys.append(chunk_key(identity, part, max_time))
+        path = os.path.join(chunk_dir, f"{label}_eval_seed{seed}_{keys[-1]}.json") if chunk_dir else None
         if path and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 chunks.append(json.load(f))
@@ -148,11 +161,12 @@ def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *,
         policy = policy or make_policy()
         chunk = evaluate_chunk(policy, part, progress=progress, story=story, label=label, max_time=max_time)
         if path:
-            write_json(path, chunk)
+            write_json(path, chunk | {"policy_identity": identity})
         chunks.append(chunk)
     out = summarise_records([r for c in chunks for r in c["records"]])
     out["eval_seconds"] = float(sum(c["seconds"] for c in chunks))
     out["latency"] = latency_summary([call for c in chunks for call in c["calls"]])
+    out["chunk_keys"] = keys
     story_rec = next((c["storyboard"] for c in chunks if c.get("storyboard")), None)
     if story_rec is not None:
         out["storyboard"] = story_rec

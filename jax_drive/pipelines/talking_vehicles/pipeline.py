@@ -31,14 +31,15 @@ def method_result(method: str, ctx: RunContext, engines: Engines) -> StageOutput
     from jax_drive.runinfo import run_metadata
 
     preset, start = ctx.preset, time.perf_counter()
-    make_policy, extra = METHODS[method](method, preset, engines, ctx.run_dir, ctx.progress)
+    make_policy, extra, identity = METHODS[method](method, preset, engines, ctx.run_dir, ctx.progress)
     result = evaluate(make_policy, eval_specs(preset, method), progress=ctx.progress,
                       story=ctx.option("story", DEFAULT_STORY), label=method, max_time=preset.max_time,
-                      chunk_dir=ctx.run_dir)
+                      chunk_dir=ctx.run_dir, identity=identity)
     model = preset.student_model if method == "distilled" else (None if method in BASELINES else preset.model)
     engine = None if method in BASELINES else ("jax" if method == "distilled" else preset.engine)
     payload = {"method": method, "preset": preset.name, "model": model, "engine": engine,
                "episodes_per_seed": preset.episodes_for(method), "seeds": list(preset.seeds), **extra, **result,
+               "policy_identity": identity,
                "wall_seconds": time.perf_counter() - start, "meta": run_metadata()}
     return StageOutput(payload, payload)
 
