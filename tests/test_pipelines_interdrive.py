@@ -140,6 +140,22 @@ def test_negotiation_stats_by_hand():
     assert st["per_round"][1] == {"quality": 8.0, "safety": 0.9, "efficiency": 0.5, "consensus": 0.9, "n": 1}
 
 
+def test_background_effect_lists_the_types_a_setting_changes_and_the_rule_row_is_named_for_what_it_is():
+    from jax_drive.pipelines.interdrive.arms import ARM_LABELS
+    from jax_drive.pipelines.interdrive.report import background_effect
+
+    def unit(ds_a, sr_b):
+        agg = lambda ds, sr: {"aggregate": {"DS": {"mean": ds, "se": 0.0}, "SR": {"mean": sr, "se": 0.0}}}  # noqa: E731
+        return {"per_type": {"a": agg(ds_a, 50.0), "b": agg(90.0, sr_b)}}
+
+    units = {("rule_based", False): unit(100.0, 100.0), ("rule_based", True): unit(100.0, 100.0),
+             ("5_consensus", False): unit(90.0, 50.0), ("5_consensus", True): unit(80.0, 50.0),
+             ("silent", False): unit(10.0, 0.0)}
+    assert background_effect(units) == {"rule_based": {"types_differing": [], "of": 2},
+                                        "5_consensus": {"types_differing": ["a"], "of": 2}}
+    assert "V2V" in ARM_LABELS["rule_based"] and "no negotiation" in ARM_LABELS["rule_based"]
+
+
 def test_loaded_adapter_is_folded_in_with_the_trained_logits(tmp_path):
     """load_model(adapter) = the base model with the trained LoRA, merged (no adapter left)."""
     trained, config, _ = tiny_policy(seed=0, lora_rank=None)
