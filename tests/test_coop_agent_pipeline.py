@@ -35,6 +35,36 @@ def test_summary_averages_scenarios_per_seed_then_across_seeds():
     assert out["bytes_per_message"] == 30.0 and out["parse_failures"] == {"no_json": 4} and out["episodes"] == 4
 
 
+def test_same_outcomes_compares_every_scenario_and_seed():
+    common = [_record("a", 0, ["success"]), _record("a", 1, ["success"]), _record("b", 0, ["collision"])]
+    a = TV.summarise_records(common + [_record("b", 1, ["success"])])
+    b = TV.summarise_records(common + [_record("b", 1, ["timeout"])])
+    assert TV.evaluation.same_outcomes(a, a) == {"scenarios": {"a": True, "b": True}, "all": True}
+    assert TV.evaluation.same_outcomes(a, b) == {"scenarios": {"a": True, "b": False}, "all": False}
+    result = {"x": dict(a, keep_fallback={"all": True}), "y": dict(b, keep_fallback={"all": False})}
+    rows = TV.table_rows(result, ["a", "b"]).splitlines()
+    assert rows[2].startswith("x =keep") and rows[3].startswith("y ") and "=keep" not in rows[3]
+
+
+class Unparseable:
+    def generate_chat(self, conversations, params, key):
+        from jax_drive.sampling.engine import Completion
+
+        return [Completion((), (1,), "I think we should drive carefully", (0.0,), "length") for _ in conversations]
+
+
+def test_the_keep_only_reference_is_what_an_agent_that_never_parses_scores():
+    from jax_drive.coop.agent import AgentConfig, LanguagePolicy
+    from jax_drive.pipelines.talking_vehicles.evaluation import eval_specs, fallback_policy, same_outcomes
+
+    preset = dataclasses.replace(TV.PRESETS["smoke"], max_time=3.0)
+    specs = eval_specs(preset, "zero_shot")
+    garbled = TV.evaluate(lambda: LanguagePolicy(Unparseable(), AgentConfig()), specs, progress=False)
+    reference = TV.evaluate(lambda: fallback_policy(True), specs, progress=False)
+    assert garbled["parse_failures"] and not reference["latency"]["new_tokens_per_agent"]
+    assert same_outcomes(garbled, reference)["all"]
+
+
 def test_episode_counts_and_presets():
     p = TV.PRESETS["cpu-demo"]
     assert (p.episodes_for("zero_shot"), p.episodes_for("rule_based"), p.episodes_for("distilled")) == (2, 10, 4)
@@ -78,6 +108,7 @@ def test_llm_method_chunks_resume_without_running_again(tmp_path):
     lat = first["latency"]
     assert lat["calls"] == 3 and lat["agents_per_call_mean"] == 4.0  # 2 episodes x (car + truck), 3 decisions
     assert first["latency"]["agent_seconds_median"] > 0 and first["parse_failures"]
+    assert set(first["keep_fallback"]["scenarios"]) == {"tv_red_light"} and "SR" in first["keep_fallback"]["average"]
     again = TV.run_method(preset, "zero_shot", run, engines=NoEngines(preset), progress=False)
     assert again["average"] == first["average"]
     os.remove(os.path.join(run, "zero_shot.json"))  # only the chunk is left: evaluation resumes from it
@@ -109,9 +140,10 @@ def test_a_retrained_student_is_evaluated_again_and_the_same_one_is_not(tmp_path
     preset = dataclasses.replace(preset, student_path=student)
     first = TV.run_method(preset, "distilled", run, progress=False)
     assert len(_chunks(run, "distilled")) == 1
-    evaluated = []
+    evaluated = []  # the student's evaluations (not the keep-only reference's)
     real = TV.evaluation.evaluate_chunk
-    monkeypatch.setattr(TV.evaluation, "evaluate_chunk", lambda *a, **k: evaluated.append(1) or real(*a, **k))
+    monkeypatch.setattr(TV.evaluation, "evaluate_chunk",
+                        lambda *a, **k: (k["label"] == "distilled" and evaluated.append(1)) or real(*a, **k))
     again = TV.run_method(preset, "distilled", run, progress=False, force=True)  # same student: chunk reused
     assert not evaluated and again["chunk_keys"] == first["chunk_keys"] and again["average"] == first["average"]
     _save_student(student, seed=1)  # retrained in place: same path, other weights
@@ -180,6 +212,25 @@ def test_experiment_script_writes_json_table_and_plots(tmp_path):
     assert data["seed_reference"]["debrief"]["SR_avg"] == pytest.approx(91.65, abs=0.01)
     assert (tmp_path / "tv.png").stat().st_size > 0 and (tmp_path / "tv_storyboard.png").stat().st_size > 0
     assert data["storyboard"]["method"] == "rule_based" and data["storyboard"]["messages"]
+
+
+def test_keep_check_compares_a_results_file_with_the_keep_only_fallback(tmp_path):
+    import talking_vehicles as script
+
+    from jax_drive.runinfo import InputError
+
+    results = tmp_path / "tv.json"
+    assert script.main(["--preset", "smoke", "--method", "zero_shot", "--set", "max_time=1.1", "--set",
+                        "scenarios=[\"tv_red_light\"]", "--run-dir", str(tmp_path / "run"), "--json", str(results),
+                        "--no-progress"]) == 0
+    out = tmp_path / "check.json"
+    assert script.main(["--keep-check", str(results), "--run-dir", str(tmp_path / "check"), "--json", str(out),
+                        "--no-progress"]) == 0
+    check = json.loads(out.read_text())["keep_fallback"]["zero_shot"]
+    saved = json.loads(results.read_text())["results"]["zero_shot"]["keep_fallback"]
+    assert check == saved and set(check["scenarios"]) == {"tv_red_light"}
+    with pytest.raises(InputError, match="--keep-check"):
+        script.main(["--keep-check", str(tmp_path / "check"), "--json", str(tmp_path / "x.json")])
 
 
 def test_bench_runs_both_paths_at_tiny_size(tmp_path):

@@ -173,29 +173,65 @@ def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *,
     return out
 
 
+class EmptyAnswers:
+    """An engine whose every answer is empty text. A :class:`LanguagePolicy` over it takes the
+    parse-failure fallback (``keep``, no message) at every decision: what an LLM row scores
+    when none of its answers parses, on the same rows of agents."""
+
+    def generate_chat(self, conversations, params, key):
+        from jax_drive.sampling.engine import Completion
+
+        return [Completion((), (), "", (), "stop") for _ in conversations]
+
+
+def fallback_policy(communicate: bool) -> LanguagePolicy:
+    """The keep-only reference of an LLM method that does (or does not) communicate."""
+    from jax_drive.coop.agent import AgentConfig
+
+    return LanguagePolicy(EmptyAnswers(), AgentConfig(communicate=communicate), name="keep_only")
+
+
+def same_outcomes(result: dict, reference: dict, keys: Sequence[str] = TV_KEYS) -> dict:
+    """Scenario by scenario and seed by seed, whether ``result``'s CR / SR / TR equal
+    ``reference``'s (two :func:`summarise_records` summaries of the same episodes):
+    {"scenarios": {name: bool}, "all": bool}."""
+    def per_seed(summary, name):
+        return {p["seed"]: tuple(p[k] for k in keys) for p in summary["scenarios"][name]["per_seed"]}
+
+    names = sorted(set(result["scenarios"]) | set(reference["scenarios"]))
+    same = {n: n in result["scenarios"] and n in reference["scenarios"]
+            and per_seed(result, n) == per_seed(reference, n) for n in names}
+    return {"scenarios": same, "all": all(same.values())}
+
+
 def table_rows(results: dict[str, dict], scenarios: Sequence[str], keys: Sequence[str] = ("CR", "SR")) -> str:
     """Plain-text table of ``keys`` (CR, SR and optionally TR): one row per method (mean ± SE
-    over seeds), scenarios then the average."""
+    over seeds), scenarios then the average. A method whose result carries
+    ``keep_fallback["all"]`` (it scores what the keep-only fallback scores on every scenario
+    and seed) is marked ``=keep``."""
     width = 12 * len(keys)
-    head = f"{'method':18s}" + "".join(f"{s.replace('tv_', ''):>{width}s}" for s in [*scenarios, 'average'])
-    lines = [head, " " * 18 + "".join(f"{k:>12s}" for k in keys) * (len(scenarios) + 1)]
+    head = f"{'method':24s}" + "".join(f"{s.replace('tv_', ''):>{width}s}" for s in [*scenarios, 'average'])
+    lines = [head, " " * 24 + "".join(f"{k:>12s}" for k in keys) * (len(scenarios) + 1)]
     for method, r in results.items():
         cells = []
         for agg in [r["scenarios"][s]["aggregate"] for s in scenarios] + [r["average"]["aggregate"]]:
             cells += [f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}" for k in keys]
-        lines.append(f"{method:18s}" + "".join(f"{c:>12s}" for c in cells))
+        name = method + (" =keep" if (r.get("keep_fallback") or {}).get("all") else "")
+        lines.append(f"{name:24s}" + "".join(f"{c:>12s}" for c in cells))
     return "\n".join(lines)
 
 
 def table3_rows(results: dict[str, dict]) -> str:
-    """Table 3-style rows: per method, decision latency (per-agent cost median / p95, s) and
-    bytes per message."""
-    lines = [f"{'method':18s}{'latency median':>16s}{'p95':>8s}{'batch median':>14s}{'agents/call':>13s}"
+    """Table 3-style rows: per method, decision latency both ways (s): a batch's wall time
+    divided by its agents (median / p95 over calls: amortised cost, not what an agent waits)
+    and a decision step's wall time (median / p95: what every agent of the step waits), then
+    agents per call and bytes per message."""
+    lines = [f"{'method':18s}{'batch/agents med':>17s}{'p95':>8s}{'step med':>10s}{'p95':>8s}{'agents/call':>13s}"
              f"{'bytes/msg':>11s}"]
     for method, r in results.items():
         lat = r.get("latency") or {}
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"{method:18s}{fmt(lat.get('agent_seconds_median')):>16s}{fmt(lat.get('agent_seconds_p95')):>8s}"
-                     f"{fmt(lat.get('batch_seconds_median')):>14s}{lat.get('agents_per_call_mean', 0):>13.1f}"
-                     f"{r['bytes_per_message']:>11.1f}")
+        lines.append(f"{method:18s}{fmt(lat.get('agent_seconds_median')):>17s}{fmt(lat.get('agent_seconds_p95')):>8s}"
+                     f"{fmt(lat.get('batch_seconds_median')):>10s}{fmt(lat.get('batch_seconds_p95')):>8s}"
+                     f"{lat.get('agents_per_call_mean', 0):>13.1f}{r['bytes_per_message']:>11.1f}")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from jax_drive.compile_cache import enable_compile_cache
 from jax_drive.names import BASELINES, TALKING_VEHICLES_METHODS
 from jax_drive.pipelines.journal import FileJournal
 from jax_drive.pipelines.stages import RunContext, Stage, StageOutput, run_stages
-from jax_drive.pipelines.talking_vehicles.evaluation import eval_specs, evaluate
+from jax_drive.pipelines.talking_vehicles.evaluation import eval_specs, evaluate, fallback_policy, same_outcomes
 from jax_drive.pipelines.talking_vehicles.methods import METHODS, Engines
 from jax_drive.pipelines.talking_vehicles.presets import Preset
 
@@ -35,6 +35,8 @@ def method_result(method: str, ctx: RunContext, engines: Engines) -> StageOutput
     result = evaluate(make_policy, eval_specs(preset, method), progress=ctx.progress,
                       story=ctx.option("story", DEFAULT_STORY), label=method, max_time=preset.max_time,
                       chunk_dir=ctx.run_dir, identity=identity)
+    if method not in BASELINES:
+        result["keep_fallback"] = keep_fallback(method, preset, result, ctx)
     model = preset.student_model if method == "distilled" else (None if method in BASELINES else preset.model)
     engine = None if method in BASELINES else ("jax" if method == "distilled" else preset.engine)
     payload = {"method": method, "preset": preset.name, "model": model, "engine": engine,
@@ -42,6 +44,18 @@ def method_result(method: str, ctx: RunContext, engines: Engines) -> StageOutput
                "policy_identity": identity,
                "wall_seconds": time.perf_counter() - start, "meta": run_metadata()}
     return StageOutput(payload, payload)
+
+
+def keep_fallback(method: str, preset: Preset, result: dict, ctx: RunContext) -> dict:
+    """Whether ``result`` equals, scenario by scenario and seed by seed, what the keep-only
+    fallback scores on the same episodes (:func:`fallback_policy`, no model; saved as its own
+    chunks), with the fallback's average: an LLM row that parsed nothing looks like this."""
+    communicate = preset.student_agent.communicate if method == "distilled" else (
+        method != "zero_shot_silent" and preset.agent.communicate)
+    reference = evaluate(lambda: fallback_policy(communicate), eval_specs(preset, method), progress=ctx.progress,
+                         label=f"keep_only_{'comm' if communicate else 'silent'}", max_time=preset.max_time,
+                         chunk_dir=ctx.run_dir, identity={"fallback": "keep", "communicate": communicate})
+    return same_outcomes(result, reference) | {"average": reference["average"]["aggregate"]}
 
 
 def method_stages(methods: Sequence[str]) -> tuple[Stage, ...]:
