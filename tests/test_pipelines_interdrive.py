@@ -211,3 +211,25 @@ def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp
     assert not run.made_here(other)
     assert run.made_here(other, negotiates=False)  # a rule-based unit: any negotiator
     assert not run.made_here({"negotiator": None, "loop_revision": 1}, negotiates=False)
+
+
+def test_critic_study_script_records_trains_and_probes_at_smoke_size(tmp_path):
+    import json
+    import os
+    import sys
+
+    from jax_drive.runinfo import InputError
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+    import interdrive_critic as script
+
+    out = tmp_path / "critic.json"
+    assert script.main(["--preset", "smoke", "--sft-steps", "2", "--probe-size", "4", "--train-examples", "6",
+                        "--work-dir", str(tmp_path / "w"), "--json", str(out), "--no-progress"]) == 0
+    got = json.loads(out.read_text())
+    assert got["protocol"]["sft_steps"] == 2 and got["sft"]["steps"] == 2 and "meta" in got
+    assert set(got["data"]["targets"]) <= {"0", "25", "50", "75", "100"} and got["data"]["held_out"] >= 1
+    for probe in (got["base"], got["tuned"]):
+        assert probe["n"] == got["data"]["held_out"] and probe["readout"] == "expected"
+    with pytest.raises(InputError, match="overlap"):
+        script.main(["--preset", "smoke", "--train-seeds", "100", "--probe-seeds", "100", "--json", str(out)])
