@@ -2,7 +2,6 @@
 full-vocabulary logits), class-balanced SFT targets, and the separation AUC (against
 scipy's Mann-Whitney U)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,8 +99,9 @@ def test_the_negotiator_writes_the_expected_score_into_its_answer(engine):
 
 # ------------------------------------------------------------------------ SFT targets
 def _consensus(prompt, score):
+    answer = f"Short analysis: x Consensus score: {score}"
     return {"kind": "consensus", "messages": [{"role": "user", "content": prompt},
-                                              {"role": "assistant", "content": f"Short analysis: x Consensus score: {score}"}]}
+                                              {"role": "assistant", "content": answer}]}
 
 
 def test_consensus_targets_are_snapped_and_class_balanced():

@@ -28,9 +28,10 @@ def files_digest(paths: Sequence[str]) -> str:
         root = os.fspath(root)
         files = [root] if os.path.isfile(root) else sorted(
             os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+        base = root if os.path.isdir(root) else os.path.dirname(root)
         digest.update(f"root:{os.path.basename(os.path.normpath(root))}:{len(files)}\0".encode())
         for path in files:
-            digest.update(os.path.relpath(path, root if os.path.isdir(root) else os.path.dirname(root)).encode() + b"\0")
+            digest.update(os.path.relpath(path, base).encode() + b"\0")
             with open(path, "rb") as f:
                 while block := f.read(_BLOCK):
                     digest.update(block)
