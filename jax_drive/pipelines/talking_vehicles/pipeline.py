@@ -6,7 +6,11 @@ A run is one stage per method (:mod:`jax_drive.pipelines.stages`), each evaluate
 held-out episodes with its memories frozen; each writes ``<run_dir>/<method>.json``
 (:class:`~jax_drive.pipelines.journal.FileJournal`) and a finished method is loaded, not run
 again; learning checkpoints, evaluation chunks, distillation data and the student are kept
-in the run directory too, so a killed run resumes.
+in the run directory too, so a killed run resumes. Evaluation chunks are keyed by the
+policy's identity (:mod:`~jax_drive.pipelines.talking_vehicles.identity`), so a retrained
+or otherwise changed policy is evaluated again. Every LLM method's result also says whether
+it equals, scenario by scenario and seed by seed, what the keep-only fallback scores on the
+same episodes (``keep_fallback``).
 """
 
 from __future__ import annotations
