@@ -54,8 +54,8 @@ def keep_fallback(method: str, preset: Preset, result: dict, ctx: RunContext) ->
     """Whether ``result`` equals, scenario by scenario and seed by seed, what the keep-only
     fallback scores on the same episodes (:func:`fallback_policy`, no model; saved as its own
     chunks), with the fallback's average: an LLM row that parsed nothing looks like this."""
-    communicate = preset.student_agent.communicate if method == "distilled" else (
-        method != "zero_shot_silent" and preset.agent.communicate)
+    communicate = {"zero_shot_silent": False, "zero_shot": True,  # as methods.zero_shot sets it
+                   "distilled": preset.student_agent.communicate}.get(method, preset.agent.communicate)
     reference = evaluate(lambda: fallback_policy(communicate), eval_specs(preset, method), progress=ctx.progress,
                          label=f"keep_only_{'comm' if communicate else 'silent'}", max_time=preset.max_time,
                          chunk_dir=ctx.run_dir, identity={"fallback": "keep", "communicate": communicate})
