@@ -9,6 +9,11 @@ Table 3 latency / bytes rows on the batched JAX simulator.
     # the GPU setting: LLM agents served by vLLM (see the preset's server command)
     python experiments/talking_vehicles.py --preset paper --engine openai --json OUT
 
+    # does each LLM row of a results file equal the keep-only fallback, scenario by scenario
+    # and seed by seed, on its own episodes? (no model; minutes)
+    python experiments/talking_vehicles.py --keep-check experiments/results/talking_vehicles/talking_vehicles.json \
+        --json OUT
+
 Writes the JSON (every method's per-scenario CR / SR / TR per seed and mean ± SE over seeds,
 latency, bytes per message, parse failures, learning and distillation summaries), a bar plot
 (``<json stem>.png``: CR and SR per scenario and method with SE bars) and a storyboard of one
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 
@@ -79,6 +85,29 @@ def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def keep_check(results_path: str, run_dir: str, progress: bool) -> dict:
+    """For each LLM row of a results file: whether its per-seed CR / SR / TR equal, in every
+    scenario, what the keep-only fallback scores on the same episodes (the file's preset
+    decides them: scenarios, seeds, episodes per method, time cap)."""
+    from jax_drive.names import BASELINES
+    from jax_drive.pipelines import talking_vehicles as TV
+    from jax_drive.pipelines.stages import RunContext
+    from jax_drive.pipelines.talking_vehicles.pipeline import keep_fallback
+
+    try:
+        with open(results_path, encoding="utf-8") as f:
+            saved = json.load(f)
+        fields = {k: saved["preset"][k] for k in ("scenarios", "seeds", "eval_episodes", "baseline_eval_episodes",
+                                                   "student_eval_episodes", "max_time")}
+        preset = dataclasses.replace(TV.PRESETS[saved["preset"]["name"]], **{
+            k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        results = {m: r for m, r in saved["results"].items() if m not in BASELINES}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise InputError(f"--keep-check {results_path}: not a talking_vehicles.py results file ({error})") from None
+    ctx = RunContext(preset, run_dir, {}, progress=progress)
+    return {m: keep_fallback(m, preset, r, ctx) for m, r in results.items()}
+
+
 def parse_args(argv):
     from jax_drive.names import TALKING_VEHICLES_METHODS as METHODS
     from jax_drive.names import TALKING_VEHICLES_PRESETS as PRESET_NAMES
@@ -96,6 +125,9 @@ def parse_args(argv):
                         help="per-method results, learning checkpoints, distillation data and the student "
                              "(default: runs/talking_vehicles/<preset>)")
     parser.add_argument("--force", action="store_true", help="rerun methods that already have a result")
+    parser.add_argument("--keep-check", default=None, metavar="RESULTS_JSON",
+                        help="instead of running methods: compare each LLM row of this results file with the "
+                             "keep-only fallback on the same episodes")
     add_output_args(parser, json_required=True)
     return parser.parse_args(argv)
 
@@ -112,6 +144,13 @@ def main(argv=None) -> int:
     if methods and "central_memory" in methods and "debrief" not in methods[:methods.index("central_memory")] \
             and not glob.glob(os.path.join(run_dir, "debrief_learning_seed*.json")):
         raise InputError(f"--method central_memory reads the debrief memories: run debrief first (into {run_dir})")
+    if args.keep_check:
+        check = keep_check(args.keep_check, run_dir, not args.no_progress)
+        for m, c in check.items():
+            print(f"{m}: equals keep-only in {sum(c['scenarios'].values())} of {len(c['scenarios'])} scenarios")
+        write_json(args.json, {"command": command_line(__file__, argv), "results_file": args.keep_check,
+                               "keep_fallback": check, "meta": run_metadata(benchmark="talking_vehicles_keep_check")})
+        return 0
     from jax_drive.pipelines import talking_vehicles as TV
 
     changes = {k: v for k, v in (("engine", args.engine), ("model", args.model), ("base_url", args.base_url)) if v}

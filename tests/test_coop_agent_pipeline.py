@@ -35,6 +35,36 @@ def test_summary_averages_scenarios_per_seed_then_across_seeds():
     assert out["bytes_per_message"] == 30.0 and out["parse_failures"] == {"no_json": 4} and out["episodes"] == 4
 
 
+def test_same_outcomes_compares_every_scenario_and_seed():
+    common = [_record("a", 0, ["success"]), _record("a", 1, ["success"]), _record("b", 0, ["collision"])]
+    a = TV.summarise_records(common + [_record("b", 1, ["success"])])
+    b = TV.summarise_records(common + [_record("b", 1, ["timeout"])])
+    assert TV.evaluation.same_outcomes(a, a) == {"scenarios": {"a": True, "b": True}, "all": True}
+    assert TV.evaluation.same_outcomes(a, b) == {"scenarios": {"a": True, "b": False}, "all": False}
+    result = {"x": dict(a, keep_fallback={"all": True}), "y": dict(b, keep_fallback={"all": False})}
+    rows = TV.table_rows(result, ["a", "b"]).splitlines()
+    assert rows[2].startswith("x =keep") and rows[3].startswith("y ") and "=keep" not in rows[3]
+
+
+class Unparseable:
+    def generate_chat(self, conversations, params, key):
+        from jax_drive.sampling.engine import Completion
+
+        return [Completion((), (1,), "I think we should drive carefully", (0.0,), "length") for _ in conversations]
+
+
+def test_the_keep_only_reference_is_what_an_agent_that_never_parses_scores():
+    from jax_drive.coop.agent import AgentConfig, LanguagePolicy
+    from jax_drive.pipelines.talking_vehicles.evaluation import eval_specs, fallback_policy, same_outcomes
+
+    preset = dataclasses.replace(TV.PRESETS["smoke"], max_time=3.0)
+    specs = eval_specs(preset, "zero_shot")
+    garbled = TV.evaluate(lambda: LanguagePolicy(Unparseable(), AgentConfig()), specs, progress=False)
+    reference = TV.evaluate(lambda: fallback_policy(True), specs, progress=False)
+    assert garbled["parse_failures"] and not reference["latency"]["new_tokens_per_agent"]
+    assert same_outcomes(garbled, reference)["all"]
+
+
 def test_episode_counts_and_presets():
     p = TV.PRESETS["cpu-demo"]
     assert (p.episodes_for("zero_shot"), p.episodes_for("rule_based"), p.episodes_for("distilled")) == (2, 10, 4)
@@ -73,15 +103,72 @@ def test_llm_method_chunks_resume_without_running_again(tmp_path):
     preset = dataclasses.replace(TV.PRESETS["smoke"], scenarios=("tv_red_light",), max_time=1.1)
     run = str(tmp_path)
     first = TV.run_method(preset, "zero_shot", run, progress=False)
-    assert os.path.exists(os.path.join(run, "zero_shot_eval_seed0.json"))
+    (key,) = first["chunk_keys"]
+    assert os.path.exists(os.path.join(run, f"zero_shot_eval_seed0_{key}.json"))
     lat = first["latency"]
     assert lat["calls"] == 3 and lat["agents_per_call_mean"] == 4.0  # 2 episodes x (car + truck), 3 decisions
     assert first["latency"]["agent_seconds_median"] > 0 and first["parse_failures"]
+    assert set(first["keep_fallback"]["scenarios"]) == {"tv_red_light"} and "SR" in first["keep_fallback"]["average"]
     again = TV.run_method(preset, "zero_shot", run, engines=NoEngines(preset), progress=False)
     assert again["average"] == first["average"]
     os.remove(os.path.join(run, "zero_shot.json"))  # only the chunk is left: evaluation resumes from it
     resumed = TV.run_method(preset, "zero_shot", run, engines=NoEngines(preset), progress=False)
     assert resumed["average"] == first["average"] and resumed["latency"] == first["latency"]
+
+
+def _save_student(path, seed):
+    """A tiny random 'student' saved as the distillation saves one (merged weights + its tokenizer)."""
+    from coop_tiny import tiny_model
+
+    from jax_drive.coop.distill import compact_chat_tokenizer
+    from jax_drive.models.export import save_safetensors
+
+    model, tokenizer = tiny_model(seed)
+    save_safetensors(model, path, tokenizer=compact_chat_tokenizer(tokenizer))
+
+
+def _chunks(run, label):
+    return sorted(f for f in os.listdir(run) if f.startswith(f"{label}_eval_seed"))
+
+
+def test_a_retrained_student_is_evaluated_again_and_the_same_one_is_not(tmp_path, monkeypatch):
+    """Chunks are keyed by the policy's identity: the student's files (retrained: evaluated
+    again, its old chunk left alone), the episodes and the time cap."""
+    preset = dataclasses.replace(TV.PRESETS["smoke"], scenarios=("tv_red_light",), max_time=1.1)
+    run, student = str(tmp_path / "run"), str(tmp_path / "student")
+    _save_student(student, seed=0)
+    preset = dataclasses.replace(preset, student_path=student)
+    first = TV.run_method(preset, "distilled", run, progress=False)
+    assert len(_chunks(run, "distilled")) == 1
+    evaluated = []  # the student's evaluations (not the keep-only reference's)
+    real = TV.evaluation.evaluate_chunk
+    monkeypatch.setattr(TV.evaluation, "evaluate_chunk",
+                        lambda *a, **k: (k["label"] == "distilled" and evaluated.append(1)) or real(*a, **k))
+    again = TV.run_method(preset, "distilled", run, progress=False, force=True)  # same student: chunk reused
+    assert not evaluated and again["chunk_keys"] == first["chunk_keys"] and again["average"] == first["average"]
+    _save_student(student, seed=1)  # retrained in place: same path, other weights
+    retrained = TV.run_method(preset, "distilled", run, progress=False, force=True)
+    assert evaluated == [1] and retrained["chunk_keys"] != first["chunk_keys"]
+    assert len(_chunks(run, "distilled")) == 2 and retrained["policy_identity"] != first["policy_identity"]
+    shorter = TV.run_method(dataclasses.replace(preset, max_time=0.7), "distilled", run, progress=False, force=True)
+    assert evaluated == [1, 1] and shorter["chunk_keys"] != retrained["chunk_keys"]
+
+
+def test_policy_identities_name_what_decides_the_policy(tmp_path):
+    from jax_drive.pipelines.talking_vehicles import identity as ID
+    from jax_drive.pipelines.talking_vehicles.methods import METHODS
+
+    preset = TV.PRESETS["smoke"]
+    ids = {m: METHODS[m](m, preset, None, str(tmp_path), False).identity for m in ("rule_based", "silent", "zero_shot")}
+    assert ids["rule_based"] != ids["silent"] and ids["zero_shot"]["model"] == "tiny"
+    quiet = METHODS["zero_shot_silent"]("zero_shot_silent", preset, None, str(tmp_path), False).identity
+    assert ID.digest(quiet) != ID.digest(ids["zero_shot"])  # communicate differs
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.bin").write_bytes(b"12")
+    before = ID.files_digest([str(tmp_path / "w")])
+    (tmp_path / "w" / "a.bin").write_bytes(b"13")
+    assert ID.files_digest([str(tmp_path / "w")]) != before
+    assert ID.model_identity(str(tmp_path / "w")) == {"model_files": ID.files_digest([str(tmp_path / "w")])}
 
 
 def test_distillation_with_a_dagger_round_builds_every_stage_once(tmp_path, monkeypatch):
@@ -125,6 +212,25 @@ def test_experiment_script_writes_json_table_and_plots(tmp_path):
     assert data["seed_reference"]["debrief"]["SR_avg"] == pytest.approx(91.65, abs=0.01)
     assert (tmp_path / "tv.png").stat().st_size > 0 and (tmp_path / "tv_storyboard.png").stat().st_size > 0
     assert data["storyboard"]["method"] == "rule_based" and data["storyboard"]["messages"]
+
+
+def test_keep_check_compares_a_results_file_with_the_keep_only_fallback(tmp_path):
+    import talking_vehicles as script
+
+    from jax_drive.runinfo import InputError
+
+    results = tmp_path / "tv.json"
+    assert script.main(["--preset", "smoke", "--method", "zero_shot", "--set", "max_time=1.1", "--set",
+                        "scenarios=[\"tv_red_light\"]", "--run-dir", str(tmp_path / "run"), "--json", str(results),
+                        "--no-progress"]) == 0
+    out = tmp_path / "check.json"
+    assert script.main(["--keep-check", str(results), "--run-dir", str(tmp_path / "check"), "--json", str(out),
+                        "--no-progress"]) == 0
+    check = json.loads(out.read_text())["keep_fallback"]["zero_shot"]
+    saved = json.loads(results.read_text())["results"]["zero_shot"]["keep_fallback"]
+    assert check == saved and set(check["scenarios"]) == {"tv_red_light"}
+    with pytest.raises(InputError, match="--keep-check"):
+        script.main(["--keep-check", str(tmp_path / "check"), "--json", str(tmp_path / "x.json")])
 
 
 def test_bench_runs_both_paths_at_tiny_size(tmp_path):

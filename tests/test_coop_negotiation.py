@@ -341,3 +341,16 @@ def test_cut_replies_are_counted_in_the_record():
     negotiate(groups, Wordy(), _waypoints_for, RoundsConfig(critic=True, consensus=True, max_rounds=2))
     assert [g.record()["messages_cut"] for g in groups] == [2, 2, 2]  # one per round
     assert all(len(t.split()) == P.MAX_WORDS for g in groups for _, v, t in g.conversation if v == g.vids[0])
+
+
+def test_expected_consensus_scores_and_their_distribution_are_recorded_per_round(tiny_engine):
+    scores = (0, 25, 50, 75, 100)
+    neg = LLMNegotiator(tiny_engine, "compact", actor_tokens=8, consensus_tokens=40, constrain_answers=True,
+                        consensus_scores=scores, consensus_readout="expected")
+    groups = _groups()
+    negotiate(groups, neg, _waypoints_for, RoundsConfig(critic=True, consensus=True, max_rounds=1))
+    for g, readout in zip(groups, neg.last_readouts):
+        (r,) = g.rounds
+        assert len(r["consensus_probs"]) == 5 and sum(r["consensus_probs"]) == pytest.approx(1.0, abs=1e-3)
+        assert r["consensus"] == pytest.approx(round(readout.expected, 1) / 100)
+        assert r["consensus"] == pytest.approx(sum(p * s for p, s in zip(readout.probs, scores)) / 100, abs=1e-3)

@@ -140,6 +140,22 @@ def test_negotiation_stats_by_hand():
     assert st["per_round"][1] == {"quality": 8.0, "safety": 0.9, "efficiency": 0.5, "consensus": 0.9, "n": 1}
 
 
+def test_background_effect_lists_the_types_a_setting_changes_and_the_rule_row_is_named_for_what_it_is():
+    from jax_drive.pipelines.interdrive.arms import ARM_LABELS
+    from jax_drive.pipelines.interdrive.report import background_effect
+
+    def unit(ds_a, sr_b):
+        agg = lambda ds, sr: {"aggregate": {"DS": {"mean": ds, "se": 0.0}, "SR": {"mean": sr, "se": 0.0}}}  # noqa: E731
+        return {"per_type": {"a": agg(ds_a, 50.0), "b": agg(90.0, sr_b)}}
+
+    units = {("rule_based", False): unit(100.0, 100.0), ("rule_based", True): unit(100.0, 100.0),
+             ("5_consensus", False): unit(90.0, 50.0), ("5_consensus", True): unit(80.0, 50.0),
+             ("silent", False): unit(10.0, 0.0)}
+    assert background_effect(units) == {"rule_based": {"types_differing": [], "of": 2},
+                                        "5_consensus": {"types_differing": ["a"], "of": 2}}
+    assert "V2V" in ARM_LABELS["rule_based"] and "no negotiation" in ARM_LABELS["rule_based"]
+
+
 def test_loaded_adapter_is_folded_in_with_the_trained_logits(tmp_path):
     """load_model(adapter) = the base model with the trained LoRA, merged (no adapter left)."""
     trained, config, _ = tiny_policy(seed=0, lora_rank=None)
@@ -195,3 +211,25 @@ def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp
     assert not run.made_here(other)
     assert run.made_here(other, negotiates=False)  # a rule-based unit: any negotiator
     assert not run.made_here({"negotiator": None, "loop_revision": 1}, negotiates=False)
+
+
+def test_critic_study_script_records_trains_and_probes_at_smoke_size(tmp_path):
+    import json
+    import os
+    import sys
+
+    from jax_drive.runinfo import InputError
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+    import interdrive_critic as script
+
+    out = tmp_path / "critic.json"
+    assert script.main(["--preset", "smoke", "--sft-steps", "2", "--probe-size", "4", "--train-examples", "6",
+                        "--work-dir", str(tmp_path / "w"), "--json", str(out), "--no-progress"]) == 0
+    got = json.loads(out.read_text())
+    assert got["protocol"]["sft_steps"] == 2 and got["sft"]["steps"] == 2 and "meta" in got
+    assert set(got["data"]["targets"]) <= {"0", "25", "50", "75", "100"} and got["data"]["held_out"] >= 1
+    for probe in (got["base"], got["tuned"]):
+        assert probe["n"] == got["data"]["held_out"] and probe["readout"] == "expected"
+    with pytest.raises(InputError, match="overlap"):
+        script.main(["--preset", "smoke", "--train-seeds", "100", "--probe-seeds", "100", "--json", str(out)])

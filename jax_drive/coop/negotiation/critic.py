@@ -36,7 +36,7 @@ _CLASSES = {name: SpeedIntent(k) for k, name in SPEED_NAMES.items()}
 _CLASS_RE = re.compile(r"\b(STOP|SLOWER|KEEP|FASTER)\b", re.IGNORECASE)
 _PAIR_RE = re.compile(r"(\d+)\D{0,24}?\b(STOP|SLOWER|KEEP|FASTER)\b", re.IGNORECASE)
 # "Consensus score: 85", "**Consensus Score**: 85", "Consensus score:** 85", "consensus score = 85"
-_SCORE_RE = re.compile(r"consensus\s*score[\s*:=]*(\d{1,3})\b", re.IGNORECASE)
+_SCORE_RE = re.compile(r"consensus\s*score[\s*:=]*(\d{1,3}(?:\.\d+)?)(?!\d|\.\d)", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,14 +140,33 @@ def keep_rule(intents: dict[int, int], speeds: dict[int, float], cfg: CriticConf
 
 
 def parse_consensus(text) -> tuple[float | None, str | None]:
-    """(score in [0, 1], None) from ``Consensus score: <int>`` (clipped to 100), or
+    """(score in [0, 1], None) from ``Consensus score: <n>`` (an integer, or a decimal: the
+    expected score of :mod:`~jax_drive.coop.negotiation.consensus`; clipped to 100), or
     (None, error); never raises."""
     if not isinstance(text, str):
         return None, "not a string"
     m = _SCORE_RE.search(text[:20_000])
     if not m:
         return None, "no consensus score"
-    return min(int(m.group(1)), 100) / 100.0, None
+    return min(float(m.group(1)), 100.0) / 100.0, None
+
+
+def separation_auc(scores, agreed) -> float:
+    """How well ``scores`` separate negotiations that ended in agreement (``agreed`` True)
+    from those that did not: the probability that a random agreed one scores higher than a
+    random other one, ties counting one half (the ROC AUC; 0.5 = no separation, 1 = every
+    agreed one above every other). ValueError when either class is empty or lengths differ.
+
+    Args: scores (N,) floats; agreed (N,) bools.
+    """
+    s, y = np.asarray(scores, np.float64), np.asarray(agreed, bool)
+    if s.shape != y.shape or s.ndim != 1:
+        raise ValueError(f"scores {s.shape} and agreed {y.shape} must be two equal-length vectors")
+    pos, neg = s[y], s[~y]
+    if not len(pos) or not len(neg):
+        raise ValueError(f"need both classes: {len(pos)} agreed, {len(neg)} not")
+    above = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(above / (len(pos) * len(neg)))
 
 
 def pairwise_safety(waypoints, cfg: GroupingConfig = GroupingConfig()) -> np.ndarray:

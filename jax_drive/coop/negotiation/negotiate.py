@@ -195,12 +195,19 @@ class LLMNegotiator:
     budget is the grammar's longest answer plus the stop token), the consensus answer ending
     in ``Consensus score: <n>`` (n one of ``consensus_scores``, or 0..100). Default False (the
     paper's unconstrained prompts).
+
+    consensus_readout: 'sampled' (the number the critic wrote) or 'expected' (constrained
+    answers over ``consensus_scores`` and a local model only): the expected score under the
+    model's masked distribution over the allowed values after its own analysis
+    (:func:`~jax_drive.coop.negotiation.consensus.expected_scores`, one extra forward pass per
+    call), written into the answer with one decimal; the last call's read-outs (with the
+    probabilities) are kept in ``last_readouts``, its answers as sampled in ``last_sampled``.
     """
 
     def __init__(self, engine, style: P.PromptStyle = "compact", *, actor_tokens: int = 40,
                  sum_tokens_per_member: int = 14, consensus_tokens: int = 40, temperature: float = 0.0,
                  key: jax.Array | None = None, name: str = "llm", constrain_answers: bool = False,
-                 max_words: int = P.MAX_WORDS, consensus_scores=None):
+                 max_words: int = P.MAX_WORDS, consensus_scores=None, consensus_readout: str = "sampled"):
         self.engine, self.style, self.name = engine, style, name
         self.actor_tokens, self.sum_tokens_per_member, self.consensus_tokens = (
             actor_tokens, sum_tokens_per_member, consensus_tokens)
@@ -211,6 +218,15 @@ class LLMNegotiator:
         self.constrain_answers = bool(constrain_answers)
         self.max_words = int(max_words)
         self.consensus_scores = None if consensus_scores is None else tuple(int(s) for s in consensus_scores)
+        if consensus_readout not in ("sampled", "expected"):
+            raise ValueError(f"consensus_readout must be 'sampled' or 'expected', got {consensus_readout!r}")
+        if consensus_readout == "expected" and not (self.constrain_answers and self.consensus_scores):
+            raise ValueError("consensus_readout 'expected' needs constrain_answers and consensus_scores")
+        if consensus_readout == "expected" and getattr(engine, "model", None) is None:
+            raise ValueError("consensus_readout 'expected' needs a local model (engine.model, engine.tokenizer)")
+        self.consensus_readout = consensus_readout
+        self.last_readouts: list = []
+        self.last_sampled: list[str] = []  # the answers as sampled, before the expected score replaced theirs
 
     def _sum_grammars(self, groups) -> tuple[list, int]:
         """(one sum-actions grammar per group, a budget that holds the longest of them)."""
@@ -225,7 +241,7 @@ class LLMNegotiator:
                 budget = max(budget, compiled.max_tokens + 1)
         return grammars, budget
 
-    def _generate(self, kind: str, conversations: list[list[dict]], max_new_tokens: int, grammar=None) -> list[str]:
+    def _complete(self, kind: str, conversations: list[list[dict]], max_new_tokens: int, grammar=None) -> list:
         self._n += 1
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, grammar=grammar)
         outs = self.engine.generate_chat(conversations, params, jax.random.fold_in(self.key, self._n))
@@ -233,7 +249,10 @@ class LLMNegotiator:
         self.usage.prompts[kind] += len(conversations)
         self.usage.prompt_tokens += sum(len(o.prompt_token_ids) for o in outs)
         self.usage.generated_tokens += sum(o.num_tokens for o in outs)
-        return [o.text for o in outs]
+        return outs
+
+    def _generate(self, kind: str, conversations: list[list[dict]], max_new_tokens: int, grammar=None) -> list[str]:
+        return [o.text for o in self._complete(kind, conversations, max_new_tokens, grammar)]
 
     def speak(self, requests):
         from jax_drive.sampling.grammar import actor_reply_grammar
@@ -251,11 +270,23 @@ class LLMNegotiator:
         return self._generate("sum", conversations, budget, grammars)
 
     def consensus(self, groups):
+        return self.consensus_answers([consensus_request(g, self.style) for g in groups])
+
+    def consensus_answers(self, conversations: list[list[dict]]) -> list[str]:
+        """The critic's answers to consensus prompts (chat messages), with the expected score
+        in place of the sampled one under the 'expected' read-out."""
         from jax_drive.sampling.grammar import consensus_grammar
 
         grammar = consensus_grammar(self.consensus_scores) if self.constrain_answers else None
-        return self._generate("consensus", [consensus_request(g, self.style) for g in groups], self.consensus_tokens,
-                              grammar)
+        outs = self._complete("consensus", conversations, self.consensus_tokens, grammar)
+        if self.consensus_readout == "sampled":
+            return [o.text for o in outs]
+        from jax_drive.coop.negotiation.consensus import expected_scores, with_score
+
+        readouts = expected_scores(self.engine.model, self.engine.tokenizer, [o.prompt_token_ids for o in outs],
+                                   [o.text for o in outs], self.consensus_scores)
+        self.last_readouts, self.last_sampled = readouts, [o.text for o in outs]
+        return [o.text if r.expected is None else with_score(o.text, r.expected) for o, r in zip(outs, readouts)]
 
 
 class RecordingNegotiator:
@@ -349,7 +380,9 @@ def negotiate(groups: list[GroupTalk], negotiator, waypoints_for: WaypointFn, cf
                              "intents": {str(v): P.SPEED_NAMES[i] for v, i in intents.items()}})
         wps = waypoints_for(active, summed)
         cons_raw = negotiator.consensus(active) if (cfg.consensus or cfg.log_consensus) else [None] * len(active)
-        for g, intents, wp, raw in zip(active, summed, wps, cons_raw):
+        readouts = getattr(negotiator, "last_readouts", None) if cons_raw[0] is not None else None
+        probs = [r.probs for r in readouts] if readouts and len(readouts) == len(active) else [()] * len(active)
+        for g, intents, wp, raw, p in zip(active, summed, wps, cons_raw, probs):
             g.intents = intents
             cons, cons_err = C.parse_consensus(raw) if raw is not None else (None, None)
             if raw is not None and cons is None:
@@ -358,6 +391,8 @@ def negotiate(groups: list[GroupTalk], negotiator, waypoints_for: WaypointFn, cf
                                    use_safety_efficiency=cfg.critic, use_consensus=cfg.consensus,
                                    cfg=cfg.criteria)
             g.feedback = list(scores.feedback)
+            if p:
+                g.rounds[-1]["consensus_probs"] = [round(x, 4) for x in p]
             g.rounds[-1].update({"consensus_raw": raw, "consensus_error": cons_err, "consensus": scores.consensus,
                                  "safety": scores.safety, "efficiency": scores.efficiency, "quality": scores.quality,
                                  "pair_safety": {f"{i}-{j}": s for (i, j), s in scores.pair_safety.items()},

@@ -3,7 +3,8 @@
 Modules:
   :mod:`~jax_drive.pipelines.interdrive.presets`      presets (``PRESETS``) and the model / engine specs
   :mod:`~jax_drive.pipelines.interdrive.arms`         Table 2 as data, evaluating one policy
-  :mod:`~jax_drive.pipelines.interdrive.negotiator`   teacher SFT data, LoRA fine-tune, probe, negotiator
+  :mod:`~jax_drive.pipelines.interdrive.negotiator`   teacher SFT data, LoRA fine-tune, probes (actor, critic), negotiator
+  :mod:`~jax_drive.pipelines.interdrive.critic`       the critic-only study (held-out separation AUC)
   :mod:`~jax_drive.pipelines.interdrive.convergence`  Fig. 5 and the rendered dialogue
   :mod:`~jax_drive.pipelines.interdrive.pipeline`     the stages (``STAGES``) and ``run_interdrive``
   :mod:`~jax_drive.pipelines.interdrive.report`       Table 2, goals, plots

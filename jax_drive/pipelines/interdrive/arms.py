@@ -3,8 +3,10 @@
 Arms (:data:`ARMS`): (1) no negotiation, (2) negotiation without grouping (every two
 negotiating vehicles within ``radius`` talk), (3) + conflict grouping, (4) + the critic's
 safety / efficiency feedback, (5) + the consensus score; beside them the rule-based and
-silent baselines of :mod:`jax_drive.coop.baselines` (``rule_based`` is a command-level
-driver with V2V state sharing, not the negotiation loop with a rule negotiator). A
+silent baselines of :mod:`jax_drive.coop.baselines`. The ``rule_based`` row (labelled
+"V2V rule driver") is a command-level driver that reads the other vehicles' shared state
+over V2V: it never negotiates, so it is not the negotiation loop with a rule negotiator
+(that is ``--engine teacher``). A
 rule-based intention planner stands in for the paper's VLM intention planner
 (:mod:`jax_drive.coop.negotiation.intention`): no camera, no VLM.
 """
@@ -32,7 +34,7 @@ from jax_drive.sim.grouping import GroupingConfig
 LOOP_REVISION = 2
 ARM_LABELS = {"1_no_negotiation": "(1) no negotiation", "2_no_grouping": "(2) nego, no grouping",
               "3_grouping": "(3) + grouping", "4_critic_se": "(4) + critic S/E", "5_consensus": "(5) + consensus",
-              "rule_based": "rule-based", "silent": "silent"}
+              "rule_based": "V2V rule driver (no negotiation)", "silent": "silent"}
 KEYS = ("DS", "RC", "IS", "SR")
 # Table 2 as data: per negotiating arm (conflict grouping, critic feedback, consensus score)
 ARM_SETTINGS = {"2_no_grouping": (False, False, False), "3_grouping": (True, False, False),

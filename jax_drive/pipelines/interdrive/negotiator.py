@@ -31,7 +31,7 @@ from jax_drive.coop.negotiation.teacher import stated_speed
 from jax_drive.coop.runner import run_episodes
 from jax_drive.pipelines import engines
 from jax_drive.pipelines.interdrive.arms import arm_config, episode_plan
-from jax_drive.pipelines.interdrive.presets import Preset, engine_spec, model_spec
+from jax_drive.pipelines.interdrive.presets import Preset, consensus_readout, engine_spec, model_spec
 from jax_drive.sampling import SamplingParams
 from jax_drive.sampling.grammar import actor_reply_grammar
 from jax_drive.sim import metrics as M
@@ -54,12 +54,42 @@ def sft_examples(preset: Preset, *, progress=None) -> tuple[list[dict], dict]:
     return teacher.examples, info
 
 
-def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int | None = None) -> list[dict]:
+def consensus_class(example: dict) -> int | None:
+    """The score a consensus example's answer states (after snapping), or None."""
+    from jax_drive.coop.negotiation.critic import parse_consensus
+
+    score, _ = parse_consensus(example["messages"][-1]["content"])
+    return None if score is None else int(round(100 * score))
+
+
+def balanced_order(classes: list, order: list[int]) -> list[int]:
+    """``order`` (indices into ``classes``) re-interleaved so that taking its first n gives
+    every class as equal a share as it has examples: round-robin over the classes, each in
+    its ``order``; classes with few examples run out and the rest fill the remainder."""
+    queues: dict = {}
+    for i in order:
+        queues.setdefault(classes[i], []).append(i)
+    out = []
+    for k in range(max((len(q) for q in queues.values()), default=0)):
+        out += [q[k] for q in queues.values() if k < len(q)]
+    return out
+
+
+def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int | None = None,
+                    consensus_scores=None) -> list[dict]:
     """Up to ``counts`` examples per kind, distinct prompts of at most ``max_chars``
     characters, half of the actor examples (when available) from later rounds (after a
     first round, mostly with the critic's feedback). Actor answers the teacher gave
     deliberately wrong (``wrong``) are left out: they exist for the critic's examples
-    and for the recovery after its feedback, not to be imitated."""
+    and for the recovery after its feedback, not to be imitated. Consensus examples are
+    chosen class-balanced over the score they state (equal shares per score as far as
+    each has examples); with ``consensus_scores`` their scores are first snapped to the
+    nearest allowed value (the critic's answer space)."""
+    from jax_drive.coop.negotiation.consensus import snap_answer
+
+    if consensus_scores:
+        examples = [dict(e, messages=e["messages"][:-1] + [{"role": "assistant", "content": snap_answer(
+            e["messages"][-1]["content"], consensus_scores)}]) if e["kind"] == "consensus" else e for e in examples]
     rng = np.random.default_rng(seed)
     chosen = []
     for kind, n in counts:
@@ -76,6 +106,8 @@ def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int 
             late = [i for i in order if pool[i]["round"] > 0]
             first = late[: n // 2]
             order = first + [i for i in order if i not in set(first)]
+        if kind == "consensus":
+            order = balanced_order([consensus_class(e) for e in pool], order)
         chosen += [pool[i] for i in order[:n]]
     return [chosen[i] for i in rng.permutation(len(chosen))]
 
@@ -94,6 +126,63 @@ def probe_examples(recorded: list[dict], selected: list[dict], n: int, seed: int
             pool.append(e)
     order = np.random.default_rng(seed).permutation(len(pool))
     return [pool[i] for i in order[:n]]
+
+
+def critic_probe_examples(recorded: list[dict], selected: list[dict], n: int, seed: int = 0) -> list[dict]:
+    """Up to ``n`` consensus examples of the recorded teacher data whose prompts SFT did not
+    select (distinct prompts), as many where the teacher saw agreement as where it did not
+    (:func:`ended_in_agreement`), in a fixed random order."""
+    seen = {e["messages"][-2]["content"] for e in selected}
+    pool, prompts = [], set()
+    for e in recorded:
+        prompt = e["messages"][-2]["content"]
+        if e["kind"] == "consensus" and prompt not in seen and prompt not in prompts and consensus_class(e) is not None:
+            prompts.add(prompt)
+            pool.append(e)
+    order = [int(i) for i in np.random.default_rng(seed).permutation(len(pool))]
+    return [pool[i] for i in balanced_order([ended_in_agreement(e) for e in pool], order)[:n]]
+
+
+def ended_in_agreement(example: dict) -> bool:
+    """Whether the teacher judged a consensus example's conversation an agreement: its score
+    (every conflicting pair settled with exactly one side yielding, or no conflict) is at
+    least the critic's consensus threshold (80)."""
+    from jax_drive.coop.negotiation.critic import CriticConfig
+
+    return (consensus_class(example) or 0) >= 100 * CriticConfig().consensus_feedback_below
+
+
+def critic_discrimination(negotiator, examples: list[dict]) -> dict:
+    """How well the critic's consensus score separates the examples' agreements from the
+    rest (:func:`~jax_drive.coop.negotiation.critic.separation_auc`), from one
+    ``consensus_answers`` call: the score it reads out (the expected score under the
+    'expected' read-out) and, where the answer also states a sampled number, that number's.
+    Returns {"n", "agreed", "auc", "auc_sampled", "mean_agreed", "mean_not", "unreadable",
+    "readout", "examples" (a few)}."""
+    from jax_drive.coop.negotiation.critic import parse_consensus, separation_auc
+
+    if not examples:
+        raise ValueError("no consensus examples to probe")
+    answers = negotiator.consensus_answers([e["messages"][:-1] for e in examples])
+    agreed = np.asarray([ended_in_agreement(e) for e in examples], bool)
+    scores = np.asarray([(parse_consensus(a)[0] if parse_consensus(a)[0] is not None else np.nan) for a in answers])
+    readouts = getattr(negotiator, "last_readouts", None) or []
+    sampled = [parse_consensus(r)[0] for r in getattr(negotiator, "last_sampled", [])] if readouts else []
+    unreadable = int(np.isnan(scores).sum())
+    filled = np.nan_to_num(scores, nan=0.0)  # an unreadable score counts as no consensus, as in the loop
+
+    def auc(values):
+        try:
+            return separation_auc(values, agreed)
+        except ValueError:
+            return None
+
+    return {"n": len(examples), "agreed": int(agreed.sum()), "readout": getattr(negotiator, "consensus_readout", None),
+            "auc": auc(filled), "auc_sampled": auc(np.nan_to_num(np.asarray(sampled, float), nan=0.0))
+            if len(sampled) == len(examples) else None,
+            "mean_agreed": float(filled[agreed].mean()) if agreed.any() else None,
+            "mean_not": float(filled[~agreed].mean()) if (~agreed).any() else None, "unreadable": unreadable,
+            "examples": [{"teacher": e["messages"][-1]["content"], "critic": a} for e, a in zip(examples[:4], answers)]}
 
 
 def decision_agreement(targets: list[str], answers: list[str]) -> dict:
@@ -173,4 +262,5 @@ def make_negotiator(preset: Preset, engine: str = "jax", *, adapter_dir: str | N
         backend = engines.make_engine(engine_spec(preset), *load_model(preset, adapter_dir))
     return LLMNegotiator(backend, preset.style, actor_tokens=preset.actor_tokens,
                          consensus_tokens=preset.consensus_tokens, temperature=preset.temperature, name=engine,
-                         constrain_answers=preset.constrain_answers)
+                         constrain_answers=preset.constrain_answers, consensus_scores=preset.consensus_scores,
+                         consensus_readout=consensus_readout(preset, engine))

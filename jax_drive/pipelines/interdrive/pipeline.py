@@ -22,6 +22,7 @@ those made by another one are run again, the old units kept in ``units/stale/``.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -117,9 +118,16 @@ def _marks_wrong(examples) -> bool:
     return all("wrong" in e for e in examples if e["kind"] == "actor")
 
 
+def selection_rule(preset: Preset) -> dict:
+    """How SFT examples are selected from the recorded teacher data (data selected by another
+    rule is selected again, from the recording)."""
+    return {"consensus": "class-balanced", "consensus_scores": list(preset.consensus_scores)}
+
+
 def data(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
     out = ctx.path("sft_data.json")
-    if os.path.exists(out) and _marks_wrong(load(out)["examples"]):
+    if (os.path.exists(out) and _marks_wrong(load(out)["examples"])
+            and load(out)["info"].get("selection") == selection_rule(ctx.preset)):
         return StageOutput()
     raw = ctx.path("sft_recorded.json")  # every recorded example: re-selecting needs no new episodes
     saved = load(raw) if os.path.exists(raw) else None
@@ -133,8 +141,12 @@ def data(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
         examples, info = N.sft_examples(ctx.preset, progress=tick)
         bar.close()
         write_json(raw, {"info": info, "examples": examples})
-    chosen = N.select_examples(examples, ctx.preset.sft_counts, max_chars=ctx.preset.sft_max_chars)
+    chosen = N.select_examples(examples, ctx.preset.sft_counts, max_chars=ctx.preset.sft_max_chars,
+                               consensus_scores=ctx.preset.consensus_scores)
     info["selected"] = {k: sum(e["kind"] == k for e in chosen) for k, _ in ctx.preset.sft_counts}
+    info["selection"] = selection_rule(ctx.preset)
+    info["consensus_targets"] = {str(k): v for k, v in sorted(collections.Counter(
+        N.consensus_class(e) for e in chosen if e["kind"] == "consensus").items(), key=lambda kv: str(kv[0]))}
     write_json(out, {"info": info, "examples": chosen})
     ctx.log(f"sft data: {info['recorded']} recorded, {info['selected']} selected; "
             f"teacher driving {info['teacher_driving']}")
@@ -173,7 +185,7 @@ def sft(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
 
 def probe(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
     out = ctx.path("probe.json")
-    if ws.current(out, closed_loop=False):
+    if ws.current(out, closed_loop=False) and "critic" in load(out):
         return StageOutput()
     if not all(os.path.exists(ctx.path(name)) for name in ("sft_recorded.json", "sft_data.json")):
         if ctx.option("stage") == "probe":
@@ -185,10 +197,15 @@ def probe(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
         raise InputError(f"no held-out first-round actor prompts in {ctx.path('sft_recorded.json')}")
     result = N.decision_probe(ws.negotiator().engine, examples, ctx.preset)
     result["negotiator"] = ws.negotiator_id()
+    held_out = N.critic_probe_examples(recorded["examples"], selected["examples"], ctx.preset.probe_size)
+    result["critic"] = N.critic_discrimination(ws.negotiator(), held_out) if held_out else None
     write_json(out, result)
     ctx.log(f"probe: {result['n']} held-out first-round decisions, agreement with the teacher "
             f"{result['agreement']:.2f} (always answering the teacher's most common one: {result['majority']:.2f}); "
             f"model {result['model']}")
+    if result["critic"]:
+        ctx.log(f"critic: AUC {result['critic']['auc']} separating {result['critic']['agreed']} agreements from "
+                f"{result['critic']['n'] - result['critic']['agreed']} others ({result['critic']['readout']} score)")
     return StageOutput()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax_drive.coop.negotiation.consensus import CONSENSUS_SCORES
 from jax_drive.names import INTERDRIVE_PRESETS, check_names
 from jax_drive.pipelines.engines import EngineSpec, ModelSpec, bucket_range
 from jax_drive.rl.optim import OptimConfig
@@ -37,6 +38,12 @@ class Preset:
       tiny model: 8 actor, 36 consensus tokens). On in the small-model presets (smoke,
       cpu-demo); off in ``paper`` and to reproduce CoLMDriver's unconstrained prompts
       (``--set constrain_answers=false``).
+    Consensus critic: ``consensus_scores`` are the values its score may take (the grammar's
+      choices; the teacher's scores in the SFT targets are snapped to the nearest, and the
+      consensus targets are selected class-balanced over them); ``consensus_readout``
+      'expected' reads the score as the expected value under the model's masked distribution
+      over them (constrained answers and a local model; :mod:`jax_drive.coop.negotiation.consensus`),
+      'sampled' as the number written. Unconstrained answers are always read as written.
     Small-model path: teacher episodes on ``train_seeds`` (both backgrounds, alternating
       accident-prone and safe, ``train_episodes_per_seed`` per type) with
       ``corrupt_prob``; ``sft_counts`` examples per kind (each at most ``sft_max_chars``
@@ -79,8 +86,14 @@ class Preset:
     convergence_groups: int = 24
     probe_size: int = 128
     constrain_answers: bool = False
+    consensus_scores: tuple[int, ...] = CONSENSUS_SCORES
+    consensus_readout: str = "expected"
 
     def __post_init__(self):
+        if self.consensus_readout not in ("sampled", "expected"):
+            raise ValueError(f"consensus_readout must be 'sampled' or 'expected', got {self.consensus_readout!r}")
+        if not self.consensus_scores or not all(0 <= int(v) <= 100 for v in self.consensus_scores):
+            raise ValueError(f"consensus_scores must be integers in 0..100, got {self.consensus_scores}")
         overlap = set(self.train_seeds) & set(self.eval_seeds)
         if overlap:
             raise ValueError(f"training and evaluation seeds overlap: {sorted(overlap)}")
@@ -131,6 +144,12 @@ def model_spec(preset: Preset, adapter_dir: str | None = None, lora: bool = Fals
     adapters and decoder blocks recomputed in the backward pass (much less memory)."""
     return ModelSpec(preset.model, seed=0, lora_rank=preset.lora_rank if lora else 0, lora_alpha=preset.lora_alpha,
                      lora_seed=1, adapter=adapter_dir, remat_layers=True if lora else None)
+
+
+def consensus_readout(preset: Preset, engine: str) -> str:
+    """The read-out the negotiator uses: the preset's, but 'sampled' wherever 'expected' cannot
+    apply (unconstrained answers, a served model)."""
+    return preset.consensus_readout if preset.constrain_answers and engine == "jax" else "sampled"
 
 
 def engine_spec(preset: Preset, url: str | None = None, served_model: str | None = None) -> EngineSpec:

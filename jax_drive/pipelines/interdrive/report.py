@@ -62,6 +62,20 @@ def table_and_goals(units: dict) -> tuple[dict, dict]:
     return table, goals
 
 
+def background_effect(units: dict) -> dict:
+    """Per arm evaluated in both background settings: the types whose DS / SR differ between
+    them ({arm: {"types_differing": [...], "of": n}}). A row with none is not affected by this
+    simulator's background traffic (a follower behind each ego, not dense traffic)."""
+    out = {}
+    for arm in sorted({a for a, _ in units}):
+        if (arm, False) in units and (arm, True) in units:
+            off, on = units[(arm, False)]["per_type"], units[(arm, True)]["per_type"]
+            differ = [t for t in off if t in on and any(off[t]["aggregate"][k] != on[t]["aggregate"][k]
+                                                         for k in ("DS", "SR"))]
+            out[arm] = {"types_differing": differ, "of": len(off)}
+    return out
+
+
 def _attach_studies(ctx, report: dict, table: dict) -> None:
     """The SFT data, probe, SFT and Fig. 5 records and the plots, where the work directory has them."""
     if os.path.exists(ctx.path("sft_data.json")):
@@ -96,6 +110,8 @@ def report(ctx, ws) -> dict:
         "episodes": {"types": list(ctx.preset.types), "seeds": list(ctx.preset.eval_seeds),
                      "per_seed": ctx.preset.episodes_per_seed, "config": ctx.preset.config},
         "table2": table, "goals": goals,
+        "row_labels": {arm: ARM_LABELS[arm] for arm in ARMS + BASELINES},
+        "background_effect": background_effect(units),
         "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
                                                        ("per_type", "overall", "negotiation", "engine",
                                                         "wall_seconds", "episodes", "negotiator")}

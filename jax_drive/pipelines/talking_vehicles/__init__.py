@@ -5,7 +5,8 @@ Modules:
   :mod:`~jax_drive.pipelines.talking_vehicles.presets`       presets (``PRESETS``)
   :mod:`~jax_drive.pipelines.talking_vehicles.methods`       the method registry (``METHODS``) and ``Engines``
   :mod:`~jax_drive.pipelines.talking_vehicles.distillation`  teacher data, the student, DAgger
-  :mod:`~jax_drive.pipelines.talking_vehicles.evaluation`    batched evaluation, summaries, tables
+  :mod:`~jax_drive.pipelines.talking_vehicles.evaluation`    batched evaluation, summaries, tables, the keep-only reference
+  :mod:`~jax_drive.pipelines.talking_vehicles.identity`      policy identities: the evaluation chunks' keys
   :mod:`~jax_drive.pipelines.talking_vehicles.pipeline`      ``run`` / ``run_method`` (one stage per method)
 """
 

@@ -3,7 +3,9 @@ summaries over scenarios and seeds, the Table 3 latency figures and the printed 
 
 A policy is evaluated on the same held-out episodes as every other method (the ``eval``
 split: scenarios x seeds x episodes, accident-prone and safe alternating), one batch per
-seed; each seed's chunk of records can be saved and is then loaded, not run again.
+seed; each seed's chunk of records can be saved and is then loaded, not run again, as long
+as the policy, the episodes and the time cap are the same (the chunk's file name carries a
+hash of them).
 """
 
 from __future__ import annotations
@@ -128,19 +130,30 @@ def evaluate_chunk(policy, specs: Sequence[EpisodeSpec], *, progress: bool = Tru
             "storyboard": None if pick is None else episode_story(results[pick], specs[pick].tag)}
 
 
+def chunk_key(identity: dict | None, specs: Sequence[EpisodeSpec], max_time: float | None) -> str:
+    """12 hex digits naming one seed's chunk: the policy's identity, the episodes' tags and
+    the time cap (anything else would reuse another evaluation's records)."""
+    from jax_drive.pipelines.talking_vehicles.identity import digest
+
+    return digest({"policy": identity, "episodes": [s.tag for s in specs], "max_time": max_time})
+
+
 def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *, progress: bool = True,
              story: str | None = None, label: str = "", max_time: float | None = None,
-             chunk_dir: str | None = None) -> dict:
+             chunk_dir: str | None = None, identity: dict | None = None) -> dict:
     """Evaluates the policy ``make_policy()`` (built only when a chunk has to run) on
     ``specs``, one batch per seed; with ``chunk_dir`` every seed's chunk is saved
-    (``<label>_eval_seed<s>.json``) and a saved chunk is loaded, not rerun (a long evaluation
-    resumes where it stopped). Returns :func:`summarise_records`' summary plus latency,
-    evaluation seconds and the storyboard."""
+    (``<label>_eval_seed<s>_<key>.json``, :func:`chunk_key` of ``identity``, the seed's
+    episodes and ``max_time``) and a saved chunk of the same key is loaded, not rerun (a long
+    evaluation resumes where it stopped; a changed policy runs again). Returns
+    :func:`summarise_records`' summary plus latency, evaluation seconds, the storyboard and
+    the chunk keys."""
     specs = list(specs)
-    chunks, policy = [], None
+    chunks, keys, policy = [], [], None
     for seed in sorted({s.seed for s in specs}):
         part = [s for s in specs if s.seed == seed]
-        path = os.path.join(chunk_dir, f"{label}_eval_seed{seed}.json") if chunk_dir else None
+        keys.append(chunk_key(identity, part, max_time))
+        path = os.path.join(chunk_dir, f"{label}_eval_seed{seed}_{keys[-1]}.json") if chunk_dir else None
         if path and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 chunks.append(json.load(f))
@@ -148,40 +161,77 @@ def evaluate(make_policy: Callable[[], object], specs: Sequence[EpisodeSpec], *,
         policy = policy or make_policy()
         chunk = evaluate_chunk(policy, part, progress=progress, story=story, label=label, max_time=max_time)
         if path:
-            write_json(path, chunk)
+            write_json(path, chunk | {"policy_identity": identity})
         chunks.append(chunk)
     out = summarise_records([r for c in chunks for r in c["records"]])
     out["eval_seconds"] = float(sum(c["seconds"] for c in chunks))
     out["latency"] = latency_summary([call for c in chunks for call in c["calls"]])
+    out["chunk_keys"] = keys
     story_rec = next((c["storyboard"] for c in chunks if c.get("storyboard")), None)
     if story_rec is not None:
         out["storyboard"] = story_rec
     return out
 
 
+class EmptyAnswers:
+    """An engine whose every answer is empty text. A :class:`LanguagePolicy` over it takes the
+    parse-failure fallback (``keep``, no message) at every decision: what an LLM row scores
+    when none of its answers parses, on the same rows of agents."""
+
+    def generate_chat(self, conversations, params, key):
+        from jax_drive.sampling.engine import Completion
+
+        return [Completion((), (), "", (), "stop") for _ in conversations]
+
+
+def fallback_policy(communicate: bool) -> LanguagePolicy:
+    """The keep-only reference of an LLM method that does (or does not) communicate."""
+    from jax_drive.coop.agent import AgentConfig
+
+    return LanguagePolicy(EmptyAnswers(), AgentConfig(communicate=communicate), name="keep_only")
+
+
+def same_outcomes(result: dict, reference: dict, keys: Sequence[str] = TV_KEYS) -> dict:
+    """Scenario by scenario and seed by seed, whether ``result``'s CR / SR / TR equal
+    ``reference``'s (two :func:`summarise_records` summaries of the same episodes):
+    {"scenarios": {name: bool}, "all": bool}."""
+    def per_seed(summary, name):
+        return {p["seed"]: tuple(p[k] for k in keys) for p in summary["scenarios"][name]["per_seed"]}
+
+    names = sorted(set(result["scenarios"]) | set(reference["scenarios"]))
+    same = {n: n in result["scenarios"] and n in reference["scenarios"]
+            and per_seed(result, n) == per_seed(reference, n) for n in names}
+    return {"scenarios": same, "all": all(same.values())}
+
+
 def table_rows(results: dict[str, dict], scenarios: Sequence[str], keys: Sequence[str] = ("CR", "SR")) -> str:
     """Plain-text table of ``keys`` (CR, SR and optionally TR): one row per method (mean ± SE
-    over seeds), scenarios then the average."""
+    over seeds), scenarios then the average. A method whose result carries
+    ``keep_fallback["all"]`` (it scores what the keep-only fallback scores on every scenario
+    and seed) is marked ``=keep``."""
     width = 12 * len(keys)
-    head = f"{'method':18s}" + "".join(f"{s.replace('tv_', ''):>{width}s}" for s in [*scenarios, 'average'])
-    lines = [head, " " * 18 + "".join(f"{k:>12s}" for k in keys) * (len(scenarios) + 1)]
+    head = f"{'method':24s}" + "".join(f"{s.replace('tv_', ''):>{width}s}" for s in [*scenarios, 'average'])
+    lines = [head, " " * 24 + "".join(f"{k:>12s}" for k in keys) * (len(scenarios) + 1)]
     for method, r in results.items():
         cells = []
         for agg in [r["scenarios"][s]["aggregate"] for s in scenarios] + [r["average"]["aggregate"]]:
             cells += [f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}" for k in keys]
-        lines.append(f"{method:18s}" + "".join(f"{c:>12s}" for c in cells))
+        name = method + (" =keep" if (r.get("keep_fallback") or {}).get("all") else "")
+        lines.append(f"{name:24s}" + "".join(f"{c:>12s}" for c in cells))
     return "\n".join(lines)
 
 
 def table3_rows(results: dict[str, dict]) -> str:
-    """Table 3-style rows: per method, decision latency (per-agent cost median / p95, s) and
-    bytes per message."""
-    lines = [f"{'method':18s}{'latency median':>16s}{'p95':>8s}{'batch median':>14s}{'agents/call':>13s}"
+    """Table 3-style rows: per method, decision latency both ways (s): a batch's wall time
+    divided by its agents (median / p95 over calls: amortised cost, not what an agent waits)
+    and a decision step's wall time (median / p95: what every agent of the step waits), then
+    agents per call and bytes per message."""
+    lines = [f"{'method':18s}{'batch/agents med':>17s}{'p95':>8s}{'step med':>10s}{'p95':>8s}{'agents/call':>13s}"
              f"{'bytes/msg':>11s}"]
     for method, r in results.items():
         lat = r.get("latency") or {}
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"{method:18s}{fmt(lat.get('agent_seconds_median')):>16s}{fmt(lat.get('agent_seconds_p95')):>8s}"
-                     f"{fmt(lat.get('batch_seconds_median')):>14s}{lat.get('agents_per_call_mean', 0):>13.1f}"
-                     f"{r['bytes_per_message']:>11.1f}")
+        lines.append(f"{method:18s}{fmt(lat.get('agent_seconds_median')):>17s}{fmt(lat.get('agent_seconds_p95')):>8s}"
+                     f"{fmt(lat.get('batch_seconds_median')):>10s}{fmt(lat.get('batch_seconds_p95')):>8s}"
+                     f"{lat.get('agents_per_call_mean', 0):>13.1f}{r['bytes_per_message']:>11.1f}")
     return "\n".join(lines)

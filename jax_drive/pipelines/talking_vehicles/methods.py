@@ -1,5 +1,6 @@
 """The TalkingVehicles methods as a registry: ``METHODS[name](name, preset, engines, run_dir, progress)``
--> (a policy factory, the records the method adds to its result).
+-> :class:`Prepared` (a policy factory, the records the method adds to its result, the
+policy's identity: what its evaluation chunks are keyed by, :mod:`.identity`).
 
   * ``rule_based``, ``silent``: the non-language baselines of :mod:`jax_drive.coop.baselines`;
   * ``zero_shot_silent``, ``zero_shot``: LLM agents without / with messages;
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from jax_drive.coop.agent import LanguagePolicy
 from jax_drive.coop.learning import Lane, MemoryContext, lanes_for
@@ -26,10 +28,31 @@ from jax_drive.coop.memory import MemoryBank
 from jax_drive.names import TALKING_VEHICLES_METHODS, check_names
 from jax_drive.pipelines.engines import EngineSpec, ModelSpec, load_model, make_engine
 from jax_drive.pipelines.stages import Workspace
+from jax_drive.pipelines.talking_vehicles import identity as ID
 from jax_drive.pipelines.talking_vehicles.distillation import distill_method, load_student, local_engine_spec
 from jax_drive.pipelines.talking_vehicles.presets import Preset
 
 PolicyFactory = Callable[[], object]
+
+
+class Prepared(NamedTuple):
+    """A prepared method: ``make_policy()`` builds its policy, ``extra`` goes into its result,
+    ``identity`` (JSON-able) says which policy it is (the evaluation chunks' key)."""
+
+    make_policy: PolicyFactory
+    extra: dict
+    identity: dict
+
+
+def llm_identity(preset: Preset, agent) -> dict:
+    """An LLM agent: its model, engine (and server) and prompt / decoding settings."""
+    served = {"engine": preset.engine} | ({"base_url": preset.base_url} if preset.engine == "openai" else {})
+    return ID.model_identity(preset.model) | served | {"agent": ID.config_identity(agent)}
+
+
+def memory_identity(bank: MemoryBank) -> str:
+    """A hash of a memory bank's contents (knowledge, strategies, corrections)."""
+    return ID.digest({"bank": bank.to_json()})
 
 
 class Engines(Workspace):
@@ -103,12 +126,12 @@ def lane_summary(lanes: Sequence[Lane]) -> dict:
 def baseline(method: str, preset: Preset, engines: Engines, run_dir: str, progress: bool):
     from jax_drive.coop import baselines
 
-    return (lambda: baselines.make_policy(method)), {}
+    return Prepared(lambda: baselines.make_policy(method), {}, {"baseline": method})
 
 
 def zero_shot(method: str, preset: Preset, engines: Engines, run_dir: str, progress: bool):
     agent = dataclasses.replace(preset.agent, communicate=method == "zero_shot")
-    return (lambda: LanguagePolicy(engines.agent(), agent, name=method)), {}
+    return Prepared(lambda: LanguagePolicy(engines.agent(), agent, name=method), {}, llm_identity(preset, agent))
 
 
 def learning(method: str, preset: Preset, engines: Engines, run_dir: str, progress: bool):
@@ -123,7 +146,10 @@ def learning(method: str, preset: Preset, engines: Engines, run_dir: str, progre
                                 preset.learning.rag_examples)
         return LanguagePolicy(engines.agent(), preset.agent, context=context, name=method)
 
-    return make_policy, extra
+    identity = llm_identity(preset, preset.agent) | {"memory": memory_identity(bank)}
+    if method == "correction_rag":
+        identity |= {"rag_examples": preset.learning.rag_examples, "embed_tokens": preset.embed_tokens}
+    return Prepared(make_policy, extra, identity)
 
 
 def central_memory(method: str, preset: Preset, engines: Engines, run_dir: str, progress: bool):
@@ -140,7 +166,8 @@ def central_memory(method: str, preset: Preset, engines: Engines, run_dir: str, 
         context = MemoryContext(bank, "central", embedder, central=central(bank, embedder))
         return LanguagePolicy(engines.agent(), preset.agent, context=context, name=method)
 
-    return make_policy, extra
+    return Prepared(make_policy, extra, llm_identity(preset, preset.agent) | {"memory": memory_identity(bank),
+                                                                             "embed_tokens": preset.embed_tokens})
 
 
 def distilled(method: str, preset: Preset, engines: Engines, run_dir: str, progress: bool):
@@ -155,7 +182,9 @@ def distilled(method: str, preset: Preset, engines: Engines, run_dir: str, progr
         return LanguagePolicy(make_engine(local_engine_spec(preset), model, tokenizer), preset.student_agent,
                               name="distilled")
 
-    return make_policy, extra
+    # the student's saved files: a retrained student (another round, new data) is another policy
+    identity = {"student_files": ID.files_digest([model_path]), "agent": ID.config_identity(preset.student_agent)}
+    return Prepared(make_policy, extra, identity)
 
 
 METHODS = {"rule_based": baseline, "silent": baseline, "zero_shot_silent": zero_shot, "zero_shot": zero_shot,

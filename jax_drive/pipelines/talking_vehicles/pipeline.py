@@ -6,7 +6,11 @@ A run is one stage per method (:mod:`jax_drive.pipelines.stages`), each evaluate
 held-out episodes with its memories frozen; each writes ``<run_dir>/<method>.json``
 (:class:`~jax_drive.pipelines.journal.FileJournal`) and a finished method is loaded, not run
 again; learning checkpoints, evaluation chunks, distillation data and the student are kept
-in the run directory too, so a killed run resumes.
+in the run directory too, so a killed run resumes. Evaluation chunks are keyed by the
+policy's identity (:mod:`~jax_drive.pipelines.talking_vehicles.identity`), so a retrained
+or otherwise changed policy is evaluated again. Every LLM method's result also says whether
+it equals, scenario by scenario and seed by seed, what the keep-only fallback scores on the
+same episodes (``keep_fallback``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from jax_drive.compile_cache import enable_compile_cache
 from jax_drive.names import BASELINES, TALKING_VEHICLES_METHODS
 from jax_drive.pipelines.journal import FileJournal
 from jax_drive.pipelines.stages import RunContext, Stage, StageOutput, run_stages
-from jax_drive.pipelines.talking_vehicles.evaluation import eval_specs, evaluate
+from jax_drive.pipelines.talking_vehicles.evaluation import eval_specs, evaluate, fallback_policy, same_outcomes
 from jax_drive.pipelines.talking_vehicles.methods import METHODS, Engines
 from jax_drive.pipelines.talking_vehicles.presets import Preset
 
@@ -31,16 +35,31 @@ def method_result(method: str, ctx: RunContext, engines: Engines) -> StageOutput
     from jax_drive.runinfo import run_metadata
 
     preset, start = ctx.preset, time.perf_counter()
-    make_policy, extra = METHODS[method](method, preset, engines, ctx.run_dir, ctx.progress)
+    make_policy, extra, identity = METHODS[method](method, preset, engines, ctx.run_dir, ctx.progress)
     result = evaluate(make_policy, eval_specs(preset, method), progress=ctx.progress,
                       story=ctx.option("story", DEFAULT_STORY), label=method, max_time=preset.max_time,
-                      chunk_dir=ctx.run_dir)
+                      chunk_dir=ctx.run_dir, identity=identity)
+    if method not in BASELINES:
+        result["keep_fallback"] = keep_fallback(method, preset, result, ctx)
     model = preset.student_model if method == "distilled" else (None if method in BASELINES else preset.model)
     engine = None if method in BASELINES else ("jax" if method == "distilled" else preset.engine)
     payload = {"method": method, "preset": preset.name, "model": model, "engine": engine,
                "episodes_per_seed": preset.episodes_for(method), "seeds": list(preset.seeds), **extra, **result,
+               "policy_identity": identity,
                "wall_seconds": time.perf_counter() - start, "meta": run_metadata()}
     return StageOutput(payload, payload)
+
+
+def keep_fallback(method: str, preset: Preset, result: dict, ctx: RunContext) -> dict:
+    """Whether ``result`` equals, scenario by scenario and seed by seed, what the keep-only
+    fallback scores on the same episodes (:func:`fallback_policy`, no model; saved as its own
+    chunks), with the fallback's average: an LLM row that parsed nothing looks like this."""
+    communicate = {"zero_shot_silent": False, "zero_shot": True,  # as methods.zero_shot sets it
+                   "distilled": preset.student_agent.communicate}.get(method, preset.agent.communicate)
+    reference = evaluate(lambda: fallback_policy(communicate), eval_specs(preset, method), progress=ctx.progress,
+                         label=f"keep_only_{'comm' if communicate else 'silent'}", max_time=preset.max_time,
+                         chunk_dir=ctx.run_dir, identity={"fallback": "keep", "communicate": communicate})
+    return same_outcomes(result, reference) | {"average": reference["average"]["aggregate"]}
 
 
 def method_stages(methods: Sequence[str]) -> tuple[Stage, ...]:

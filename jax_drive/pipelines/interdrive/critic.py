@@ -1,0 +1,92 @@
+"""A bounded study of the consensus critic alone: does its score separate negotiations that
+ended in agreement from those that did not, before and after a critic-only fine-tune?
+
+Teacher-driven episodes (:class:`~jax_drive.coop.negotiation.RuleTeacher` with its
+deliberately wrong first rounds, so that disagreements occur) are recorded on two disjoint
+sets of training seeds: the consensus requests of the first are the critic's SFT targets
+(snapped to the allowed scores, class-balanced), those of the second are the held-out
+negotiations (balanced between the teacher's "agreement" and the rest). The critic
+(``LLMNegotiator.consensus_answers``) is probed on them with the base model and with a LoRA
+adapter trained on the targets only; each probe reports the separation AUC of the score it
+reads out and of the number it sampled (:func:`~jax_drive.pipelines.interdrive.negotiator.critic_discrimination`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+
+from jax_drive.pipelines.interdrive import negotiator as N
+from jax_drive.pipelines.interdrive.presets import Preset
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticStudy:
+    """The study's protocol (fixed before it runs).
+
+    Attributes: train_seeds / probe_seeds: disjoint teacher seeds of the SFT targets and of
+    the held-out negotiations (one accident-prone/safe alternating episode per type per seed
+    and background setting, as the data stage); train_examples: consensus SFT targets;
+    probe_size: held-out negotiations; sft_steps: LoRA steps of the critic-only fine-tune.
+    """
+
+    train_seeds: tuple[int, ...] = (100,)
+    probe_seeds: tuple[int, ...] = (101,)
+    train_examples: int = 120
+    probe_size: int = 64
+    sft_steps: int = 30
+
+    def __post_init__(self):
+        if set(self.train_seeds) & set(self.probe_seeds):
+            raise ValueError(f"train_seeds {self.train_seeds} and probe_seeds {self.probe_seeds} overlap")
+        if min(self.train_examples, self.probe_size, self.sft_steps) < 1:
+            raise ValueError("train_examples, probe_size and sft_steps must be >= 1")
+
+
+def consensus_examples(preset: Preset, seeds, progress=None) -> list[dict]:
+    """The teacher's recorded consensus examples of episodes on ``seeds``."""
+    examples, _ = N.sft_examples(dataclasses.replace(preset, train_seeds=tuple(seeds), train_episodes_per_seed=1),
+                                 progress=progress)
+    return [e for e in examples if e["kind"] == "consensus"]
+
+
+def run_critic_study(preset: Preset, study: CriticStudy, out_dir: str, *, progress=None, log=print) -> dict:
+    """Records the data, probes the base critic, fine-tunes it on the targets, probes it
+    again; returns {"protocol", "data", "base", "sft", "tuned", "seconds"}."""
+    from jax_drive.coop.negotiation import LLMNegotiator
+    from jax_drive.pipelines import engines
+    from jax_drive.pipelines.interdrive.presets import consensus_readout, engine_spec
+
+    start, seconds = time.perf_counter(), {}
+    train_pool = consensus_examples(preset, study.train_seeds, progress)
+    probe_pool = consensus_examples(preset, study.probe_seeds, progress)
+    seconds["record"] = time.perf_counter() - start
+    targets = N.select_examples(train_pool, [("consensus", study.train_examples)],
+                                consensus_scores=preset.consensus_scores)
+    held_out = N.critic_probe_examples(probe_pool, targets, study.probe_size)
+    data = {"recorded": {"train": len(train_pool), "probe": len(probe_pool)},
+            "targets": dict(collections.Counter(str(N.consensus_class(e)) for e in targets)),
+            "held_out": len(held_out), "held_out_agreed": sum(map(N.ended_in_agreement, held_out))}
+    log(f"critic study data: {data}")
+
+    def probe(adapter=None) -> dict:
+        t = time.perf_counter()
+        backend = engines.make_engine(engine_spec(preset), *N.load_model(preset, adapter))
+        critic = LLMNegotiator(backend, preset.style, consensus_tokens=preset.consensus_tokens, temperature=0.0,
+                               constrain_answers=preset.constrain_answers, consensus_scores=preset.consensus_scores,
+                               consensus_readout=consensus_readout(preset, "jax"))
+        report = N.critic_discrimination(critic, held_out)
+        report["seconds"] = time.perf_counter() - t
+        return report
+
+    base = probe()
+    log(f"base critic: AUC {base['auc']} (sampled {base['auc_sampled']})")
+    sft_preset = dataclasses.replace(preset, sft=dataclasses.replace(preset.sft, max_steps=study.sft_steps))
+    sft = N.finetune(sft_preset, targets, os.path.join(out_dir, "critic_sft"), progress=progress is not None)
+    tuned = probe(sft["adapter"])
+    log(f"tuned critic: AUC {tuned['auc']} (sampled {tuned['auc_sampled']})")
+    seconds["total"] = time.perf_counter() - start
+    return {"protocol": dataclasses.asdict(study), "data": data, "base": base, "sft": sft, "tuned": tuned,
+            "seconds": seconds}
