@@ -80,6 +80,11 @@ CATALOGUE: dict[str, Entry] = {
         "reduced size (4 x 4 x 3 x 64), every configuration (each feature's contribution)",
         "python experiments/bench_rollout.py --scenes 4 --group 4 --turns 3 --max-new-tokens 64 --warmup "
         "--json experiments/results/bench_rollout/untrained_4x4x3.json"),
+    "bench_rollout/constrained.json": Entry(
+        "canonical size (8 scenes x G 8 x 3 turns x 168 tokens), untrained policy: constrained answers (trajectory "
+        "grammar) with and without jump-forward and the unconstrained path vs the peer, one run",
+        "python experiments/bench_rollout.py --configs no_lookup constrained constrained_jump "
+        "--json experiments/results/bench_rollout/constrained.json"),
     "bench_rollout/constrained_2x4x2.json": Entry(
         "reduced to 2 scenes x G 4 x 2 turns x 168 tokens on a heavily loaded machine: constrained answers "
         "(trajectory grammar) with and without jump-forward vs the unconstrained path and the peer"),
