@@ -37,26 +37,28 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def main(argv=None) -> int:
-    from jax_drive.pipelines.interdrive.critic import CriticStudy
-
-    defaults = CriticStudy()
+    # the protocol's defaults live in CriticStudy; it is imported only after the arguments
+    # (outputs included) are checked, so a bad command line fails before any heavy import
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--preset", default="cpu-demo", choices=INTERDRIVE_PRESETS)
     add_override_args(parser)
-    parser.add_argument("--train-seeds", type=parse_seeds, default=defaults.train_seeds,
-                        help="teacher seeds of the SFT targets (comma-separated)")
-    parser.add_argument("--probe-seeds", type=parse_seeds, default=defaults.probe_seeds,
-                        help="teacher seeds of the held-out negotiations")
-    parser.add_argument("--train-examples", type=int, default=defaults.train_examples)
-    parser.add_argument("--probe-size", type=int, default=defaults.probe_size)
-    parser.add_argument("--sft-steps", type=int, default=defaults.sft_steps)
+    parser.add_argument("--train-seeds", type=parse_seeds, default=None,
+                        help="teacher seeds of the SFT targets (comma-separated; default: CriticStudy's)")
+    parser.add_argument("--probe-seeds", type=parse_seeds, default=None,
+                        help="teacher seeds of the held-out negotiations (default: CriticStudy's)")
+    parser.add_argument("--train-examples", type=int, default=None, help="default: CriticStudy's")
+    parser.add_argument("--probe-size", type=int, default=None, help="default: CriticStudy's")
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: CriticStudy's")
     parser.add_argument("--work-dir", default=None, type=output_dir,
                         help="the critic's adapter (default: runs/interdrive-critic-<preset>)")
     add_output_args(parser, json_required=True)
     args = parser.parse_args(argv)
+    from jax_drive.pipelines.interdrive.critic import CriticStudy
+
+    given = {name: getattr(args, name) for name in ("train_seeds", "probe_seeds", "train_examples", "probe_size",
+                                                   "sft_steps") if getattr(args, name) is not None}
     try:
-        study = CriticStudy(train_seeds=args.train_seeds, probe_seeds=args.probe_seeds,
-                            train_examples=args.train_examples, probe_size=args.probe_size, sft_steps=args.sft_steps)
+        study = CriticStudy(**given)
     except ValueError as error:
         raise InputError(str(error)) from None
     from jax_drive.pipelines.interdrive import PRESETS
