@@ -8,7 +8,8 @@ Presets: ``smoke`` (tests), ``tiny-study`` (a random tiny model, the CPU study),
 ``cpu-demo`` (SmolLM2 with LoRA from its zero-shot answers, small scale), ``paper`` (the
 accelerator protocol). ``--out`` (default ``runs/coop_rl_<preset>``) holds each training
 seed's metrics, TensorBoard scalars and checkpoints, each finished evaluation, the recorded
-preset, ``results.json`` and ``curves.png``. ``--resume`` continues a killed run where it
+preset, ``results.json``, ``curves.png`` and ``storyboard.png`` (a trained episode with its
+messages). ``--resume`` continues a killed run where it
 stopped (training from its last checkpoint; finished evaluations are read back); the preset
 must then be the recorded one. Exit status: 0 done, 2 bad usage or input, 1 a failure.
 """
@@ -57,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     results["meta"] = run_metadata(command="coop-rl", run_dir=out)
     write_json(os.path.join(out, "results.json"), results)
-    plots = [P.plot_curves(results, os.path.join(out, "curves.png"))]
+    plots = P.write_plots(results, os.path.join(out, ""))
     if args.json:
         write_json(args.json, results)
         stem = args.json[:-len(".json")] if args.json.endswith(".json") else args.json
-        plots.append(P.plot_curves(results, stem + "_curves.png"))
+        plots += P.write_plots(results, stem + "_")
     print(P.summary_table(results))
     print(f"results: {os.path.join(out, 'results.json')}" + (f" and {args.json}" if args.json else "")
           + f"; plots: {', '.join(plots)}")

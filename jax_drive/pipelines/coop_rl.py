@@ -39,6 +39,7 @@ from jax_drive.sim.scenarios import TALKING_VEHICLES
 PRESET_NAMES = ("smoke", "tiny-study", "cpu-demo", "paper")
 EVAL_METHODS = ("rule_based", "start", "grpo", "grpo_messages_dropped")
 BOOTSTRAP_SAMPLES = 10_000
+STORY_SCENARIO = "tv_overtake_perception"  # the storyboard's scenario (its first accident-prone held-out episode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,14 +104,15 @@ def _presets() -> dict[str, Preset]:
             train=CoopRLConfig(agent=tiny_agent, scenarios=TALKING_VEHICLES[:2], group_size=2, groups_per_step=2,
                                steps=2, max_time=4.0, optim=full, minibatch_size=16, max_rows=32, bucket_size=32,
                                checkpoint_every=1),
-            training_seeds=(0,), eval_seeds=(0,), eval_episodes=2, eval_max_time=4.0, max_batch=64,
+            training_seeds=(0,), eval_seeds=(0,), eval_episodes=1, eval_max_time=4.0, max_batch=64,
         ),
         # The CPU study: the random tiny model learns to drive the six scenarios from the joint
-        # return alone (full episodes, G = 4, one group per scenario per step).
+        # return alone (full episodes, G = 4, one group per scenario per step; 12 steps of
+        # ~2,400 decisions, ~2 min each on the 2-core CPU, fit three seeds in about an hour).
         "tiny-study": Preset(
             name="tiny-study", model="tiny", start="random tiny model (byte tokenizer), action grammar", lora_rank=0,
             train=CoopRLConfig(agent=tiny_agent, scenarios=TALKING_VEHICLES, group_size=4, groups_per_step=6,
-                               steps=30, optim=full, loss=LossConfig(kl_coef=0.0), minibatch_size=64, max_rows=256,
+                               steps=12, optim=full, loss=LossConfig(kl_coef=0.0), minibatch_size=64, max_rows=256,
                                bucket_size=32, checkpoint_every=5),
             training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=4, max_batch=128,
         ),
@@ -187,6 +189,26 @@ def evaluate_policy(policy, specs, max_time: float | None, progress: bool = Fals
                      "accident_prone": spec.accident_prone, "sr": rates["SR"], "cr": rates["CR"],
                      "return": float(ret), "messages": result.messages_sent})
     return rows
+
+
+def _cached_story(path: str, engine, preset: Preset, specs) -> dict | None:
+    """The storyboard record (:func:`jax_drive.coop.render.episode_story`) of the trained
+    policy's first accident-prone held-out episode of :data:`STORY_SCENARIO` (or of the first
+    scenario when it is not trained on), computed once."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    from jax_drive.coop.agent import LanguagePolicy
+    from jax_drive.coop.learning import run_specs
+    from jax_drive.coop.render import episode_story
+
+    scenario = STORY_SCENARIO if STORY_SCENARIO in preset.train.scenarios else preset.train.scenarios[0]
+    spec = next(s for s in specs if s.scenario == scenario and s.accident_prone)
+    results, _ = run_specs([spec], LanguagePolicy(engine, preset.eval_agent(), name="grpo"), keep_trajectory=True,
+                           max_time=preset.eval_max_time)
+    story = episode_story(results[0], spec.tag)
+    _write(path, story)
+    return story
 
 
 def _cached(path: str, compute) -> list[dict]:
@@ -305,7 +327,7 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
         return LanguagePolicy(make_engine(preset, model, tokenizer), preset.eval_agent(), name="start")
 
     rows["start"] = {0: evaluate("start", start_policy)}
-    rows["grpo"], rows["grpo_messages_dropped"], curves = {}, {}, {}
+    rows["grpo"], rows["grpo_messages_dropped"], curves, story = {}, {}, {}, None
     for seed in preset.training_seeds:
         seed_dir = os.path.join(out_dir, f"seed{seed}")
         model, tokenizer, history = train_seed(preset, seed, seed_dir, resume=resume, progress=progress)
@@ -317,7 +339,10 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
         rows["grpo_messages_dropped"][seed] = evaluate(
             f"grpo_messages_dropped_seed{seed}",
             lambda: LanguagePolicy(engine, preset.eval_agent(communicate=False), name="grpo_messages_dropped"))
+        if seed == preset.training_seeds[0]:
+            story = _cached_story(os.path.join(out_dir, "eval", "storyboard.json"), engine, preset, specs)
     results = summarise(preset, rows, curves)
+    results["storyboard"] = story
     _write(os.path.join(out_dir, "results.json"), results)
     return results
 
@@ -400,3 +425,16 @@ def summary_table(results: dict) -> str:
         lines.append(f"grpo - start {key}: {diff['mean']:+.1f} (95 % CI {diff['ci95'][0]:+.1f} .. "
                      f"{diff['ci95'][1]:+.1f}; {diff['episodes']} episodes x {diff['training_seeds']} seeds)")
     return "\n".join(lines)
+
+
+def write_plots(results: dict, prefix: str) -> list[str]:
+    """``<prefix>curves.png`` (:func:`plot_curves`) and ``<prefix>storyboard.png`` (the trained
+    policy's storyboard episode with its messages)."""
+    from jax_drive.coop.render import render_storyboard
+
+    written = [plot_curves(results, prefix + "curves.png")]
+    if results.get("storyboard"):
+        fig = render_storyboard(results["storyboard"], title=f"trained (grpo) policy: {results['storyboard']['episode']}")
+        fig.savefig(prefix + "storyboard.png", dpi=110)
+        written.append(prefix + "storyboard.png")
+    return written
