@@ -107,12 +107,12 @@ def _presets() -> dict[str, Preset]:
             training_seeds=(0,), eval_seeds=(0,), eval_episodes=1, eval_max_time=4.0, max_batch=64,
         ),
         # The CPU study: the random tiny model learns to drive the six scenarios from the joint
-        # return alone (full episodes, G = 4, one group per scenario per step; 12 steps of
-        # ~2,400 decisions, ~2 min each on the 2-core CPU, fit three seeds in about an hour).
+        # return alone (full episodes, G = 4, one group per scenario per step; 30 steps of
+        # ~2,400 decisions, ~30 s each on the 2-core CPU).
         "tiny-study": Preset(
             name="tiny-study", model="tiny", start="random tiny model (byte tokenizer), action grammar", lora_rank=0,
             train=CoopRLConfig(agent=tiny_agent, scenarios=TALKING_VEHICLES, group_size=4, groups_per_step=6,
-                               steps=12, optim=full, loss=LossConfig(kl_coef=0.0), minibatch_size=64, max_rows=256,
+                               steps=30, optim=full, loss=LossConfig(kl_coef=0.0), minibatch_size=64, max_rows=256,
                                bucket_size=32, checkpoint_every=5),
             training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=4, max_batch=128,
         ),
