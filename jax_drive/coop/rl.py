@@ -142,10 +142,13 @@ class CoopRLConfig:
 # ----------------------------------------------------------------------------- groups
 def training_specs(scenarios: Sequence[str], seed: int, start: int, count: int) -> list[EpisodeSpec]:
     """Episodes ``start .. start + count`` of the endless ``rl`` stream of ``seed``: episode k
-    is scenario ``scenarios[k % S]`` with index ``k // S`` (accident-prone and safe alternate
-    per round of the scenarios). Keys of the ``rl`` split never meet the evaluation's."""
+    is scenario ``scenarios[k % S]`` in round ``r = k // S``, with index ``2 r + (r + k % S) % 2``
+    (an even index is accident-prone): each scenario alternates accident-prone and safe from
+    round to round, and consecutive scenarios of a round alternate too, so a step's groups mix
+    both. Keys of the ``rl`` split never meet the evaluation's."""
     s = len(scenarios)
-    return [EpisodeSpec(scenarios[k % s], int(seed), k // s, split="rl") for k in range(start, start + count)]
+    return [EpisodeSpec(scenarios[k % s], int(seed), 2 * (k // s) + (k // s + k % s) % 2, split="rl")
+            for k in range(start, start + count)]
 
 
 def group_specs(specs: Sequence[EpisodeSpec], group_size: int) -> list[EpisodeSpec]:
