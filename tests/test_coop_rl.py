@@ -21,6 +21,7 @@ from jax_drive.rl.grpo import sampling_grammar_tables
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.sim import metrics as M
 from jax_drive.sim.scenarios import TALKING_VEHICLES
+from jax_drive.sim.state import SimConfig
 
 from coop_tiny import CountingEngine, tiny_engine
 
@@ -74,7 +75,7 @@ def test_group_episodes_start_from_one_state_and_specs_differ():
     specs = [EpisodeSpec(SCENARIOS[0], 0, 0, "rl"), EpisodeSpec(SCENARIOS[0], 0, 2, "rl"),
              EpisodeSpec(SCENARIOS[1], 0, 0, "rl")]
     grouped = rl.group_specs(specs, G)
-    assert [s for s in grouped] == [specs[p] for p in range(len(specs)) for _ in range(G)]
+    assert grouped == [specs[p] for p in range(len(specs)) for _ in range(G)]
     batch = EpisodeBatch([s.scenario for s in grouped], [s.key() for s in grouped],
                          [s.accident_prone for s in grouped], max_time=2.0)
     obs = batch.observe()
@@ -244,7 +245,12 @@ def test_one_engine_call_per_decision_for_every_live_agent(rollout):
     for d in asked:
         rows = [(r.episode, r.agent) for r in policy.decisions if r.decision == d]
         assert len(set(rows)) == len(rows)
-    assert {r.episode for r in policy.decisions if r.decision == 0} == set(range(len(rollout.results)))
+    # each episode was asked at every decision of its own length (the simulator's end time)
+    dt = SimConfig().decision_dt
+    for e, result in enumerate(rollout.results):
+        taken = sorted({r.decision for r in policy.decisions if r.episode == e})
+        assert taken == list(range(round(result.end_time / dt))), f"episode {e}"
+    assert len(asked) == max(round(r.end_time / dt) for r in rollout.results)
     assert max(proxy.calls) > 1  # rows of several episodes share each call
 
 
