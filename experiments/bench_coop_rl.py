@@ -16,10 +16,11 @@ the step times are reported with the decision counts they came from. Each path f
 its S steps untimed from the starting weights (every shape it uses compiled), then again
 from the same weights, timed; the update is the same code in both paths.
 
-    # canonical (the tiny random model; ~5 min on a 2-core CPU):
-    nice -n 10 python experiments/bench_coop_rl.py --groups 4 --group-size 4 --steps 3 --max-time 4 --json OUT
-    # SmolLM2 with LoRA (slow here):
-    python experiments/bench_coop_rl.py --model smollm2-135m-instruct --groups 2 --group-size 2 --steps 2 --json OUT
+    # canonical (the tiny random model; a few minutes on a 2-core CPU):
+    nice -n 10 python experiments/bench_coop_rl.py --groups 6 --group-size 4 --steps 3 --max-time 6 --json OUT
+    # SmolLM2 with LoRA rank 8 (one 4-episode step of 2 decisions takes ~4 min here, warm-up included):
+    python experiments/bench_coop_rl.py --model smollm2-135m-instruct --groups 1 --group-size 2 --steps 1 \
+        --max-time 1 --max-rows 8 --json OUT
 
 Heavy imports (JAX, the models) come after the argument checks: bad values exit 2 at once.
 """
