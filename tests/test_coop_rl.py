@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 
 from jax_drive.coop import rl
-from jax_drive.coop.agent import AgentConfig, DecisionTokens
+from jax_drive.coop.agent import AgentConfig, DecisionTokens, LanguagePolicy
 from jax_drive.coop.episodes import STATE_FIELDS, EpisodeBatch
-from jax_drive.coop.learning import EpisodeSpec
+from jax_drive.coop.learning import EpisodeSpec, run_specs
 from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.batching import answer_allowed, batch_token_logprobs
 from jax_drive.rl.grpo import sampling_grammar_tables
@@ -200,16 +200,25 @@ def test_decision_rewards_reject_episodes_that_do_not_split_into_groups():
 
 
 # ----------------------------------------------------------------------------- log-probs
-def test_recorded_logprobs_equal_the_trainers_masked_logprobs(engine):
-    # The sampler reports 'raw' log-probs: log-softmax of the untempered logits over the tokens
-    # the grammar allowed (SamplingParams.logprobs_mode), whatever temperature it drew at; the
-    # trainer's pass at temperature 1 under the same grammar must give the same numbers (it
-    # recomputes pi_old at the sampling temperature itself: GRPOConfig.recompute_old_logprobs).
-    config = rl_config(temperature=0.7, max_time=1.0)
+@pytest.mark.parametrize("logprobs_mode", ["raw", "processed"])
+def test_recorded_logprobs_equal_the_trainers_masked_logprobs(engine, logprobs_mode):
+    # 'raw' (the sampler's default): log-softmax of the untempered logits over the tokens the
+    # grammar allowed, whatever temperature the tokens were drawn at, so the trainer's pass at
+    # temperature 1 must give the same numbers (coop_grpo_train recomputes pi_old at the
+    # sampling temperature itself: GRPOConfig.recompute_old_logprobs). 'processed': the
+    # distribution drawn from, softmax(logits / T) under the grammar: the trainer's pass at T.
+    sampling_temperature = 0.7
+    config = rl_config(temperature=sampling_temperature, max_time=1.0)
     specs = rl.training_specs(config.scenarios, config.seed, 0, config.groups_per_step)
-    _, policy = rl.rollout_groups(engine, config, specs, jax.random.key(5))
-    assert policy.sampling.logprobs_mode == "raw"
-    temperature = 1.0
+    if logprobs_mode == "raw":
+        _, policy = rl.rollout_groups(engine, config, specs, jax.random.key(5))
+        temperature = 1.0
+    else:  # rollout_groups' policy with the other log-prob convention
+        policy = LanguagePolicy(engine, config.agent, key=jax.random.key(5), record_tokens=True)
+        policy.sampling = policy.sampling.replace(logprobs_mode="processed")
+        run_specs(rl.group_specs(specs, config.group_size), policy, max_time=config.max_time)
+        temperature = sampling_temperature
+    assert policy.sampling.logprobs_mode == logprobs_mode
     decisions = policy.decisions
     assert decisions and all(len(d.logprobs) == len(d.answer_ids) for d in decisions)
     model, tokenizer = engine.model, engine.tokenizer
@@ -228,6 +237,9 @@ def test_recorded_logprobs_equal_the_trainers_masked_logprobs(engine):
     unmasked = np.asarray(batch_token_logprobs(model, batch, temperature=temperature))
     assert np.max(np.abs(unmasked[mask] - batch["old_logp"][mask])) > 100 * LOGP_ATOL
     assert np.all(unmasked[mask] <= masked[mask] + LOGP_ATOL)  # the mask only renormalises over fewer tokens
+    other = 1.0 if temperature != 1.0 else sampling_temperature  # the other convention's numbers differ
+    wrong = np.asarray(batch_token_logprobs(model, batch, temperature=other, grammar=tables))
+    assert np.max(np.abs(wrong[mask] - batch["old_logp"][mask])) > 100 * LOGP_ATOL
 
 
 # ----------------------------------------------------------------------------- engine calls
