@@ -202,22 +202,20 @@ def test_decision_rewards_reject_episodes_that_do_not_split_into_groups():
 # ----------------------------------------------------------------------------- log-probs
 @pytest.mark.parametrize("logprobs_mode", ["raw", "processed"])
 def test_recorded_logprobs_equal_the_trainers_masked_logprobs(engine, logprobs_mode):
-    # 'raw' (the sampler's default): log-softmax of the untempered logits over the tokens the
-    # grammar allowed, whatever temperature the tokens were drawn at, so the trainer's pass at
-    # temperature 1 must give the same numbers (coop_grpo_train recomputes pi_old at the
-    # sampling temperature itself: GRPOConfig.recompute_old_logprobs). 'processed': the
-    # distribution drawn from, softmax(logits / T) under the grammar: the trainer's pass at T.
+    # 'processed' (rollout_groups' recording): the distribution drawn from, softmax(logits / T)
+    # under the grammar: the trainer's pass at T. 'raw' (the sampler's default): log-softmax of
+    # the untempered logits over the tokens the grammar allowed, whatever temperature the
+    # tokens were drawn at: the trainer's pass at temperature 1.
     sampling_temperature = 0.7
     config = rl_config(temperature=sampling_temperature, max_time=1.0)
     specs = rl.training_specs(config.scenarios, config.seed, 0, config.groups_per_step)
-    if logprobs_mode == "raw":
+    if logprobs_mode == "processed":
         _, policy = rl.rollout_groups(engine, config, specs, jax.random.key(5))
-        temperature = 1.0
-    else:  # rollout_groups' policy with the other log-prob convention
-        policy = LanguagePolicy(engine, config.agent, key=jax.random.key(5), record_tokens=True)
-        policy.sampling = policy.sampling.replace(logprobs_mode="processed")
-        run_specs(rl.group_specs(specs, config.group_size), policy, max_time=config.max_time)
         temperature = sampling_temperature
+    else:  # a recording policy with the sampler's default convention
+        policy = LanguagePolicy(engine, config.agent, key=jax.random.key(5), record_tokens=True)
+        run_specs(rl.group_specs(specs, config.group_size), policy, max_time=config.max_time)
+        temperature = 1.0
     assert policy.sampling.logprobs_mode == logprobs_mode
     decisions = policy.decisions
     assert decisions and all(len(d.logprobs) == len(d.answer_ids) for d in decisions)

@@ -251,7 +251,9 @@ def decision_batch(decisions: Sequence[DecisionTokens], advantages: np.ndarray, 
 # ----------------------------------------------------------------------------- statistics
 def episode_stats(results: Sequence[EpisodeResult], returns: np.ndarray, policy: LanguagePolicy) -> dict:
     """A step's driving and talking figures: return, SR / CR (percent over agent-episodes),
-    messages and their length, typed parse failures and cut-off answers, engine calls."""
+    messages and their length, typed parse failures, answers that used their whole token
+    budget (``answers_at_budget``: under the action grammar these still parse; the
+    finish-in-budget mask closed them), engine calls."""
     outcomes = [o for r in results for o in r.outcomes]
     rates = M.talking_vehicles_rates(outcomes)
     texts = [text for r in results for _, _, text in r.message_log]
@@ -260,7 +262,7 @@ def episode_stats(results: Sequence[EpisodeResult], returns: np.ndarray, policy:
     return {"return_mean": float(np.mean(returns)), "sr": rates["SR"], "cr": rates["CR"],
             "episodes": len(results), "decisions": len(policy.decisions), "engine_calls": len(policy.calls),
             "messages": len(texts), "message_chars_mean": float(np.mean([len(t) for t in texts])) if texts else 0.0,
-            "parse_failures": int(failures), "cut_off": int(cut_off)}
+            "parse_failures": int(failures), "answers_at_budget": int(cut_off)}
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -268,6 +270,8 @@ def rollout_groups(engine, config: CoopRLConfig, specs: Sequence[EpisodeSpec], k
                    progress: Callable[[int], None] | None = None) -> tuple[list[EpisodeResult], LanguagePolicy]:
     """G episodes of every spec as one batch under a token-recording language policy."""
     policy = LanguagePolicy(engine, config.agent, key=key, name="grpo", record_tokens=True)
+    # record log pi at the sampling temperature (the trainer's), not at temperature 1
+    policy.sampling = policy.sampling.replace(logprobs_mode="processed")
     results, _ = run_specs(group_specs(specs, config.group_size), policy, progress=progress,
                            max_time=config.max_time)
     return results, policy
