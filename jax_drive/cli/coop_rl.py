@@ -42,13 +42,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    out = args.out or os.path.join("runs", f"coop_rl_{args.preset.replace('-', '_')}")
+    check_output(out, "--out", directory=True)
     from jax_drive.pipelines import coop_rl as P
     from jax_drive.rl.loop import NonFiniteError
     from jax_drive.runinfo import write_json
 
     preset = preset_with_overrides(P.PRESETS[args.preset], args)
-    out = args.out or os.path.join("runs", f"coop_rl_{args.preset.replace('-', '_')}")
-    check_output(out, "--out", directory=True)
     try:
         results = P.run(preset, out, resume=args.resume, progress=not args.no_progress)
     except P.RunDirError as error:
