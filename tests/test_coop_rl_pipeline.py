@@ -17,7 +17,7 @@ import pytest
 from jax_drive.pipelines import coop_rl as P
 from jax_drive.rl.checkpoint import committed_steps
 from jax_drive.rl.logging import read_jsonl
-from killing import kill_when_paused
+from killing import kill_when_paused, run_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING_KEYS = {"rollout_seconds", "update_seconds", "decisions_per_s", "peak_rss_gb", "step_seconds"}
@@ -29,13 +29,7 @@ def _command(out, resume: bool = False, *extra: str) -> list[str]:
 
 
 def _env(out, pause: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
-    cache = jax.config.jax_compilation_cache_dir or str(out.parent / "xla_cache")
-    env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    env.pop("JAX_DRIVE_PAUSE_AT", None)
-    if pause:
-        env["JAX_DRIVE_PAUSE_AT"] = pause
-    return env
+    return run_env(out, pause)
 
 
 def _run(out, resume: bool = False, *extra: str) -> subprocess.CompletedProcess:

@@ -34,7 +34,7 @@ from jax_drive.pipelines.mtdrive.presets import PRESETS, rl_config, with_seed
 from jax_drive.rl.checkpoint import committed_steps, restore_trainable
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.optim import split_model
-from killing import kill_when_paused
+from killing import kill_when_paused, run_env
 from smoke_reference import UNCONSTRAINED, differences, recorded, reduce_mtdrive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,15 +58,7 @@ def _command(out, resume: bool) -> list[str]:
 
 
 def _env(out, pause: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
-    # The four runs of one test compile the same programs: they share the session's cache, or
-    # one of their own (a run is only killed while paused at a hook, never mid-compile).
-    cache = jax.config.jax_compilation_cache_dir or str(out.parent / "xla_cache")
-    env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    env.pop("JAX_DRIVE_PAUSE_AT", None)
-    if pause:
-        env["JAX_DRIVE_PAUSE_AT"] = pause
-    return env
+    return run_env(out, pause)
 
 
 def _run_to_end(out, resume: bool = False) -> None:

@@ -21,7 +21,7 @@ import os
 import sys
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
-from jax_drive.runinfo import InputError, add_output_args, check_output, output_dir, run_main, run_metadata
+from jax_drive.runinfo import InputError, add_output_args, check_output, output_dir, parse_and_run, run_metadata
 
 PRESETS = ("smoke", "tiny-study", "cpu-demo", "paper")  # jax_drive.pipelines.coop_rl.PRESET_NAMES (checked there)
 
@@ -71,10 +71,4 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Parses the coop-rl flags and runs the pipeline (experiments/coop_rl.py)."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as stop:
-        return int(stop.code or 0)
-    return run_main(lambda _: run(args))
+    return parse_and_run(add_arguments, run, argv, prog, __doc__.splitlines()[0])

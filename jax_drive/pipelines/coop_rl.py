@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jax_drive.coop.agent import AgentConfig
-from jax_drive.coop.rl import CoopRLConfig, ReturnConfig
+from jax_drive.coop.rl import CoopRLConfig
 from jax_drive.names import check_names
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
