@@ -111,6 +111,9 @@ def test_paired_difference_and_summary_on_hand_made_rows():
     assert 0.0 <= sr["ci95"][0] <= sr["mean"] <= sr["ci95"][1] <= 75.0
     cr = P.paired_difference(trained, start, "cr")
     assert cr["mean"] == pytest.approx((-100.0 + 25.0 + 0.0) / 3.0)
+    # a per-seed reference pairs each seed with its own rows: seed 0 - seed 1 and back
+    swapped = P.paired_difference(trained, {0: trained[1], 1: trained[0]}, "sr")
+    assert swapped["mean"] == pytest.approx(0.0) and swapped["ci95"] == pytest.approx([0.0, 0.0])
     summary = P.method_summary(trained)  # per-seed means 83.3 and 83.3: sem 0
     assert summary["sr"] == {"mean": pytest.approx(250.0 / 3.0), "sem": 0.0} and summary["seeds"] == 2
     assert summary["cr"]["mean"] == pytest.approx(25.0 / 3.0) and summary["cr"]["sem"] == pytest.approx(50.0 / 6.0)

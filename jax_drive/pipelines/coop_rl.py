@@ -240,22 +240,27 @@ def method_summary(rows_by_seed: dict[int, list[dict]]) -> dict:
             "seeds": len(per_seed), "per_seed": per_seed}
 
 
-def paired_difference(trained: dict[int, list[dict]], start: list[dict], key: str, seed: int = 0) -> dict:
-    """Mean of ``trained - start`` over training seeds and held-out episodes (the same
+def paired_difference(trained: dict[int, list[dict]], reference, key: str, seed: int = 0) -> dict:
+    """Mean of ``trained - reference`` over training seeds and held-out episodes (the same
     episodes, matched by tag), with a 95 % percentile bootstrap interval that resamples the
-    episodes (every training seed kept, so seed-to-seed spread stays in the interval's mean)."""
-    base = {r["tag"]: r[key] for r in start}
-    tags = sorted(base)
-    diffs = np.asarray([[{r["tag"]: r[key] for r in rows}[t] - base[t] for t in tags]
-                        for rows in trained.values()], np.float64)  # (seeds, episodes)
+    episodes (every training seed kept, so the seeds' spread stays in each resample).
+
+    ``reference``: one list of rows for every seed (an untrained policy) or {seed: rows} (the
+    same seed's other policy)."""
+    def values(rows):
+        return {r["tag"]: r[key] for r in rows}
+
+    tags = sorted(values(next(iter(trained.values()))))
+    diffs = np.asarray([[values(rows)[t] - values(reference[s] if isinstance(reference, dict) else reference)[t]
+                         for t in tags] for s, rows in trained.items()], np.float64)  # (seeds, episodes)
     per_episode = diffs.mean(axis=0)
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(tags), size=(BOOTSTRAP_SAMPLES, len(tags)))
     boot = per_episode[draws].mean(axis=1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return {"mean": float(per_episode.mean()), "ci95": [float(lo), float(hi)], "episodes": len(tags),
-            "training_seeds": int(diffs.shape[0]), "interval": f"percentile bootstrap over episodes, "
-                                                               f"{BOOTSTRAP_SAMPLES} resamples"}
+            "training_seeds": int(diffs.shape[0]),
+            "interval": f"percentile bootstrap over episodes, {BOOTSTRAP_SAMPLES} resamples"}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -362,21 +367,14 @@ def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: di
         "summary": summary,
         "grpo_vs_start": {"sr_diff": paired_difference(rows["grpo"], start, "sr"),
                           "cr_diff": paired_difference(rows["grpo"], start, "cr")},
-        "messages_dropped_vs_grpo": {"sr_diff": paired_difference(rows["grpo_messages_dropped"],
-                                                                  _mean_rows(rows["grpo"]), "sr")},
+        "messages_dropped_vs_grpo": {k: paired_difference(rows["grpo_messages_dropped"], rows["grpo"], k[:2])
+                                     for k in ("sr_diff", "cr_diff")},
         "not_run": {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
                     "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
                                  "--method distilled); pass its directory as the preset's model to start from it"},
         "rows": {m: {str(s): r for s, r in v.items()} for m, v in rows.items()},
         "curves": {str(s): c for s, c in curves.items()},
     }
-
-
-def _mean_rows(by_seed: dict[int, list[dict]]) -> list[dict]:
-    """Per-episode rows averaged over seeds (the reference side of a paired difference)."""
-    seeds = list(by_seed.values())
-    return [dict(r, sr=float(np.mean([s[i]["sr"] for s in seeds])), cr=float(np.mean([s[i]["cr"] for s in seeds])))
-            for i, r in enumerate(seeds[0])]
 
 
 def _write(path: str, payload: dict) -> None:
@@ -421,9 +419,10 @@ def summary_table(results: dict) -> str:
         sr, cr = row["sr"], row["cr"]
         lines.append(f"{name:24s} {sr['mean']:7.1f} ± {sr['sem']:4.1f} {cr['mean']:7.1f} ± {cr['sem']:4.1f} "
                      f"{row['seeds']:5d}")
-    for key, diff in results["grpo_vs_start"].items():
-        lines.append(f"grpo - start {key}: {diff['mean']:+.1f} (95 % CI {diff['ci95'][0]:+.1f} .. "
-                     f"{diff['ci95'][1]:+.1f}; {diff['episodes']} episodes x {diff['training_seeds']} seeds)")
+    for label, block in (("grpo - start", "grpo_vs_start"), ("messages dropped - grpo", "messages_dropped_vs_grpo")):
+        for key, diff in results[block].items():
+            lines.append(f"{label} {key}: {diff['mean']:+.1f} (95 % CI {diff['ci95'][0]:+.1f} .. "
+                         f"{diff['ci95'][1]:+.1f}; {diff['episodes']} episodes x {diff['training_seeds']} seeds)")
     return "\n".join(lines)
 
 
