@@ -95,6 +95,13 @@ def test_the_run_directory_refuses_a_second_run_and_another_preset_on_resume(ref
     assert proc.returncode == 2 and "already holds a run: --resume continues it" in proc.stderr
     proc = _run(reference, True, "--set", "train.steps=3")
     assert proc.returncode == 2 and "another preset (fields differ: train)" in proc.stderr
+    proc = _run(reference, True, "--only-seed", "7")
+    assert proc.returncode == 2 and "--only-seed 7: not one of the preset's training seeds [0]" in proc.stderr
+    # one seed of a finished run: read back, no summary written
+    before = (reference / "results.json").stat().st_mtime_ns
+    proc = _run(reference, True, "--only-seed", "0")
+    assert proc.returncode == 0 and "training seed 0 trained and evaluated" in proc.stdout, proc.stderr[-2000:]
+    assert (reference / "results.json").stat().st_mtime_ns == before
     proc = _run(reference.parent / "bad", False, "--set", "train.group_size=1")
     assert proc.returncode == 2 and "group_size" in proc.stderr
 

@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny-study", choices=PRESETS)
     parser.add_argument("--out", default=None, type=output_dir, help="run directory (default runs/coop_rl_<preset>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
+    parser.add_argument("--only-seed", type=int, default=None, metavar="S",
+                        help="train and evaluate only training seed S (one process per seed, or per machine); "
+                             "a later call without it (with --resume) summarises")
     add_override_args(parser)
     add_output_args(parser)
 
@@ -49,13 +52,20 @@ def run(args: argparse.Namespace) -> int:
     from jax_drive.runinfo import write_json
 
     preset = preset_with_overrides(P.PRESETS[args.preset], args)
+    if args.only_seed is not None and args.only_seed not in preset.training_seeds:
+        raise InputError(f"--only-seed {args.only_seed}: not one of the preset's training seeds "
+                         f"{list(preset.training_seeds)}")
     try:
-        results = P.run(preset, out, resume=args.resume, progress=not args.no_progress)
+        results = P.run(preset, out, resume=args.resume, progress=not args.no_progress, only_seed=args.only_seed)
     except P.RunDirError as error:
         raise InputError(str(error)) from None
     except NonFiniteError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if results is None:
+        print(f"training seed {args.only_seed} trained and evaluated in {out}; the other seeds' runs, then "
+              "the same command without --only-seed (with --resume), write the summary")
+        return 0
     results["meta"] = run_metadata(command="coop-rl", run_dir=out)
     write_json(os.path.join(out, "results.json"), results)
     plots = P.write_plots(results, os.path.join(out, ""))

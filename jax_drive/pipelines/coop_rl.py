@@ -312,8 +312,17 @@ def _history(out_dir: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = True) -> dict:
-    """Every stage of the module docstring; returns the results (also ``<out_dir>/results.json``)."""
+def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = True,
+        only_seed: int | None = None) -> dict | None:
+    """Every stage of the module docstring; returns the results (also ``<out_dir>/results.json``).
+
+    ``only_seed``: train and evaluate that training seed only (with the untrained rows) and
+    return None; a later call without it reads everything back and summarises. Seeds can so
+    run in separate processes or machines, and a long study never holds one process's compiled
+    programs for all seeds (XLA:CPU maps each compiled kernel into memory; a process that has
+    compiled thousands of them can run out of memory mappings)."""
+    if only_seed is not None and only_seed not in preset.training_seeds:
+        raise ValueError(f"seed {only_seed} is not one of the preset's training seeds {list(preset.training_seeds)}")
     from jax_drive.coop.agent import LanguagePolicy
     from jax_drive.coop.baselines import make_policy
 
@@ -333,7 +342,7 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
 
     rows["start"] = {0: evaluate("start", start_policy)}
     rows["grpo"], rows["grpo_messages_dropped"], curves, story = {}, {}, {}, None
-    for seed in preset.training_seeds:
+    for seed in preset.training_seeds if only_seed is None else (only_seed,):
         seed_dir = os.path.join(out_dir, f"seed{seed}")
         model, tokenizer, history = train_seed(preset, seed, seed_dir, resume=resume, progress=progress)
         curves[seed] = [{k: r.get(k) for k in ("step", "return_mean", "sr", "cr", "kl", "parse_failures",
@@ -346,6 +355,8 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
             lambda: LanguagePolicy(engine, preset.eval_agent(communicate=False), name="grpo_messages_dropped"))
         if seed == preset.training_seeds[0]:
             story = _cached_story(os.path.join(out_dir, "eval", "storyboard.json"), engine, preset, specs)
+    if only_seed is not None:
+        return None
     results = summarise(preset, rows, curves)
     results["storyboard"] = story
     _write(os.path.join(out_dir, "results.json"), results)
