@@ -103,6 +103,8 @@ CATALOGUE: dict[str, Entry] = {
         "Qwen2.5-VL vision tower + prefill (3B widths, 4 + 4 layers) vs transformers",
         "python experiments/bench_vlm.py --json experiments/results/bench_vlm.json"),
     "bench_coop.json": Entry("Talking agents: batched vs per-agent engine calls, SmolLM2, 16 episodes"),
+    "bench_coop_rl.json": Entry("Cooperative GRPO training loop: batched vs one engine call per agent "
+                                "(agent-decisions/s of the rollouts, seconds per RL step)"),
     "bench_negotiation.json": Entry(
         "CoLMDriver negotiation: batched vs per-speaker engine calls; the jitted grouping step vs its NumPy twin"),
     "bench_sim.json": Entry("Multi-agent simulator vs highway-env merge-v0, 256 episodes"),
@@ -126,6 +128,9 @@ CATALOGUE: dict[str, Entry] = {
                             "3 seeds (JSON and plot)"),
     "talking_vehicles": Entry("TalkingVehicles Table 1 (cpu-demo): rule-based, silent, SmolLM2 zero-shot, "
                               "reflection, debrief and distilled rows (JSON, CR / SR plot, storyboard)"),
+    "coop_rl": Entry("Talking vehicles trained by RL (jax-drive coop-rl, tiny-study): SR / CR of the start, "
+                     "trained and messages-dropped policies on held-out episodes, paired differences, curves, "
+                     "storyboard, each training seed's metrics"),
     "interdrive": Entry("CoLMDriver Table 2 on the InterDrive types, with Table 2, Fig. 5 and episode plots"),
     "interdrive/interdrive.json": Entry("the fine-tuned SmolLM2 negotiator"),
     "interdrive/interdrive_teacher.json": Entry("the rule-based teacher as the negotiator (the SFT ceiling)"),

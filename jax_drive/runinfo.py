@@ -331,6 +331,20 @@ def wall_times(fn: Callable[[], Any], repeats: int) -> list[float]:
     return times
 
 
+def parse_and_run(add_arguments: Callable[[argparse.ArgumentParser], None], run: Callable[[argparse.Namespace], int],
+                  argv: list[str] | None = None, prog: str | None = None, description: str | None = None) -> int:
+    """A command's flags (``add_arguments``) parsed from ``argv`` and ``run`` on them under
+    :func:`run_main` (for scripts that wrap a ``jax-drive`` command); argparse's usage errors
+    (2) and ``--help`` (0) come back as return codes like the rest."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    return run_main(lambda _: run(args))
+
+
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs an entry point with the exit-code convention: :class:`InputError` -> message + 2.
 

@@ -20,7 +20,6 @@ in one file so each run is made once and the later ones load the programs the fi
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -35,6 +34,7 @@ from jax_drive.pipelines.mtdrive.presets import PRESETS, rl_config, with_seed
 from jax_drive.rl.checkpoint import committed_steps, restore_trainable
 from jax_drive.rl.logging import read_jsonl
 from jax_drive.rl.optim import split_model
+from killing import kill_when_paused, run_env
 from smoke_reference import UNCONSTRAINED, differences, recorded, reduce_mtdrive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,15 +58,7 @@ def _command(out, resume: bool) -> list[str]:
 
 
 def _env(out, pause: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
-    # The four runs of one test compile the same programs: they share the session's cache, or
-    # one of their own (a run is only killed while paused at a hook, never mid-compile).
-    cache = jax.config.jax_compilation_cache_dir or str(out.parent / "xla_cache")
-    env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    env.pop("JAX_DRIVE_PAUSE_AT", None)
-    if pause:
-        env["JAX_DRIVE_PAUSE_AT"] = pause
-    return env
+    return run_env(out, pause)
 
 
 def _run_to_end(out, resume: bool = False) -> None:
@@ -76,22 +68,7 @@ def _run_to_end(out, resume: bool = False) -> None:
 
 def _kill_at(out, point: str, resume: bool) -> None:
     """Runs until the test hook pauses the run at ``point``, then SIGKILLs it there."""
-    log = open(out.parent / f"{out.name}_{point}.log", "w")
-    proc = subprocess.Popen(_command(out, resume), env=_env(out, point), cwd=ROOT, stdout=log, stderr=subprocess.PIPE,
-                            text=True)
-    paused = False
-    try:
-        for line in proc.stderr:
-            log.write(line)
-            if line.startswith(f"jax-drive: paused at {point}"):
-                os.kill(proc.pid, signal.SIGKILL)
-                paused = True
-                break
-    finally:
-        proc.wait(timeout=900)
-        log.close()
-    assert paused, f"the run never reached {point} (exit {proc.returncode}); see {log.name}"
-    assert proc.returncode == -signal.SIGKILL
+    kill_when_paused(_command(out, resume), _env(out, point), ROOT, point, out.parent / f"{out.name}_{point}.log")
 
 
 def _metrics(path) -> list[dict]:

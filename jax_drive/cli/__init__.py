@@ -26,6 +26,7 @@ COMMAND_MODULES = {
     "sim": "sim",  # multi-agent cooperative simulator
     "serve": "serve",  # OpenAI-compatible HTTP server over a Flax policy
     "coop": "coop",  # talking language agents (TalkingVehicles / CoopReflect)
+    "coop-rl": "coop_rl",  # talking language agents trained by RL
     "scale-out": "scale_out",  # Ray scenario workers, CARLA server pools
 }
 

@@ -28,7 +28,7 @@ import sys
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
 from jax_drive.names import ADVANTAGE_MODES, MTDRIVE_POLICIES, MTDRIVE_PRESETS
-from jax_drive.runinfo import InputError, check_output, output_dir, output_file, run_main, run_metadata
+from jax_drive.runinfo import InputError, check_output, output_dir, output_file, parse_and_run, run_metadata
 
 STAGE_HELP = f"policies evaluated on the held-out scenes: {', '.join(MTDRIVE_POLICIES)} (default: all)"
 
@@ -128,10 +128,4 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Parses the MTDrive flags and runs the pipeline (for scripts that wrap this command)."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as stop:  # argparse's usage errors (2) and --help (0), as a return code like the rest
-        return int(stop.code or 0)
-    return run_main(lambda _: run(args))
+    return parse_and_run(add_arguments, run, argv, prog, __doc__.splitlines()[0])

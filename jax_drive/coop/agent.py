@@ -387,6 +387,23 @@ class CallRecord:
         return self.seconds / max(self.agents, 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class DecisionTokens:
+    """What one agent's answer at one decision was made of, for training on it.
+
+    Fields: episode, agent (slot), decision index; prompt_ids (the templated prompt as the
+    engine tokenized it), answer_ids (sampled ids, a final stop token included), logprobs (one
+    per answer id, the sampler's), finish_reason ('stop' / 'length')."""
+
+    episode: int
+    agent: int
+    decision: int
+    prompt_ids: tuple[int, ...]
+    answer_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+
+
 ContextFn = Callable[[DecisionBatch, np.ndarray], list[AgentContext]]
 
 
@@ -400,19 +417,24 @@ class LanguagePolicy:
       context: optional ``context(batch, rows) -> [AgentContext]`` giving each asked agent
         (rows (N, 2) of (episode, slot)) its knowledge, strategy and retrieved examples.
       name: shown in results.
+      record_tokens: keep a :class:`DecisionTokens` of every answer in ``decisions`` (the RL
+        trainer's rows; :mod:`jax_drive.coop.rl`).
 
-    State: ``calls`` (one :class:`CallRecord` per engine call, kept until :meth:`reset`) and
-    ``failures`` {episode: Counter of typed failures and ``cut_off`` answers} of the current
-    batch of episodes (cleared at its first decision).
+    State: ``calls`` (one :class:`CallRecord` per engine call, kept until :meth:`reset`),
+    ``decisions`` (with ``record_tokens``, also until :meth:`reset`) and ``failures``
+    {episode: Counter of typed failures and ``cut_off`` answers} of the current batch of
+    episodes (cleared at its first decision).
     """
 
     def __init__(self, engine, config: AgentConfig = AgentConfig(), key=None, context: ContextFn | None = None,
-                 name: str = "llm"):
+                 name: str = "llm", record_tokens: bool = False):
         self.engine = engine
         self.config = config
         self.key = jax.random.key(0) if key is None else key
         self.context = context
         self.name = name
+        self.record_tokens = record_tokens
+        self.decisions: list[DecisionTokens] = []
         self.calls: list[CallRecord] = []
         self.failures: dict[int, collections.Counter] = {}
         self._count = 0
@@ -423,8 +445,8 @@ class LanguagePolicy:
                                                 grammar=config.answer_grammar())
 
     def reset(self) -> None:
-        """Forget call records and failure counters (before a new batch of episodes)."""
-        self.calls, self.failures = [], {}
+        """Forget call records, recorded tokens and failure counters (before a new batch of episodes)."""
+        self.calls, self.failures, self.decisions = [], {}, []
 
     def rows(self, batch: DecisionBatch) -> np.ndarray:
         """(N, 2) agents to ask: every live focal agent; when silent, not the stopped ones."""
@@ -477,6 +499,11 @@ class LanguagePolicy:
             if talks:
                 out.messages.setdefault(e, []).append(Message(sender=i, sender_vid=int(view["vehicle_id"][i]),
                                                               time=batch.time, text=action.message))
+            if self.record_tokens:
+                self.decisions.append(DecisionTokens(
+                    episode=e, agent=i, decision=batch.decision, prompt_ids=tuple(completion.prompt_token_ids),
+                    answer_ids=tuple(completion.token_ids), logprobs=tuple(completion.logprobs),
+                    finish_reason=completion.finish_reason))
             counter = self.failures.setdefault(e, collections.Counter())
             counter.update(action.failures)
             if completion.finish_reason == "length":

@@ -60,15 +60,15 @@ from jax_drive.sim import metrics as M
 from jax_drive.sim.state import SimConfig
 from jax_drive.text.json_answer import extract_json_object
 
-# Episode key domains: evaluation, learning and distillation episodes never share a key.
-SPLITS = {"eval": 0, "learn": 1, "distill": 2}
+# Episode key domains: evaluation, learning, distillation and RL training episodes never share a key.
+SPLITS = {"eval": 0, "learn": 1, "distill": 2, "rl": 3}
 METHODS = LLM_METHODS  # what a Learner runs (the zero-shot ones learn nothing)
 
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
     """One episode: scenario, seed, index within the split and split ('eval', 'learn',
-    'distill'). Even indices are accident-prone, odd ones safe (alternating, accident-prone
+    'distill', 'rl'). Even indices are accident-prone, odd ones safe (alternating, accident-prone
     first)."""
 
     scenario: str

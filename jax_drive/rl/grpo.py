@@ -366,14 +366,19 @@ def _precomputed(rows_logp, result: RolloutResult, keep: np.ndarray, group_size:
 def answer_grammar_tables(tokenizer, vocab_size: int, rollout: RolloutConfig):
     """(GrammarTables, (grammar id, budget)) of the rollouts' answer grammar, compiled exactly
     as the engine compiles it (the same grammar and stop ids), or (None, None) without one."""
-    grammar = rollout.answer_grammar()
-    if grammar is None:
+    return sampling_grammar_tables(tokenizer, vocab_size, rollout.sampling.replace(grammar=rollout.answer_grammar()))
+
+
+def sampling_grammar_tables(tokenizer, vocab_size: int, sampling):
+    """(GrammarTables, (grammar id, budget)) of the grammar of ``sampling`` (SamplingParams),
+    compiled as the engine compiles it (the same grammar and stop ids), or (None, None)."""
+    if sampling.grammar is None:
         return None, None
     from jax_drive.sampling.grammar.rows import RowGrammars
 
-    stops = rollout.sampling.resolved_stop_ids(tuple(int(i) for i in tokenizer.eos_token_ids))
-    tables, ids, _ = RowGrammars(tokenizer, vocab_size).tables([grammar], stops)
-    return tables, (int(ids[0]), rollout.sampling.max_new_tokens)
+    stops = sampling.resolved_stop_ids(tuple(int(i) for i in tokenizer.eos_token_ids))
+    tables, ids, _ = RowGrammars(tokenizer, vocab_size).tables([sampling.grammar], stops)
+    return tables, (int(ids[0]), sampling.max_new_tokens)
 
 
 # ----------------------------------------------------------------------------- processes

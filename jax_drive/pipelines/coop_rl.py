@@ -1,0 +1,450 @@
+"""Talking vehicles trained by reinforcement learning: presets, training seeds, frozen
+evaluation on held-out episodes, the summary and its plot.
+
+    jax-drive coop-rl --preset smoke --out runs/coop_rl_smoke [--resume] [--set train.steps=4]
+
+Stages, each resumable in the run directory:
+
+1. **train** (``seed<s>/``, one per training seed): :func:`jax_drive.coop.rl.coop_grpo_train`
+   from the start policy (metrics.jsonl, TensorBoard, orbax checkpoints; a killed run
+   continues from its last checkpoint with ``--resume``);
+2. **evaluate** (``eval/<method>.json``, written when done, read back on resume): frozen
+   weights on the held-out episodes (the ``eval`` split of ``eval_seeds``: disjoint from the
+   ``rl`` training keys), the protocol of the TalkingVehicles Table 1 (accident-prone and safe
+   episodes alternate): ``rule_based`` and ``start`` once, ``grpo`` and
+   ``grpo_messages_dropped`` (the trained policy with messages dropped: no agent sends,
+   every inbox stays empty) per training seed;
+3. **summary** (``results.json``): per method SR / CR mean and standard error over seeds
+   (training seeds for trained rows, evaluation seeds for the others), the paired
+   difference grpo - start over the same held-out episodes (bootstrap over episodes), the
+   learning curves plot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from jax_drive.coop.agent import AgentConfig
+from jax_drive.coop.rl import CoopRLConfig
+from jax_drive.names import check_names
+from jax_drive.rl.loss import LossConfig
+from jax_drive.rl.optim import OptimConfig
+from jax_drive.sim.scenarios import TALKING_VEHICLES
+
+PRESET_NAMES = ("smoke", "tiny-study", "cpu-demo", "paper")
+EVAL_METHODS = ("rule_based", "start", "grpo", "grpo_messages_dropped")
+BOOTSTRAP_SAMPLES = 10_000
+STORY_SCENARIO = "tv_overtake_perception"  # the storyboard's scenario (its first accident-prone held-out episode)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One coop-RL setting.
+
+    Attributes:
+      name: preset name.
+      model: the start policy's model: a ``load_pretrained`` source (SmolLM2: its zero-shot
+        answers under the action grammar), a distilled student's directory
+        (:func:`jax_drive.pipelines.talking_vehicles.load_student`), or 'tiny' (a random tiny
+        model over the byte tokenizer: tests and the CPU study).
+      start: what the start policy is, in words (results).
+      lora_rank: LoRA adapters of the trained policy (0: full fine-tuning).
+      train: :class:`~jax_drive.coop.rl.CoopRLConfig` (its ``seed`` is replaced by each
+        training seed).
+      training_seeds: one trained policy per seed.
+      eval_seeds, eval_episodes: held-out episodes: ``eval_episodes`` per scenario per seed
+        (accident-prone and safe alternate).
+      eval_temperature: sampling temperature of the frozen policies (the TalkingVehicles
+        protocol's 0.2; training samples at ``train.agent.temperature``).
+      eval_max_time: optional cap on evaluation episodes' length, s (None: each scenario's own).
+      max_batch: rows per sampler call.
+    """
+
+    name: str
+    model: str = "smollm2-135m-instruct"
+    start: str = "SmolLM2-135M-Instruct zero-shot, compact prompt, action grammar"
+    lora_rank: int = 8
+    train: CoopRLConfig = CoopRLConfig(scenarios=TALKING_VEHICLES)
+    training_seeds: tuple[int, ...] = (0, 1, 2)
+    eval_seeds: tuple[int, ...] = (0, 1, 2)
+    eval_episodes: int = 4
+    eval_temperature: float = 0.2
+    eval_max_time: float | None = None
+    max_batch: int = 128
+
+    def __post_init__(self):
+        if not self.training_seeds or not self.eval_seeds:
+            raise ValueError("training_seeds and eval_seeds must each name at least one seed")
+        if self.eval_episodes < 1 or self.lora_rank < 0 or self.max_batch < 1:
+            raise ValueError("eval_episodes and max_batch must be >= 1, lora_rank >= 0")
+        if not self.eval_temperature >= 0:
+            raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+        trainable = self.train.optim.trainable
+        if (trainable == "lora") != (self.lora_rank > 0):
+            raise ValueError(f"train.optim.trainable {trainable!r} does not match lora_rank {self.lora_rank} "
+                             "(LoRA needs a rank > 0; full fine-tuning rank 0)")
+
+    def eval_agent(self, communicate: bool = True) -> AgentConfig:
+        """The frozen policies' agent settings: the training agent at ``eval_temperature``."""
+        return dataclasses.replace(self.train.agent, temperature=self.eval_temperature, communicate=communicate)
+
+
+def _presets() -> dict[str, Preset]:
+    tiny_agent = AgentConfig(style="compact", temperature=1.0, constrain_answers=True, max_message_chars=16)
+    full = OptimConfig(learning_rate=1e-3, trainable="full")
+    return {
+        # Tests: the random tiny model, two scenarios, episodes cut at 4 s, two steps, one seed.
+        "smoke": Preset(
+            name="smoke", model="tiny", start="random tiny model (byte tokenizer), action grammar", lora_rank=0,
+            train=CoopRLConfig(agent=tiny_agent, scenarios=TALKING_VEHICLES[:2], group_size=2, groups_per_step=2,
+                               steps=2, max_time=4.0, optim=full, minibatch_size=16, max_rows=32, bucket_size=32,
+                               checkpoint_every=1),
+            training_seeds=(0,), eval_seeds=(0,), eval_episodes=1, eval_max_time=4.0, max_batch=64,
+        ),
+        # The CPU study: the random tiny model learns to drive the six scenarios from the joint
+        # return alone (full episodes, G = 4, one group per scenario per step; 30 steps of
+        # ~2,400 decisions, ~30 s each on the 2-core CPU).
+        "tiny-study": Preset(
+            name="tiny-study", model="tiny", start="random tiny model (byte tokenizer), action grammar", lora_rank=0,
+            train=CoopRLConfig(agent=tiny_agent, scenarios=TALKING_VEHICLES, group_size=4, groups_per_step=6,
+                               steps=30, optim=full, loss=LossConfig(kl_coef=0.0), minibatch_size=64, max_rows=256,
+                               bucket_size=32, checkpoint_every=5),
+            training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=4, max_batch=128,
+        ),
+        # SmolLM2 on a 2-core CPU: LoRA from its zero-shot answers under the action grammar,
+        # the same pipeline at a small scale (one step is ~1,000 decisions).
+        "cpu-demo": Preset(
+            name="cpu-demo",
+            train=CoopRLConfig(scenarios=TALKING_VEHICLES, group_size=4, groups_per_step=2, steps=10,
+                               optim=OptimConfig(learning_rate=2e-5), max_rows=128, minibatch_size=32,
+                               checkpoint_every=1),
+            training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=2,
+        ),
+        # The issue's protocol on an accelerator: G = 8, a group per scenario per step, 200 steps.
+        "paper": Preset(
+            name="paper",
+            train=CoopRLConfig(scenarios=TALKING_VEHICLES, group_size=8, groups_per_step=6, steps=200,
+                               optim=OptimConfig(learning_rate=1e-5), max_rows=None, minibatch_size=128,
+                               checkpoint_every=10),
+            eval_episodes=30, max_batch=512,
+        ),
+    }
+
+
+PRESETS = _presets()
+check_names("coop-RL presets", PRESETS, PRESET_NAMES)
+
+
+# ----------------------------------------------------------------------------- models
+def load_policy_model(preset: Preset):
+    """(model, tokenizer) of the start policy (a saved student directory loads like any
+    ``load_pretrained`` source), LoRA adapters applied when ``lora_rank``."""
+    from jax_drive.pipelines.engines import ModelSpec, load_model
+
+    return load_model(ModelSpec(preset.model, lora_rank=preset.lora_rank, lora_alpha=2.0 * preset.lora_rank))
+
+
+def make_engine(preset: Preset, model, tokenizer):
+    """The local engine every agent shares (fine prompt buckets, ``max_batch`` rows per call)."""
+    from jax_drive.pipelines.engines import EngineSpec, make_engine as build
+    from jax_drive.pipelines.talking_vehicles.presets import PROMPT_BUCKETS
+
+    return build(EngineSpec(prompt_buckets=PROMPT_BUCKETS, min_gen_bucket=8, max_batch=preset.max_batch),
+                 model, tokenizer)
+
+
+# ----------------------------------------------------------------------------- evaluation
+def eval_specs(preset: Preset):
+    """The held-out episodes: ``eval_episodes`` per scenario per evaluation seed."""
+    from jax_drive.coop.learning import episode_specs
+
+    return episode_specs(preset.train.scenarios, preset.eval_seeds, preset.eval_episodes)
+
+
+def evaluate_policy(policy, specs, max_time: float | None, progress: bool = False) -> list[dict]:
+    """One row per held-out episode: its tag, scenario, seed, SR / CR (percent over its
+    eligible agents) and joint return."""
+    from jax_drive.coop.learning import run_specs
+    from jax_drive.coop.rl import joint_returns
+    from jax_drive.sim import metrics as M
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=f"evaluate {getattr(policy, 'name', '')}", unit="decision", dynamic_ncols=True)
+    results, _ = run_specs(specs, policy, max_time=max_time, progress=(lambda d: bar.update(1)) if bar else None)
+    if bar is not None:
+        bar.close()
+    returns = joint_returns(results)
+    rows = []
+    for spec, result, ret in zip(specs, results, returns):
+        rates = M.talking_vehicles_rates(result.outcomes)
+        rows.append({"tag": spec.tag, "scenario": spec.scenario, "seed": spec.seed, "index": spec.index,
+                     "accident_prone": spec.accident_prone, "sr": rates["SR"], "cr": rates["CR"],
+                     "return": float(ret), "messages": result.messages_sent})
+    return rows
+
+
+def _cached_story(path: str, engine, preset: Preset, specs) -> dict | None:
+    """The storyboard record (:func:`jax_drive.coop.render.episode_story`) of the trained
+    policy's first accident-prone held-out episode of :data:`STORY_SCENARIO` (or of the first
+    scenario when it is not trained on), computed once."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    from jax_drive.coop.agent import LanguagePolicy
+    from jax_drive.coop.learning import run_specs
+    from jax_drive.coop.render import episode_story
+
+    scenario = STORY_SCENARIO if STORY_SCENARIO in preset.train.scenarios else preset.train.scenarios[0]
+    spec = next(s for s in specs if s.scenario == scenario and s.accident_prone)
+    results, _ = run_specs([spec], LanguagePolicy(engine, preset.eval_agent(), name="grpo"), keep_trajectory=True,
+                           max_time=preset.eval_max_time)
+    story = episode_story(results[0], spec.tag)
+    _write(path, story)
+    return story
+
+
+def _cached(path: str, compute) -> list[dict]:
+    """The rows in ``path`` when a finished evaluation wrote them, else ``compute()`` written there."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["rows"]
+    rows = compute()
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"rows": rows}, f)
+    os.replace(tmp, path)  # a killed evaluation leaves no file that looks finished
+    return rows
+
+
+# ----------------------------------------------------------------------------- statistics
+def mean_sem(values: Sequence[float]) -> dict:
+    """{"mean", "sem"} (sem 0 for a single value)."""
+    v = np.asarray(values, np.float64)
+    sem = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+    return {"mean": float(v.mean()), "sem": sem}
+
+
+def method_summary(rows_by_seed: dict[int, list[dict]]) -> dict:
+    """SR / CR of a method: each seed's mean over its held-out episodes, then the mean and
+    standard error over seeds."""
+    per_seed = {s: {k: float(np.mean([r[k] for r in rows])) for k in ("sr", "cr")} for s, rows in rows_by_seed.items()}
+    return {"sr": mean_sem([v["sr"] for v in per_seed.values()]), "cr": mean_sem([v["cr"] for v in per_seed.values()]),
+            "seeds": len(per_seed), "per_seed": per_seed}
+
+
+def paired_difference(trained: dict[int, list[dict]], reference, key: str, seed: int = 0) -> dict:
+    """Mean of ``trained - reference`` over training seeds and held-out episodes (the same
+    episodes, matched by tag), with a 95 % percentile bootstrap interval that resamples the
+    episodes (every training seed kept, so the seeds' spread stays in each resample).
+
+    ``reference``: one list of rows for every seed (an untrained policy) or {seed: rows} (the
+    same seed's other policy)."""
+    def values(rows):
+        return {r["tag"]: r[key] for r in rows}
+
+    tags = sorted(values(next(iter(trained.values()))))
+    diffs = np.asarray([[values(rows)[t] - values(reference[s] if isinstance(reference, dict) else reference)[t]
+                         for t in tags] for s, rows in trained.items()], np.float64)  # (seeds, episodes)
+    per_episode = diffs.mean(axis=0)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(tags), size=(BOOTSTRAP_SAMPLES, len(tags)))
+    boot = per_episode[draws].mean(axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"mean": float(per_episode.mean()), "ci95": [float(lo), float(hi)], "episodes": len(tags),
+            "training_seeds": int(diffs.shape[0]),
+            "interval": f"percentile bootstrap over episodes, {BOOTSTRAP_SAMPLES} resamples"}
+
+
+# ----------------------------------------------------------------------------- the run
+class RunDirError(ValueError):
+    """The run directory holds another run (or a run with another preset)."""
+
+
+def preset_record(preset: Preset) -> dict:
+    """The preset as JSON (what a run directory records, and resumes only with)."""
+    return json.loads(json.dumps(dataclasses.asdict(preset), default=str))
+
+
+def check_run_dir(preset: Preset, out_dir: str, resume: bool) -> None:
+    """Records the preset in a new run directory; refuses a directory that holds a run unless
+    ``resume``, and a resume with a preset other than the recorded one."""
+    path = os.path.join(out_dir, "preset.json")
+    if os.path.exists(path):
+        if not resume:
+            raise RunDirError(f"{out_dir} already holds a run: --resume continues it, or choose another --out")
+        with open(path) as f:
+            recorded = json.load(f)
+        if recorded != preset_record(preset):
+            changed = sorted(k for k in set(recorded) | set(preset_record(preset))
+                             if recorded.get(k) != preset_record(preset).get(k))
+            raise RunDirError(f"{out_dir} was run with another preset (fields differ: {', '.join(changed)}); "
+                              "resume it with the same preset and --set values")
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    _write(path, preset_record(preset))
+
+
+def train_seed(preset: Preset, seed: int, out_dir: str, *, resume: bool, progress: bool):
+    """Trains (or finishes / restores) one training seed; returns (model, tokenizer, history)."""
+    from jax_drive.coop.rl import coop_grpo_train
+
+    model, tokenizer = load_policy_model(preset)
+    config = dataclasses.replace(preset.train, seed=int(seed))
+    done = os.path.isdir(os.path.join(out_dir, "checkpoints"))
+    result = coop_grpo_train(model, tokenizer, config, engine=make_engine(preset, model, tokenizer), out_dir=out_dir,
+                             resume=resume or done, progress=progress)
+    return model, tokenizer, _history(out_dir) or result.history
+
+
+def _history(out_dir: str) -> list[dict]:
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = True,
+        only_seed: int | None = None) -> dict | None:
+    """Every stage of the module docstring; returns the results (also ``<out_dir>/results.json``).
+
+    ``only_seed``: train and evaluate that training seed only (with the untrained rows) and
+    return None; a later call without it reads everything back and summarises. Seeds can so
+    run in separate processes or machines, and a long study never holds one process's compiled
+    programs for all seeds (XLA:CPU maps each compiled kernel into memory; a process that has
+    compiled thousands of them can run out of memory mappings)."""
+    if only_seed is not None and only_seed not in preset.training_seeds:
+        raise ValueError(f"seed {only_seed} is not one of the preset's training seeds {list(preset.training_seeds)}")
+    from jax_drive.coop.agent import LanguagePolicy
+    from jax_drive.coop.baselines import make_policy
+
+    check_run_dir(preset, out_dir, resume)
+    os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
+    specs = eval_specs(preset)
+
+    def evaluate(name: str, policy_fn):
+        return _cached(os.path.join(out_dir, "eval", f"{name}.json"),
+                       lambda: evaluate_policy(policy_fn(), specs, preset.eval_max_time, progress))
+
+    rows = {"rule_based": {0: evaluate("rule_based", lambda: make_policy("rule_based"))}}
+
+    def start_policy():
+        model, tokenizer = load_policy_model(preset)
+        return LanguagePolicy(make_engine(preset, model, tokenizer), preset.eval_agent(), name="start")
+
+    rows["start"] = {0: evaluate("start", start_policy)}
+    rows["grpo"], rows["grpo_messages_dropped"], curves, story = {}, {}, {}, None
+    for seed in preset.training_seeds if only_seed is None else (only_seed,):
+        seed_dir = os.path.join(out_dir, f"seed{seed}")
+        model, tokenizer, history = train_seed(preset, seed, seed_dir, resume=resume, progress=progress)
+        curves[seed] = [{k: r.get(k) for k in ("step", "return_mean", "sr", "cr", "kl", "parse_failures",
+                                               "message_chars_mean")} for r in history]
+        engine = make_engine(preset, model, tokenizer)
+        rows["grpo"][seed] = evaluate(f"grpo_seed{seed}", lambda: LanguagePolicy(engine, preset.eval_agent(),
+                                                                                 name="grpo"))
+        rows["grpo_messages_dropped"][seed] = evaluate(
+            f"grpo_messages_dropped_seed{seed}",
+            lambda: LanguagePolicy(engine, preset.eval_agent(communicate=False), name="grpo_messages_dropped"))
+        if seed == preset.training_seeds[0]:
+            story = _cached_story(os.path.join(out_dir, "eval", "storyboard.json"), engine, preset, specs)
+    if only_seed is not None:
+        return None
+    results = summarise(preset, rows, curves)
+    results["storyboard"] = story
+    _write(os.path.join(out_dir, "results.json"), results)
+    return results
+
+
+def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: dict) -> dict:
+    """The results: preset, the per-method summary, grpo - start paired differences, the
+    per-episode rows and the learning curves."""
+    # untrained rows: one "seed" per evaluation seed
+    by_eval_seed = {m: {s: [r for r in rows[m][0] if r["seed"] == s] for s in preset.eval_seeds}
+                    for m in ("rule_based", "start")}
+    summary = {m: method_summary(by_eval_seed[m]) for m in by_eval_seed}
+    summary |= {m: method_summary(rows[m]) for m in ("grpo", "grpo_messages_dropped")}
+    start = rows["start"][0]
+    return {
+        "preset": preset_record(preset),
+        "start_policy": preset.start,
+        "summary": summary,
+        "grpo_vs_start": {"sr_diff": paired_difference(rows["grpo"], start, "sr"),
+                          "cr_diff": paired_difference(rows["grpo"], start, "cr")},
+        "messages_dropped_vs_grpo": {k: paired_difference(rows["grpo_messages_dropped"], rows["grpo"], k[:2])
+                                     for k in ("sr_diff", "cr_diff")},
+        "not_run": {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
+                    "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
+                                 "--method distilled); pass its directory as the preset's model to start from it"},
+        "rows": {m: {str(s): r for s, r in v.items()} for m, v in rows.items()},
+        "curves": {str(s): c for s, c in curves.items()},
+    }
+
+
+def _write(path: str, payload: dict) -> None:
+    from jax_drive.runinfo import write_json
+
+    write_json(path, payload)
+
+
+def plot_curves(results: dict, path: str) -> str:
+    """Training return and SR per step, one line per training seed, beside the held-out SR of
+    each method (bars with standard errors)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for seed, curve in results["curves"].items():
+        steps = [c["step"] for c in curve]
+        axes[0].plot(steps, [c["return_mean"] for c in curve], label=f"seed {seed}")
+        axes[1].plot(steps, [c["sr"] for c in curve], label=f"seed {seed}")
+    axes[0].set(xlabel="trainer step", ylabel="joint return (training groups)", title="return")
+    axes[1].set(xlabel="trainer step", ylabel="SR % (training groups)", title="success while training")
+    for ax in axes[:2]:
+        ax.legend(fontsize=8)
+    names = list(results["summary"])
+    means = [results["summary"][m]["sr"]["mean"] for m in names]
+    sems = [results["summary"][m]["sr"]["sem"] for m in names]
+    axes[2].bar(range(len(names)), means, yerr=sems, capsize=4, color="tab:blue")
+    axes[2].set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+    axes[2].set(ylabel="SR % (held-out episodes)", title="frozen evaluation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def summary_table(results: dict) -> str:
+    """Methods x (SR, CR, seeds) and the paired differences, as text."""
+    lines = [f"{'method':24s} {'SR %':>14s} {'CR %':>14s} seeds"]
+    for name, row in results["summary"].items():
+        sr, cr = row["sr"], row["cr"]
+        lines.append(f"{name:24s} {sr['mean']:7.1f} ± {sr['sem']:4.1f} {cr['mean']:7.1f} ± {cr['sem']:4.1f} "
+                     f"{row['seeds']:5d}")
+    for label, block in (("grpo - start", "grpo_vs_start"), ("messages dropped - grpo", "messages_dropped_vs_grpo")):
+        for key, diff in results[block].items():
+            lines.append(f"{label} {key}: {diff['mean']:+.1f} (95 % CI {diff['ci95'][0]:+.1f} .. "
+                         f"{diff['ci95'][1]:+.1f}; {diff['episodes']} episodes x {diff['training_seeds']} seeds)")
+    return "\n".join(lines)
+
+
+def write_plots(results: dict, prefix: str) -> list[str]:
+    """``<prefix>curves.png`` (:func:`plot_curves`) and ``<prefix>storyboard.png`` (the trained
+    policy's storyboard episode with its messages)."""
+    from jax_drive.coop.render import render_storyboard
+
+    written = [plot_curves(results, prefix + "curves.png")]
+    if results.get("storyboard"):
+        fig = render_storyboard(results["storyboard"], title=f"trained (grpo) policy: {results['storyboard']['episode']}")
+        fig.savefig(prefix + "storyboard.png", dpi=110)
+        written.append(prefix + "storyboard.png")
+    return written
