@@ -21,9 +21,9 @@ import os
 import sys
 
 from jax_drive.cli.overrides import add_override_args, preset_with_overrides
+from jax_drive.names import COOP_RL_PRESETS as PRESETS
 from jax_drive.runinfo import InputError, add_output_args, check_output, output_dir, parse_and_run, run_metadata
 
-PRESETS = ("smoke", "tiny-study", "cpu-demo", "paper")  # jax_drive.pipelines.coop_rl.PRESET_NAMES (checked there)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

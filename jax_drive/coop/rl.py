@@ -186,7 +186,10 @@ def decision_rewards(returns: np.ndarray, decisions: Sequence[DecisionTokens], g
     e_count = len(returns)
     if e_count % group_size:
         raise ValueError(f"{e_count} episodes do not split into groups of {group_size}")
-    steps = [sorted({d.decision for d in decisions if d.episode == e}) for e in range(e_count)]
+    taken_by = [set() for _ in range(e_count)]
+    for d in decisions:
+        taken_by[d.episode].add(d.decision)
+    steps = [sorted(taken) for taken in taken_by]
     depth = max([len(s) for s in steps] + [1])
     rewards = np.zeros((e_count, depth), np.float32)
     mask = np.zeros((e_count, depth), bool)

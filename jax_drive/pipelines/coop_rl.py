@@ -31,12 +31,12 @@ import numpy as np
 
 from jax_drive.coop.agent import AgentConfig
 from jax_drive.coop.rl import CoopRLConfig
+from jax_drive.names import COOP_RL_PRESETS as PRESET_NAMES
 from jax_drive.names import check_names
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.sim.scenarios import TALKING_VEHICLES
 
-PRESET_NAMES = ("smoke", "tiny-study", "cpu-demo", "paper")
 EVAL_METHODS = ("rule_based", "start", "grpo", "grpo_messages_dropped")
 BOOTSTRAP_SAMPLES = 10_000
 STORY_SCENARIO = "tv_overtake_perception"  # the storyboard's scenario (its first accident-prone held-out episode)
@@ -251,8 +251,11 @@ def paired_difference(trained: dict[int, list[dict]], reference, key: str, seed:
         return {r["tag"]: r[key] for r in rows}
 
     tags = sorted(values(next(iter(trained.values()))))
-    diffs = np.asarray([[values(rows)[t] - values(reference[s] if isinstance(reference, dict) else reference)[t]
-                         for t in tags] for s, rows in trained.items()], np.float64)  # (seeds, episodes)
+    diffs = []
+    for s, rows in trained.items():
+        mine, base = values(rows), values(reference[s] if isinstance(reference, dict) else reference)
+        diffs.append([mine[t] - base[t] for t in tags])
+    diffs = np.asarray(diffs, np.float64)  # (seeds, episodes)
     per_episode = diffs.mean(axis=0)
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(tags), size=(BOOTSTRAP_SAMPLES, len(tags)))
