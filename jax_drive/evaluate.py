@@ -285,20 +285,21 @@ def load_trajectories(path: str | Path, num_scenes: int) -> np.ndarray:
 
 
 def _resampled(poses, dt: float, where: str) -> np.ndarray:
-    """Ego-frame poses (K, 3) at dt -> the 8 output poses at 0.5 .. 4.0 s (NAVSIM's
-    interpolation: the t0 pose in front, x, y linear, heading unwrapped)."""
+    """Ego-frame poses (..., K, 3) at dt -> the 8 output poses (..., 8, 3) at 0.5 .. 4.0 s
+    (NAVSIM's interpolation: the t0 pose in front, x, y linear, heading unwrapped)."""
     from jax_drive.scenes.io import resample_poses
 
     arr = np.asarray(poses, np.float64)
-    if arr.ndim != 2 or arr.shape[1] != 3 or len(arr) < 1:
+    if arr.ndim < 2 or arr.shape[-1] != 3 or arr.shape[-2] < 1:
         raise TrajectoryFileError(f"{where}: poses must be a list of [x, y, heading] triples, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         raise TrajectoryFileError(f"{where}: poses must contain finite numbers only")
     if not (math.isfinite(dt) and dt > 0):
         raise TrajectoryFileError(f"{where}: dt must be a positive number, got {dt}")
     horizon = NUM_OUTPUT_POSES * 0.5
-    if len(arr) * dt < horizon - 1e-9:
-        raise TrajectoryFileError(f"{where}: {len(arr)} poses at {dt} s cover {len(arr) * dt:g} s, need {horizon:g} s")
+    if arr.shape[-2] * dt < horizon - 1e-9:
+        raise TrajectoryFileError(f"{where}: {arr.shape[-2]} poses at {dt} s cover {arr.shape[-2] * dt:g} s, "
+                                  f"need {horizon:g} s")
     return resample_poses(arr, dt, (np.arange(NUM_OUTPUT_POSES) + 1) * 0.5).astype(np.float32)
 
 
@@ -381,6 +382,32 @@ def load_token_trajectories(path: str | Path, tokens) -> np.ndarray:
     return out
 
 
+def _checked_trajectory(poses, dt: float, where: str) -> np.ndarray:
+    """One trajectory of a line (a list of [x, y, heading]) resampled to (8, 3) float32."""
+    try:
+        arr = np.asarray(poses)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.dtype.kind not in "fiu":
+        raise TrajectoryFileError(f"{where}: 'poses' must be a list of [x, y, heading] numbers")
+    return _resampled(arr, dt, where)
+
+
+def _resampled_together(listed: list, dt: float, where: str) -> list[np.ndarray] | None:
+    """Trajectories of one line resampled in one call when they form a (P, K, 3) number
+    array and are all valid; None otherwise (the caller then checks them one by one)."""
+    try:
+        arr = np.asarray(listed)
+    except (TypeError, ValueError):
+        return None
+    if arr.ndim != 3 or arr.dtype.kind not in "fiu":
+        return None
+    try:
+        return list(_resampled(arr, dt, where))
+    except TrajectoryFileError:
+        return None
+
+
 def _token_lines(path: Path, index: dict, several: bool):
     """Yields (scene index, [(8, 3) float32 trajectories]) per JSONL line of a token file;
     with ``several`` a line may carry "proposals" (a list of trajectories) instead of "poses"."""
@@ -401,16 +428,10 @@ def _token_lines(path: Path, index: dict, several: bool):
         if key == "proposals" and (not isinstance(obj[key], list) or not obj[key]):
             raise TrajectoryFileError(f"{where}: 'proposals' must be a non-empty list of trajectories")
         listed = [obj["poses"]] if key == "poses" else obj["proposals"]
-        trajectories = []
-        for k, poses in enumerate(listed):
-            at = where if key == "poses" else f"{where}: proposal {k}"
-            try:
-                arr = np.asarray(poses)
-            except (TypeError, ValueError):
-                arr = None
-            if arr is None or arr.dtype.kind not in "fiu":
-                raise TrajectoryFileError(f"{at}: 'poses' must be a list of [x, y, heading] numbers")
-            trajectories.append(_resampled(arr, float(dt), at))
+        trajectories = _resampled_together(listed, float(dt), where)
+        if trajectories is None:  # one by one, so that the error names the bad trajectory
+            trajectories = [_checked_trajectory(poses, float(dt), where if key == "poses" else f"{where}: proposal {k}")
+                            for k, poses in enumerate(listed)]
         seen[token] = lineno
         yield index[token], trajectories
 

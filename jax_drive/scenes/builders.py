@@ -154,8 +154,11 @@ def _as_array(name: str, value, shape_tail: tuple[int, ...] | None = None) -> np
 
 def signed_area(vertices: np.ndarray) -> float:
     """Shoelace signed area of a (V, 2) ring (positive = counter-clockwise)."""
-    x, y = vertices[:, 0], vertices[:, 1]
-    return 0.5 * float(np.sum(x * np.roll(y, -1) - np.roll(x, -1) * y))
+    # relative to the first vertex: the same area, without the cancellation of products of
+    # UTM-sized coordinates; that vertex's own terms are then 0, so the ring's wrap-around
+    # term vanishes too
+    x, y = vertices[1:, 0] - vertices[0, 0], vertices[1:, 1] - vertices[0, 1]
+    return 0.5 * float(x[:-1] @ y[1:] - x[1:] @ y[:-1])
 
 
 # A ring's last vertex closes it when it lies within this distance of the first (an
@@ -163,18 +166,20 @@ def signed_area(vertices: np.ndarray) -> float:
 RING_CLOSURE_TOLERANCE = 1e-6
 
 
-def _ring(vertices, name: str) -> np.ndarray:
-    """(V, 2) float64 ring without a closing vertex; at least 3 vertices and a non-zero area."""
+def _ring(vertices, name: str) -> tuple[np.ndarray, float]:
+    """(V, 2) float64 ring without a closing vertex (at least 3 vertices and a non-zero
+    area) and its signed area."""
     v = _as_array(name, vertices, (2,))
     if v.ndim != 2 or len(v) < 3:
         raise ValueError(f"{name}: need at least 3 vertices of shape (V, 2), got {v.shape}")
-    if np.all(np.abs(v[0] - v[-1]) <= RING_CLOSURE_TOLERANCE):
+    if abs(v[0, 0] - v[-1, 0]) <= RING_CLOSURE_TOLERANCE and abs(v[0, 1] - v[-1, 1]) <= RING_CLOSURE_TOLERANCE:
         v = v[:-1]
     if len(v) < 3:
         raise ValueError(f"{name}: need at least 3 distinct vertices, got {len(v)}")
-    if abs(signed_area(v)) < 1e-9:
+    area = signed_area(v)
+    if abs(area) < 1e-9:
         raise ValueError(f"{name}: degenerate polygon (zero area)")
-    return v
+    return v, area
 
 
 def ring_layout(vertices, holes: Sequence = (), name: str = "polygon") -> np.ndarray:
@@ -186,12 +191,14 @@ def ring_layout(vertices, holes: Sequence = (), name: str = "polygon") -> np.nda
     every bridge between the exterior and a hole once each way, so bridges cancel and holes
     are holes, without any extra field. K = V + sum(H_i + 2).
     """
-    ext = _ring(vertices, name)
-    ext = ext if signed_area(ext) > 0 else ext[::-1]
+    ext, area = _ring(vertices, name)
+    ext = ext if area > 0 else ext[::-1]
+    if not len(holes):
+        return ext
     parts = [ext]
     for k, hole in enumerate(holes):
-        ring = _ring(hole, f"{name}.holes[{k}]")
-        ring = ring if signed_area(ring) < 0 else ring[::-1]
+        ring, area = _ring(hole, f"{name}.holes[{k}]")
+        ring = ring if area < 0 else ring[::-1]
         if np.any(np.all(ring == ext[0], axis=-1)):
             raise ValueError(f"{name}.holes[{k}]: touches the exterior's first vertex; start the exterior elsewhere")
         parts += [ext[:1], ring, ring[:1]]

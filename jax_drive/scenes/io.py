@@ -77,7 +77,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_drive.scenes.builders import SceneSizes, SceneSpec, spec_sizes, stack_scenes
+from jax_drive.scenes.builders import SceneSizes, SceneSpec, stack_scenes
 from jax_drive.scenes.parse import (  # noqa: F401  (re-exported: the reader's names)
     DRIVABLE_LAYERS,
     DROPPED_LAYERS,
@@ -162,7 +162,8 @@ def _max_sizes(sizes: Sequence[SceneSizes]) -> SceneSizes:
 class SceneFile:
     """Scenes read from a file, in the ego frame, not yet padded.
 
-    tokens: (S,) scene tokens; origins: (S, 3) float64 global t0 poses; references:
+    tokens: (S,) scene tokens; origins: (S, 3) float64 global t0 poses; needed: per scene,
+    the smallest sizes that hold it (computed once, when parsing); references:
     (S, 40, 3) float32 PDM-Closed poses at 0.1 s (NaN where a scene has none, see
     ``has_reference``); notes: per scene, what was assumed; dropped_layers: polygons of
     layers the score does not use, counted per layer over the file.
@@ -171,6 +172,7 @@ class SceneFile:
     tokens: tuple[str, ...]
     origins: np.ndarray
     specs: tuple[SceneSpec, ...]
+    needed: tuple[SceneSizes, ...]
     references: np.ndarray
     has_reference: np.ndarray
     notes: tuple[tuple[str, ...], ...]
@@ -182,7 +184,7 @@ class SceneFile:
 
     def sizes(self) -> list[SceneSizes]:
         """Each scene's bucketed capacities (see :func:`bucket_sizes`)."""
-        return [bucket_sizes(spec_sizes(s)) for s in self.specs]
+        return [bucket_sizes(s) for s in self.needed]
 
     def groups(self) -> list[tuple[np.ndarray, SceneSizes]]:
         """(scene indices, capacities) per capacity bucket, in order of first appearance:
@@ -217,7 +219,8 @@ class SceneFile:
         """The scenes ``indices`` as their own SceneFile."""
         idx = [int(i) for i in indices]
         return dataclasses.replace(self, tokens=tuple(self.tokens[i] for i in idx), origins=self.origins[idx],
-                                   specs=tuple(self.specs[i] for i in idx), references=self.references[idx],
+                                   specs=tuple(self.specs[i] for i in idx), needed=tuple(self.needed[i] for i in idx),
+                                   references=self.references[idx],
                                    has_reference=self.has_reference[idx], notes=tuple(self.notes[i] for i in idx))
 
 
@@ -248,6 +251,6 @@ def load_scenes(source: str | Path | Sequence[dict]) -> SceneFile:
         for layer, count in p.dropped_layers.items():
             dropped[layer] = dropped.get(layer, 0) + count
     return SceneFile(tokens=tuple(p.token for p in parsed), origins=np.stack([p.origin for p in parsed]),
-                     specs=tuple(p.spec for p in parsed), references=refs,
+                     specs=tuple(p.spec for p in parsed), needed=tuple(p.sizes for p in parsed), references=refs,
                      has_reference=np.asarray([p.reference is not None for p in parsed]),
                      notes=tuple(p.notes for p in parsed), dropped_layers=dropped, source=name)

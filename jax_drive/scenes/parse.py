@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from jax_drive.scenes.builders import (
     AgentTrack,
     LaneSpec,
     PolygonSpec,
+    SceneSizes,
     SceneSpec,
     history_from_motion,
     spec_sizes,
@@ -163,15 +165,29 @@ class _Frame:
         return np.stack([self.c * v[..., 0] + self.s * v[..., 1], -self.s * v[..., 0] + self.c * v[..., 1]], -1)
 
 
+def interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """``np.interp(x, xp, row)`` for every row of fp (..., K) at once, with np.interp's own
+    arithmetic (slope times offset from the left knot), so the values are the same bits.
+
+    x: (T,) query points from xp[0] on (beyond xp[-1]: the last value, as np.interp);
+    xp: (K,) increasing knots. Returns (..., T).
+    """
+    j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
+    left, right = fp[..., j], fp[..., j + 1]
+    out = (right - left) / (xp[j + 1] - xp[j]) * (x - xp[j]) + left
+    return np.where(x >= xp[-1], fp[..., -1:], out)
+
+
 def resample_poses(poses: np.ndarray, dt: float, times: np.ndarray) -> np.ndarray:
-    """Ego-frame poses (K, 3) at dt, 2 dt, .. after t0 -> poses at ``times`` (> 0), with the
-    t0 pose (0, 0, 0) in front: x, y linear, heading linear on the unwrapped sequence."""
-    knots = np.concatenate([np.zeros((1, 3)), poses], 0)
-    knot_t = np.arange(len(knots)) * dt
-    heading = np.unwrap(knots[:, 2])
-    out = np.stack([np.interp(times, knot_t, knots[:, 0]), np.interp(times, knot_t, knots[:, 1]),
-                    np.interp(times, knot_t, heading)], -1)
-    out[:, 2] = wrap_angles(out[:, 2])
+    """Ego-frame poses (..., K, 3) at dt, 2 dt, .. after t0 -> poses (..., T, 3) at ``times``
+    (T,) in (0, K dt], with the t0 pose (0, 0, 0) in front: x, y linear, heading linear on the
+    unwrapped sequence."""
+    poses = np.asarray(poses, np.float64)
+    knots = np.concatenate([np.zeros(poses.shape[:-2] + (1, 3)), poses], -2)
+    knot_t = np.arange(knots.shape[-2]) * dt
+    columns = np.stack([knots[..., 0], knots[..., 1], np.unwrap(knots[..., 2], axis=-1)], -2)  # (..., 3, K+1)
+    out = np.swapaxes(interp_rows(np.asarray(times, np.float64), knot_t, columns), -1, -2)
+    out[..., 2] = wrap_angles(out[..., 2])
     return out
 
 
@@ -190,12 +206,14 @@ def _trajectory(obj: Any, field: str, where: _Where, frame: _Frame, times: np.nd
 
 @dataclasses.dataclass(frozen=True)
 class ParsedScene:
-    """One record in the ego frame (float64): the spec to build, its global t0 pose, the
-    PDM-Closed reference (40, 3) at 0.1 s or None, and notes on what was assumed."""
+    """One record in the ego frame (float64): the spec to build, the smallest sizes that
+    hold it, its global t0 pose, the PDM-Closed reference (40, 3) at 0.1 s or None, and
+    notes on what was assumed."""
 
     token: str
     origin: np.ndarray
     spec: SceneSpec
+    sizes: SceneSizes
     reference: np.ndarray | None
     notes: tuple[str, ...]
     dropped_layers: dict
@@ -266,30 +284,40 @@ def _checked_boxes(frames: list, where: _Where) -> tuple[list, list, list, np.nd
     return tokens, ks, kinds, np.asarray(rows, np.float64).reshape(-1, 9)
 
 
+_BOX_FIELDS = ("x", "y", "heading", "length", "width", "height") + BOX_OPTIONAL
+_ALL_BOX_VALUES = operator.itemgetter("token", "type", *_BOX_FIELDS)
+
+
+def _box_values(box: dict) -> tuple:
+    """(token, type, x, y, heading, length, width, height, vx, vy, z) of one box."""
+    try:
+        return _ALL_BOX_VALUES(box)
+    except KeyError:  # optional fields absent: their default
+        return (box["token"], box["type"], *(box[k] for k in _BOX_FIELDS[:6]),
+                *(box.get(k, 0.0) for k in BOX_OPTIONAL))
+
+
 def _fast_boxes(frames: list) -> tuple[list, list, list, np.ndarray] | None:
     """:func:`_checked_boxes` for well-formed frames, checked in bulk; None at the first
     doubt (the caller then runs the per-field checks, which name the problem)."""
-    tokens, ks, kinds, rows = [], [], [], []
     try:
-        for k, boxes in enumerate(frames):
-            for b in boxes:
-                tokens.append(b["token"])
-                kinds.append(b["type"])
-                ks.append(k)
-                rows.append((b["x"], b["y"], b["heading"], b["length"], b["width"], b["height"],
-                             b.get("vx", 0.0), b.get("vy", 0.0), b.get("z", 0.0)))
+        rows = [_box_values(b) for boxes in frames for b in boxes]
+        ks = [k for k, boxes in enumerate(frames) for _ in boxes]
     except (KeyError, TypeError, AttributeError):
         return None
+    if not rows:
+        return [], [], [], np.zeros((0, 9))
+    tokens, kinds, *columns = zip(*rows)
     if not (all(type(t) is str and t for t in tokens) and all(type(kind) is str for kind in kinds)
-            and {type(v) for r in rows for v in r} <= {int, float}):
+            and {type(v) for column in columns for v in column} <= {int, float}):
         return None
     kind_of = {kind: TYPE_OF_NAME.get(kind.lower()) for kind in set(kinds)}
     if None in kind_of.values() or len(set(zip(ks, tokens))) != len(tokens):
         return None
-    arr = np.asarray(rows, np.float64).reshape(-1, 9)
+    arr = np.asarray(columns, np.float64).T
     if not (np.isfinite(arr).all() and (arr[:, 3:6] > 0).all()):
         return None
-    return tokens, ks, [kind_of[kind] for kind in kinds], arr
+    return list(tokens), ks, [kind_of[kind] for kind in kinds], arr
 
 
 def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[AgentTrack], int, float]:
@@ -306,39 +334,46 @@ def _tracks(obs: Any, frame: _Frame, where: _Where, notes: list) -> tuple[list[A
     # every box in the ego frame at once: x y heading vx vy
     local = np.concatenate([frame.points(values[:, :2]), wrap_angles(values[:, 2:3] - frame.h),
                             frame.vectors(values[:, 6:8])], -1)
-    order: dict[str, list] = {}  # token -> box indices, in order of first appearance
-    for i, token in enumerate(tokens):
-        order.setdefault(token, []).append(i)
-    times = np.arange(NUM_OBS_STEPS) * OBS_DT
-    tracks = []
-    for token, idx in order.items():
-        first = values[idx[0]]
-        if len({kinds[i] for i in idx}) > 1:
+    track_of: dict[str, int] = {}  # token -> track, numbered in order of first appearance
+    track = np.fromiter((track_of.setdefault(t, len(track_of)) for t in tokens), np.int64, len(tokens))
+    num = len(track_of)
+    _, first = np.unique(track, return_index=True)  # (A,) each track's first box
+    kind = np.asarray(kinds, np.int64)
+    size_change = np.zeros(num)
+    np.maximum.at(size_change, track, np.abs(values[:, 3:6] - values[first[track], 3:6]).max(-1, initial=0.0))
+    type_changes = np.zeros(num, bool)
+    type_changes[track[kind != kind[first[track]]]] = True
+    for token, a in track_of.items():
+        if type_changes[a]:
             notes.append(f"object {token!r}: type changes; its first type is used (NAVSIM)")
-        sizes = values[idx, 3:6]
-        if np.any(np.abs(sizes - first[3:6]) > 1e-6):
-            notes.append(f"object {token!r}: box size changes by up to "
-                         f"{np.abs(sizes - first[3:6]).max():.3g} m; its first size is used (NAVSIM)")
-        cols = local[idx]
-        valid = np.zeros(NUM_OBS_STEPS, bool)
-        out = np.zeros((NUM_OBS_STEPS, 5))
-        if dt == OBS_DT:
-            valid[ks[idx]] = True
-            out[ks[idx]] = cols
-        elif len(idx) == 1:  # annotated once: stands in every frame (NAVSIM)
-            valid[:] = True
-            out[:] = cols[0]
-        else:
+        if size_change[a] > 1e-6:
+            notes.append(f"object {token!r}: box size changes by up to {size_change[a]:.3g} m; "
+                         "its first size is used (NAVSIM)")
+    valid = np.zeros((num, NUM_OBS_STEPS), bool)
+    out = np.zeros((num, NUM_OBS_STEPS, 5))
+    if dt == OBS_DT:  # frames are observation steps: every box lands in its own slot at once
+        valid[track, ks] = True
+        out[track, ks] = local
+    else:
+        times = np.arange(NUM_OBS_STEPS) * OBS_DT
+        for a in range(num):
+            idx = np.flatnonzero(track == a)
+            if len(idx) == 1:  # annotated once: stands in every frame (NAVSIM)
+                valid[a] = True
+                out[a] = local[idx[0]]
+                continue
             t = ks[idx] * dt
             inside = (times >= t[0] - 1e-9) & (times <= t[-1] + 1e-9)
-            valid[inside] = True
-            cols = cols.copy()
+            valid[a, inside] = True
+            cols = local[idx].copy()
             cols[:, 2] = np.unwrap(cols[:, 2])
-            out[inside] = np.stack([np.interp(times[inside], t, cols[:, j]) for j in range(5)], -1)
-            out[:, 2] = wrap_angles(out[:, 2])
-        tracks.append(AgentTrack(x=out[:, 0], y=out[:, 1], heading=out[:, 2], vx=out[:, 3], vy=out[:, 4],
-                                 length=float(first[3]), width=float(first[4]), height=float(first[5]),
-                                 agent_type=kinds[idx[0]], valid=valid, z=float(first[8])))
+            out[a, inside] = np.stack([np.interp(times[inside], t, cols[:, j]) for j in range(5)], -1)
+            out[a, :, 2] = wrap_angles(out[a, :, 2])
+    head = values[first]
+    tracks = [AgentTrack(x=out[a, :, 0], y=out[a, :, 1], heading=out[a, :, 2], vx=out[a, :, 3], vy=out[a, :, 4],
+                         length=float(head[a, 3]), width=float(head[a, 4]), height=float(head[a, 5]),
+                         agent_type=int(kind[first[a]]), valid=valid[a], z=float(head[a, 8]))
+              for a in range(num)]
     return tracks, len(frames), dt
 
 
@@ -451,11 +486,11 @@ def parse_scene(record: Any, index: int = 0, source: str = "<records>") -> Parse
                      history_acceleration=history[2], history_yaw_rate=history[3], history_yaw_accel=history[4],
                      history_valid=history[5], expert_valid=expert is not None)
     try:  # the rings' checks (at least 3 vertices, non-zero area, holes), named as in the record
-        spec_sizes(spec)
+        sizes = spec_sizes(spec)
     except ValueError as e:
         _raise_spec_error(where, e, drivable, lanes)
-    return ParsedScene(token=where.token, origin=origin, spec=spec, reference=reference, notes=tuple(notes),
-                       dropped_layers=dropped)
+    return ParsedScene(token=where.token, origin=origin, spec=spec, sizes=sizes, reference=reference,
+                       notes=tuple(notes), dropped_layers=dropped)
 
 
 def _raise_spec_error(where: _Where, error: ValueError, drivable, lanes):
