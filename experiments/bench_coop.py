@@ -51,6 +51,30 @@ class PerAgentEngine:
         return out
 
 
+def coop_engine(model, tokenizer, episodes: int):
+    """The local engine both coop benchmarks time: TalkingVehicles' prompt buckets, a sampler
+    call wide enough for every agent of ``episodes`` episodes."""
+    from jax_drive.pipelines.engines import EngineSpec, make_engine
+    from jax_drive.pipelines.talking_vehicles.presets import PROMPT_BUCKETS
+
+    spec = EngineSpec(prompt_buckets=PROMPT_BUCKETS, min_gen_bucket=8, max_batch=max(64, 4 * episodes))
+    return make_engine(spec, model, tokenizer)
+
+
+def speedup(faster: float, slower: float) -> float:
+    """``faster / slower`` with a zero ``slower`` held off (a path that measured nothing)."""
+    return faster / max(slower, 1e-12)
+
+
+def write_report(report: dict, path: str, command: str, summary: str) -> int:
+    """The ending both coop benchmarks share: ``report`` stamped with the run's metadata
+    (``command`` reruns it), ``summary`` printed, the JSON written; returns exit code 0."""
+    report["meta"] = run_metadata(command=command)
+    print(summary)
+    write_json(path, report)
+    return 0
+
+
 def run_path(engine, specs, agent_config, decisions: int, seed: int) -> dict:
     """Runs ``specs`` for ``decisions`` decisions with a LanguagePolicy over ``engine``."""
     import jax
@@ -159,13 +183,11 @@ def main(argv=None) -> int:
 
     from jax_drive.coop.agent import AgentConfig
     from jax_drive.coop.learning import EpisodeSpec
-    from jax_drive.pipelines.engines import EngineSpec, ModelSpec, load_model, make_engine
-    from jax_drive.pipelines.talking_vehicles.presets import PROMPT_BUCKETS
+    from jax_drive.pipelines.engines import ModelSpec, load_model
     from jax_drive.sim.scenarios import TALKING_VEHICLES
 
     model, tokenizer = load_model(ModelSpec(args.model))
-    spec = EngineSpec(prompt_buckets=PROMPT_BUCKETS, min_gen_bucket=8, max_batch=max(64, 4 * args.episodes))
-    engine = make_engine(spec, model, tokenizer)
+    engine = coop_engine(model, tokenizer, args.episodes)
     config = AgentConfig(style=args.style, max_new_tokens=args.max_new_tokens, temperature=0.2)
     specs = [EpisodeSpec(TALKING_VEHICLES[k % len(TALKING_VEHICLES)], args.seed, k // len(TALKING_VEHICLES), "eval")
              for k in range(args.episodes)]
@@ -182,16 +204,14 @@ def main(argv=None) -> int:
         report[name] = run_path(eng, specs, config, args.decisions, args.seed)
         if not args.no_progress:
             print(f"{name}: {report[name]['agent_decisions_per_s']:.2f} agent-decisions/s", file=sys.stderr)
-    report["speedup"] = report["batched"]["agent_decisions_per_s"] / max(report["per_agent"]["agent_decisions_per_s"],
-                                                                         1e-12)
+    batched, per_agent = report["batched"], report["per_agent"]
+    report["speedup"] = speedup(batched["agent_decisions_per_s"], per_agent["agent_decisions_per_s"])
     if not args.no_breakdown:
         report["breakdown"] = breakdown(engine, model, tokenizer, specs, config, args.seed)
-    report["meta"] = run_metadata(command=command_line(__file__, argv))
-    print(f"batched {report['batched']['agent_decisions_per_s']:.2f} vs per-agent "
-          f"{report['per_agent']['agent_decisions_per_s']:.2f} agent-decisions/s: x{report['speedup']:.2f}; "
-          f"batched cost {report['batched']['agent_seconds_mean']:.3f} s per agent decision")
-    write_json(args.json, report)
-    return 0
+    return write_report(report, args.json, command_line(__file__, argv),
+                        f"batched {batched['agent_decisions_per_s']:.2f} vs per-agent "
+                        f"{per_agent['agent_decisions_per_s']:.2f} agent-decisions/s: x{report['speedup']:.2f}; "
+                        f"batched cost {batched['agent_seconds_mean']:.3f} s per agent decision")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench_coop import PerAgentEngine  # sibling script (experiments/ is on sys.path when run)
-from jax_drive.runinfo import (add_output_args, command_line, require_min, run_main, run_metadata,
-                               script_environment, write_json)
+from bench_coop import PerAgentEngine, coop_engine, speedup, write_report  # sibling script (on sys.path when run)
+from jax_drive.runinfo import add_output_args, command_line, require_min, run_main, script_environment
 
 script_environment()
 
@@ -109,16 +108,14 @@ def main(argv=None) -> int:
 
     from jax_drive.coop.agent import AgentConfig
     from jax_drive.coop.rl import CoopRLConfig
-    from jax_drive.pipelines.engines import EngineSpec, ModelSpec, load_model, make_engine
-    from jax_drive.pipelines.talking_vehicles.presets import PROMPT_BUCKETS
+    from jax_drive.pipelines.engines import ModelSpec, load_model
     from jax_drive.rl.optim import OptimConfig
     from jax_drive.sim.scenarios import TALKING_VEHICLES
 
     lora = 0 if args.model == "tiny" else args.lora_rank
     model, tokenizer = load_model(ModelSpec(args.model, lora_rank=lora))
     episodes = args.groups * args.group_size
-    engine = make_engine(EngineSpec(prompt_buckets=PROMPT_BUCKETS, min_gen_bucket=8, max_batch=max(64, 4 * episodes)),
-                         model, tokenizer)
+    engine = coop_engine(model, tokenizer, episodes)
     agent = AgentConfig(style="compact", temperature=1.0, constrain_answers=True, max_message_chars=40)
     config = CoopRLConfig(agent=agent, scenarios=TALKING_VEHICLES, group_size=args.group_size,
                           groups_per_step=args.groups, steps=args.steps, max_time=args.max_time,
@@ -138,15 +135,14 @@ def main(argv=None) -> int:
     report["per_agent"] = run_path("per_agent", model, tokenizer, DelegatingPerAgentEngine(engine), config, progress)
     batched, per_agent = report["batched"], report["per_agent"]
     report["speedup"] = {
-        "agent_decisions_per_s": batched["agent_decisions_per_s"] / max(per_agent["agent_decisions_per_s"], 1e-12),
-        "step_seconds": per_agent["step_seconds_mean"] / max(batched["step_seconds_mean"], 1e-12)}
-    report["meta"] = run_metadata(command=command_line(__file__, argv))
-    print(f"batched {batched['agent_decisions_per_s']:.2f} vs per-agent {per_agent['agent_decisions_per_s']:.2f} "
-          f"agent-decisions/s (x{report['speedup']['agent_decisions_per_s']:.2f}); "
-          f"{batched['step_seconds_mean']:.2f} vs {per_agent['step_seconds_mean']:.2f} s per RL step "
-          f"(x{report['speedup']['step_seconds']:.2f})")
-    write_json(args.json, report)
-    return 0
+        "agent_decisions_per_s": speedup(batched["agent_decisions_per_s"], per_agent["agent_decisions_per_s"]),
+        "step_seconds": speedup(per_agent["step_seconds_mean"], batched["step_seconds_mean"])}
+    return write_report(report, args.json, command_line(__file__, argv),
+                        f"batched {batched['agent_decisions_per_s']:.2f} vs per-agent "
+                        f"{per_agent['agent_decisions_per_s']:.2f} agent-decisions/s "
+                        f"(x{report['speedup']['agent_decisions_per_s']:.2f}); "
+                        f"{batched['step_seconds_mean']:.2f} vs {per_agent['step_seconds_mean']:.2f} s per RL step "
+                        f"(x{report['speedup']['step_seconds']:.2f})")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ import argparse
 import sys
 import time
 
-from jax_drive.runinfo import (CompileClock, add_output_args, require_min, run_main, run_metadata, wall_times,
-                               write_json)
+from jax_drive.runinfo import (CompileClock, add_output_args, command_line, require_min, run_main, run_metadata,
+                               wall_times, write_json)
 
 
 def synthetic_groups(n: int):
@@ -166,8 +166,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     require_min(1, groups=args.groups, rounds=args.rounds, actor_tokens=args.actor_tokens, episodes=args.episodes,
                 vehicles=args.vehicles, repeats=args.repeats)
-    report = {"meta": run_metadata(command="python experiments/bench_negotiation.py "
-                                           + " ".join(sys.argv[1:] if argv is None else argv))}
+    report = {"meta": run_metadata(command=command_line(__file__, argv))}
     report["grouping"] = bench_grouping(args)
     g = report["grouping"]
     print(f"grouping {args.episodes} x {args.vehicles}: jax {g['jax_seconds'] * 1e3:.2f} ms, vectorised numpy "
