@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -102,8 +103,8 @@ def _number(value: Any, field: str, where: _Where, positive: bool = False) -> fl
 def _array(value: Any, field: str, where: _Where, width: int, min_rows: int = 1) -> np.ndarray:
     """(K, width) finite float64 from a list of number lists (width 0: a flat (K,) list)."""
     if isinstance(value, list) and len(value) >= min_rows:  # well-formed input, checked in bulk
-        rows_ok = not width or all(type(row) is list and len(row) == width for row in value)
-        if rows_ok and {type(v) for row in (value if width else [value]) for v in row} <= {int, float}:
+        rows_ok = not width or (set(map(type, value)) == {list} and set(map(len, value)) == {width})
+        if rows_ok and set(map(type, chain.from_iterable(value) if width else value)) <= {int, float}:
             arr = np.asarray(value, np.float64)
             if np.isfinite(arr).all():
                 return arr
@@ -301,15 +302,18 @@ def _fast_boxes(frames: list) -> tuple[list, list, list, np.ndarray] | None:
     """:func:`_checked_boxes` for well-formed frames, checked in bulk; None at the first
     doubt (the caller then runs the per-field checks, which name the problem)."""
     try:
-        rows = [_box_values(b) for boxes in frames for b in boxes]
+        try:
+            rows = [_ALL_BOX_VALUES(b) for boxes in frames for b in boxes]
+        except KeyError:  # some box lacks an optional field
+            rows = [_box_values(b) for boxes in frames for b in boxes]
         ks = [k for k, boxes in enumerate(frames) for _ in boxes]
     except (KeyError, TypeError, AttributeError):
         return None
     if not rows:
         return [], [], [], np.zeros((0, 9))
     tokens, kinds, *columns = zip(*rows)
-    if not (all(type(t) is str and t for t in tokens) and all(type(kind) is str for kind in kinds)
-            and {type(v) for column in columns for v in column} <= {int, float}):
+    if not (set(map(type, tokens)) == {str} and all(tokens) and set(map(type, kinds)) == {str}
+            and set(map(type, chain.from_iterable(columns))) <= {int, float}):
         return None
     kind_of = {kind: TYPE_OF_NAME.get(kind.lower()) for kind in set(kinds)}
     if None in kind_of.values() or len(set(zip(ks, tokens))) != len(tokens):
