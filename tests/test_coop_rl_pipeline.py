@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from jax_drive.cli import main as cli_main
 from jax_drive.pipelines import coop_rl as P
 from jax_drive.rl.checkpoint import committed_steps
 from jax_drive.rl.logging import read_jsonl
@@ -23,9 +24,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING_KEYS = {"rollout_seconds", "update_seconds", "decisions_per_s", "peak_rss_gb", "step_seconds"}
 
 
+def _args(out, resume: bool = False, *extra: str) -> list[str]:
+    return ["coop-rl", "--preset", "smoke", "--out", str(out), "--no-progress", *(["--resume"] if resume else []),
+            *extra]
+
+
 def _command(out, resume: bool = False, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "jax_drive.cli", "coop-rl", "--preset", "smoke", "--out", str(out), "--no-progress",
-            *(["--resume"] if resume else []), *extra]
+    return [sys.executable, "-m", "jax_drive.cli", *_args(out, resume, *extra)]
 
 
 def _env(out, pause: str | None = None) -> dict:
@@ -90,20 +95,29 @@ def test_sigkill_inside_a_training_step_then_resume_gives_the_uninterrupted_run(
     assert got["storyboard"] == want["storyboard"] and got["storyboard"]["policy"] == "grpo"
 
 
-def test_the_run_directory_refuses_a_second_run_and_another_preset_on_resume(reference):
-    proc = _run(reference)
-    assert proc.returncode == 2 and "already holds a run: --resume continues it" in proc.stderr
-    proc = _run(reference, True, "--set", "train.steps=3")
-    assert proc.returncode == 2 and "another preset (fields differ: train)" in proc.stderr
-    proc = _run(reference, True, "--only-seed", "7")
-    assert proc.returncode == 2 and "--only-seed 7: not one of the preset's training seeds [0]" in proc.stderr
+def _cli(capsys, out, resume: bool = False, *extra: str) -> tuple[int, str, str]:
+    """``jax-drive coop-rl`` in this process (the refusals below need no fresh process): its
+    exit code, stdout and stderr."""
+    capsys.readouterr()
+    code = cli_main(_args(out, resume, *extra))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_run_directory_refuses_a_second_run_and_another_preset_on_resume(reference, capsys):
+    code, _, err = _cli(capsys, reference)
+    assert code == 2 and "already holds a run: --resume continues it" in err
+    code, _, err = _cli(capsys, reference, True, "--set", "train.steps=3")
+    assert code == 2 and "another preset (fields differ: train)" in err
+    code, _, err = _cli(capsys, reference, True, "--only-seed", "7")
+    assert code == 2 and "--only-seed 7: not one of the preset's training seeds [0]" in err
     # one seed of a finished run: read back, no summary written
     before = (reference / "results.json").stat().st_mtime_ns
-    proc = _run(reference, True, "--only-seed", "0")
-    assert proc.returncode == 0 and "training seed 0 trained and evaluated" in proc.stdout, proc.stderr[-2000:]
+    code, out, err = _cli(capsys, reference, True, "--only-seed", "0")
+    assert code == 0 and "training seed 0 trained and evaluated" in out, err[-2000:]
     assert (reference / "results.json").stat().st_mtime_ns == before
-    proc = _run(reference.parent / "bad", False, "--set", "train.group_size=1")
-    assert proc.returncode == 2 and "group_size" in proc.stderr
+    code, _, err = _cli(capsys, reference.parent / "bad", False, "--set", "train.group_size=1")
+    assert code == 2 and "group_size" in err
 
 
 def test_paired_difference_and_summary_on_hand_made_rows():
