@@ -39,9 +39,9 @@ LEARNING_METHODS = ("reflection", "correction_rag", "debrief")  # CoopReflect's 
 LLM_METHODS = ("zero_shot_silent", "zero_shot") + LEARNING_METHODS
 TALKING_VEHICLES_METHODS = BASELINES + LLM_METHODS + ("central_memory", "distilled")
 
-INTERDRIVE_PRESETS = ("smoke", "cpu-demo", "paper")
+INTERDRIVE_PRESETS = ("smoke", "tiny-rl", "cpu-demo", "paper")
 INTERDRIVE_ARMS = ("1_no_negotiation", "2_no_grouping", "3_grouping", "4_critic_se", "5_consensus")  # Table 2
-INTERDRIVE_STAGES = ("data", "sft", "probe", "eval", "fig5", "render", "report")
+INTERDRIVE_STAGES = ("data", "sft", "probe", "rl", "eval", "fig5", "render", "report")
 
 
 def check_names(what: str, names, expected) -> None:

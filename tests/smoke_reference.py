@@ -12,6 +12,7 @@ The reference was recorded with free (unconstrained) answers. The ``smoke`` pres
 their answers under grammars (``constrain_answers``, docs/structured.md), with answer budgets
 that hold the grammars; :data:`UNCONSTRAINED` turns that off and restores the budgets of the
 recording, so the comparison still proves that the redesign changed nothing in that setting.
+The negotiator's RL stage came later too: the recorded setting runs without it (``rl.steps=0``).
 
     python tests/smoke_reference.py tests/data/smoke_reference.json   # (re-)record
 """
@@ -30,7 +31,7 @@ RL_KEYS = ("pdms_final", "loss", "reward_mean")
 UNCONSTRAINED = {
     "mtdrive": {"constrain_answers": False, "max_new_tokens": 24, "rl.rollout.sampling.max_new_tokens": 24},
     "talking_vehicles": {"agent.constrain_answers": False},
-    "interdrive": {"constrain_answers": False, "consensus_tokens": 8},
+    "interdrive": {"constrain_answers": False, "consensus_tokens": 8, "rl.steps": 0},
 }
 
 

@@ -27,7 +27,7 @@ def engine():
 def test_which_presets_constrain():
     assert {n for n, p in MT.PRESETS.items() if p.constrain_answers} == {"smoke", "smoke-vlm", "cpu-demo", "cpu-study"}
     assert {n for n, p in TV.PRESETS.items() if p.agent.constrain_answers} == {"smoke", "cpu-demo"}
-    assert {n for n, p in ID.PRESETS.items() if p.constrain_answers} == {"smoke", "cpu-demo"}
+    assert {n for n, p in ID.PRESETS.items() if p.constrain_answers} == {"smoke", "tiny-rl", "cpu-demo"}
     for name, preset in MT.PRESETS.items():  # evaluation, curation and RL rollouts follow the preset
         assert MT.eval_config(preset).constrain_answers == MT.rl_config(preset).rollout.constrain_answers == \
             preset.constrain_answers, name

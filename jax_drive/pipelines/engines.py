@@ -28,7 +28,8 @@ class ModelSpec:
       seed: initialisation of a random tiny model.
       lora_rank, lora_alpha, lora_seed: fresh LoRA adapters (rank 0: none), A initialised
         from ``lora_seed``.
-      adapter: a trained PEFT adapter directory, merged into the weights (inference).
+      adapter: a trained PEFT adapter directory, merged into the weights (before any fresh
+        adapters: with ``lora_rank`` too, training continues from the merged model).
       remat_layers, frozen_layers: ``ModelConfig`` training settings (None: the model's own).
     """
 
@@ -96,8 +97,8 @@ def load_model(spec: ModelSpec) -> tuple[Any, Any]:
         from jax_drive.models.export import load_peft
         from jax_drive.models.lora import remove_lora
 
-        remove_lora(load_peft(model, spec.adapter), merge=True)  # inference: fold the adapter in
-    elif spec.lora_rank:
+        remove_lora(load_peft(model, spec.adapter), merge=True)  # fold the trained adapter in
+    if spec.lora_rank:  # fresh adapters (on top of a folded-in one: training continues from it)
         from jax_drive.models.lora import apply_lora
 
         apply_lora(model, rank=spec.lora_rank, alpha=spec.lora_alpha, rngs=nnx.Rngs(spec.lora_seed))

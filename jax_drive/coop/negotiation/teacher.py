@@ -251,12 +251,46 @@ class RuleTeacher:
             plan = self._stated(g)
             pairs = {tuple(sorted(e)) for e in g.edges}
             pairs |= {tuple(sorted((v, o))) for v, (_, y) in plan.items() for o in y}
-            if not pairs:
-                out.append(f"Short analysis: {ANALYSIS['free']} Consensus score: 90")
-                continue
             agreed = sum((b in plan[a][1]) != (a in plan[b][1]) for a, b in pairs)  # one side yields
-            share = agreed / len(pairs)
-            score = int(round(25 + 70 * share))
-            which = "all" if agreed == len(pairs) else "none" if agreed == 0 else "some"
-            out.append(f"Short analysis: {ANALYSIS[which]} Consensus score: {score}")
+            out.append(consensus_answer(agreed, len(pairs)))
+        return out
+
+
+def consensus_answer(agreed: int, pairs: int) -> str:
+    """The rule critics' consensus answer: 90 without a conflicting pair, else ``25 + 70 x``
+    the share of pairs settled with exactly one side yielding."""
+    if not pairs:
+        return f"Short analysis: {ANALYSIS['free']} Consensus score: 90"
+    which = "all" if agreed == pairs else "none" if agreed == 0 else "some"
+    return f"Short analysis: {ANALYSIS[which]} Consensus score: {int(round(25 + 70 * agreed / pairs))}"
+
+
+class StatedIntentCritic:
+    """A rule critic that judges what the actors SAID: the sum of a round is each member's
+    intention as its reply states it (:func:`stated_speed`; a member that states none keeps its
+    current one), and the consensus counts the group's conflicting pairs in which exactly one
+    side states a yield (STOP or SLOWER), on the teacher's scale (:func:`consensus_answer`).
+    Deterministic and independent of any model: a fixed reward giver for training an actor
+    (:mod:`jax_drive.coop.negotiation.rl`) when the language-model critic cannot judge."""
+
+    name = "stated-intent critic"
+
+    @staticmethod
+    def _stated(g) -> dict:
+        return {v: stated_speed(text) for v, text in g.last_round()}
+
+    def speak(self, requests):
+        raise TypeError("the stated-intent critic judges replies; it does not speak")
+
+    def sum_actions(self, groups):
+        return [json.dumps({str(v): {"speed": said} for v, said in self._stated(g).items() if said is not None})
+                for g in groups]
+
+    def consensus(self, groups):
+        out = []
+        for g in groups:
+            yields = {v: said in ("STOP", "SLOWER") for v, said in self._stated(g).items()}
+            pairs = {tuple(sorted(e)) for e in g.edges}
+            out.append(consensus_answer(sum(yields.get(a, False) != yields.get(b, False) for a, b in pairs),
+                                        len(pairs)))
         return out

@@ -8,6 +8,8 @@ the run context, :mod:`jax_drive.pipelines.stages`):
           budget in the preset continues the training)
   probe   the tuned negotiator's first-round yield decisions on held-out teacher prompts
           against the teacher's (a minute; says whether hours of evaluation are worth it)
+  rl      (when the preset's ``rl.steps`` > 0) mtGRPO of the negotiator from its SFT start, per
+          training seed, evaluated against arm (5) of the SFT negotiator on the same episodes
   eval    one unit per (arm or baseline, background setting): arms 1-5 of Table 2 and the
           rule-based and silent baselines on the same episodes
   fig5    negotiation-quality score per round with and without the critic
@@ -36,7 +38,7 @@ from jax_drive.pipelines.interdrive.presets import Preset
 from jax_drive.pipelines.interdrive.report import report
 from jax_drive.pipelines.journal import Laps
 from jax_drive.pipelines.stages import RunContext, Stage, StageOutput, Workspace, run_stages
-from jax_drive.runinfo import InputError, write_json
+from jax_drive.runinfo import InputError, run_metadata, write_json
 
 STAGE_NAMES = INTERDRIVE_STAGES
 NEGOTIATORS = ("jax", "openai", "teacher")
@@ -209,6 +211,60 @@ def probe(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
     return StageOutput()
 
 
+def rl_record(ctx: RunContext, ws: InterDriveWorkspace, path: str, settings: dict, trained: bool = True) -> dict | None:
+    """The evaluation record at ``path`` when it is this run's (negotiator, closed loop,
+    backgrounds, RL settings and, for a ``trained`` actor, step budget), else None; settings a
+    seed's training depends on that changed are refused (its checkpoints are another run's)."""
+    from jax_drive.pipelines.interdrive import rl as R
+
+    if not os.path.exists(path):
+        return None
+    record = load(path)
+    if R.seed_settings(record.get("rl", {})) != R.seed_settings(settings):
+        raise InputError(f"{path} was made with rl settings {record.get('rl')}, the preset now says {settings}: "
+                         "only rl.steps (and rl.seeds) may change; use a new --work-dir")
+    same = (ws.made_here(record) and record["backgrounds"] == list(ctx.option("backgrounds"))
+            and (not trained or record["rl"]["steps"] == settings["steps"]))
+    return record if same else None
+
+
+def rl(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
+    """Evaluates the SFT start and trains and evaluates every training seed (records reused
+    while current), then writes ``rl/summary.json``: DS / SR of sft and mtgrpo, paired difference."""
+    from jax_drive.pipelines.interdrive import rl as R
+
+    backgrounds, preset = ctx.option("backgrounds"), ctx.preset
+    settings = json.loads(json.dumps(R.settings_record(preset)))
+    stamp = {"negotiator": ws.negotiator_id(), "loop_revision": A.LOOP_REVISION, "rl": settings,
+             "backgrounds": list(backgrounds)}
+    critic = R.make_critic(preset, ws.negotiator)
+    start_path = ctx.path("rl", "start.json")
+    if rl_record(ctx, ws, start_path, settings, trained=False) is None:
+        bar, tick = progress_bar(ctx, "rl: the SFT start's evaluation")
+        write_json(start_path, dict(stamp, rows=R.evaluate_start(preset, ws.adapter, critic, backgrounds, tick)))
+        bar.close()
+    trained = {}
+    for seed in preset.rl.seeds:
+        out = os.path.join(R.seed_dir(ctx.run_dir, seed), "eval.json")
+        if rl_record(ctx, ws, out, settings) is None:
+            bar, tick = progress_bar(ctx, f"rl seed {seed}: evaluation")
+            record = R.train_seed(preset, seed, ws.adapter, critic, R.seed_dir(ctx.run_dir, seed), backgrounds,
+                                  progress=ctx.progress, tick=tick)
+            bar.close()
+            write_json(out, dict(record, **stamp))
+        trained[seed] = load(out)["rows"]
+    result = dict(R.summary(load(start_path)["rows"], trained), negotiator=ws.negotiator_id(), rl=settings,
+                  curves=R.curves(ctx.run_dir, preset.rl.seeds), meta=run_metadata(command=ctx.option("command")))
+    result["plot"] = R.plot(result, ctx.path("rl", "rl.png"))
+    write_json(ctx.path("rl", "summary.json"), result)
+    diff = result["mtgrpo_vs_sft"]
+    ctx.log(f"rl: DS sft {result['sft']['ds']['mean']:.1f} -> mtgrpo {result['mtgrpo']['ds']['mean']:.1f} "
+            f"(paired {diff['ds_diff']['mean']:+.1f}, 95 % CI {diff['ds_diff']['ci95'][0]:+.1f} .. "
+            f"{diff['ds_diff']['ci95'][1]:+.1f}); SR {result['sft']['sr']['mean']:.1f} -> "
+            f"{result['mtgrpo']['sr']['mean']:.1f}")
+    return StageOutput()
+
+
 def unit_path(ctx: RunContext, arm: str, background: bool) -> str:
     return ctx.path("units", f"{arm}__{'bg' if background else 'nobg'}.json")
 
@@ -313,6 +369,13 @@ def trains(ctx: RunContext) -> bool:
     return selected("sft")(ctx) and ctx.option("engine") == "jax" and not ctx.option("adapter")
 
 
+def trains_rl(ctx: RunContext) -> bool:
+    if ctx.option("stage") == "rl" and (ctx.preset.rl.steps < 1 or ctx.option("engine") != "jax"):
+        raise InputError("--stage rl trains the local negotiator: it needs --engine jax and rl.steps >= 1 "
+                         "(e.g. --set rl.steps=10)")
+    return selected("rl")(ctx) and ctx.option("engine") == "jax" and ctx.preset.rl.steps > 0
+
+
 def probes(ctx: RunContext) -> bool:
     return selected("probe")(ctx) and ctx.option("engine") != "teacher"
 
@@ -321,6 +384,7 @@ STAGES = (
     Stage("data", data, when=records_teacher_data, journaled=False),
     Stage("sft", sft, when=trains, journaled=False),
     Stage("probe", probe, when=probes, journaled=False),
+    Stage("rl", rl, when=trains_rl, journaled=False),
     Stage("eval", evaluate, when=selected("eval"), journaled=False),
     Stage("fig5", fig5, when=selected("fig5"), journaled=False),
     Stage("render", render, when=selected("render"), journaled=False),

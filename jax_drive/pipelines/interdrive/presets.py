@@ -1,7 +1,7 @@
 """CoLMDriver / InterDrive presets: one frozen :class:`Preset` per setting.
 
 ``smoke`` (a random tiny model that cannot negotiate: every stage in minutes, its numbers mean
-nothing), ``cpu-demo`` (SmolLM2-135M + LoRA with the compact prompts, one accident-prone
+nothing), ``tiny-rl`` (the negotiator's mtGRPO study with a tiny model on a CPU), ``cpu-demo`` (SmolLM2-135M + LoRA with the compact prompts, one accident-prone
 episode per type, background setting and seed) and ``paper`` (a served Qwen2.5-3B-Instruct
 negotiator, the paper-style prompts). Any field can be changed per run with ``--set``.
 """
@@ -16,6 +16,42 @@ from jax_drive.pipelines.engines import EngineSpec, ModelSpec, bucket_range
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim import scenarios as S
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSettings:
+    """mtGRPO of the negotiator from its SFT start (the ``rl`` stage; off while ``steps`` is 0).
+
+    Training: ``seeds`` training runs (each its own episode stream and sampling keys) of
+    ``steps`` trainer steps; each step drives ``groups_per_step`` training episodes of the
+    preset's ``train_seeds`` (the preset's types, accident-prone and safe alternating) G =
+    ``group_size`` times under arm (5), the actor's replies sampled at ``temperature``, the
+    critic the frozen SFT negotiator. Turn reward ``quality_weight`` x the critic's round
+    quality (in [0, 1]) + ``driving_weight`` x DS / 100, ``advantage`` estimator; LoRA of the
+    preset's rank on the SFT-merged model, ``learning_rate``, K3 KL ``kl_coef``; at most
+    ``max_rows`` replies per step; training episodes capped at ``max_time`` s (None: full).
+    ``critic``: who sums, scores and criticises the rounds, in training and evaluation: 'sft'
+    (the frozen SFT negotiator: CoLMDriver's setting) or 'stated' (the rule critic that reads
+    each member's stated intention, :class:`~jax_drive.coop.negotiation.teacher.StatedIntentCritic`:
+    where the language-model critic cannot judge, e.g. a tiny model).
+    Evaluation: the start (the SFT actor) and each trained actor, greedy, with that critic on
+    the preset's evaluation episodes under arm (5), paired over the same episodes.
+    """
+
+    steps: int = 0
+    critic: str = "sft"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    group_size: int = 4
+    groups_per_step: int = 4
+    temperature: float = 1.0
+    quality_weight: float = 1.0
+    driving_weight: float = 1.0
+    advantage: str = "mtgrpo_cross"
+    learning_rate: float = 1e-5
+    kl_coef: float = 0.01
+    max_rows: int = 256
+    minibatch_size: int = 32
+    max_time: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +87,7 @@ class Preset:
       ``sft`` trainer settings.
     Fig. 5: ``convergence_groups`` group situations (first negotiations of evaluation
       episodes, collected with the teacher) negotiated for ``max_rounds`` rounds.
+    RL: ``rl`` (:class:`RLSettings`), mtGRPO of the negotiator from its SFT start.
     Probe: ``probe_size`` first-round actor prompts of the teacher data that SFT did not
       select, answered greedily: the tuned negotiator's yield decisions against the
       teacher's, in a minute, before hours of closed-loop evaluation.
@@ -88,8 +125,11 @@ class Preset:
     constrain_answers: bool = False
     consensus_scores: tuple[int, ...] = CONSENSUS_SCORES
     consensus_readout: str = "expected"
+    rl: RLSettings = RLSettings()
 
     def __post_init__(self):
+        if self.rl.critic not in ("sft", "stated"):
+            raise ValueError(f"rl.critic must be 'sft' or 'stated', got {self.rl.critic!r}")
         if self.consensus_readout not in ("sampled", "expected"):
             raise ValueError(f"consensus_readout must be 'sampled' or 'expected', got {self.consensus_readout!r}")
         if not self.consensus_scores or not all(0 <= int(v) <= 100 for v in self.consensus_scores):
@@ -109,6 +149,22 @@ PRESETS = {
     # one round, the paper preset three, so from (3) to (4) the critic adds its extra rounds
     # as well as its feedback.
     "cpu-demo": Preset(name="cpu-demo", constrain_answers=True),
+    # The negotiator's mtGRPO study on a 2-core CPU (the protocol fixed before any result): a
+    # random tiny model over the byte tokenizer, answers under their grammars, SFT (LoRA rank
+    # 32, 600 steps of 4) on the teacher's data, then 10 mtGRPO steps (about 2 min each here)
+    # of 4 groups x G 4 full-length training episodes per training seed, 3 training seeds
+    # (one process each), the stated-intent rule
+    # critic (the tiny model's own critic reads nothing: its SFT loss stays near 4.8 nats per
+    # byte); evaluation of the SFT and trained actors on 30 held-out accident-prone episodes
+    # (10 types x 3 seeds, no background traffic), greedy.
+    "tiny-rl": Preset(name="tiny-rl", backgrounds=(False,), model="tiny", actor_tokens=48, consensus_tokens=40,
+                      constrain_answers=True, lora_rank=32, lora_alpha=64.0,
+                      sft=SFTConfig(optim=OptimConfig(learning_rate=3e-3), batch_size=4, max_steps=600,
+                                    max_length=1536, bucket_size=64, checkpoint_every=50),
+                      convergence_groups=8, probe_size=64,
+                      rl=RLSettings(steps=10, critic="stated", seeds=(0, 1, 2), group_size=4, groups_per_step=4,
+                                    learning_rate=1e-3,
+                                    kl_coef=0.01, max_rows=256, minibatch_size=32)),
     # A GPU (vLLM serving Qwen2.5-3B-Instruct, the paper's negotiator size, via --engine
     # openai): the paper-style prompts, four episodes per type and setting and seed
     # alternating accident-prone and safe, three rounds with and without the critic,
@@ -133,7 +189,9 @@ PRESETS = {
                     sft_counts=(("actor", 6), ("sum", 3), ("consensus", 3)), lora_rank=4, lora_alpha=8.0,
                     sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3), batch_size=2, max_steps=2, max_length=1536,
                                   bucket_size=64, checkpoint_every=None),
-                    convergence_groups=2, probe_size=4),
+                    convergence_groups=2, probe_size=4,
+                    rl=RLSettings(steps=1, seeds=(0,), group_size=2, groups_per_step=2, learning_rate=1e-3,
+                                  max_rows=32, minibatch_size=8, max_time=6.0)),
 }
 PRESETS = {name: PRESETS[name] for name in INTERDRIVE_PRESETS}
 check_names("InterDrive presets", PRESETS, INTERDRIVE_PRESETS)

@@ -84,6 +84,8 @@ def _attach_studies(ctx, report: dict, table: dict) -> None:
         report["probe"] = _load(ctx.path("probe.json"))
     if os.path.exists(ctx.path("sft", "summary.json")):
         report["sft"] = _load(ctx.path("sft", "summary.json"))
+    if os.path.exists(ctx.path("rl", "summary.json")):
+        report["negotiation_rl"] = _load(ctx.path("rl", "summary.json"))
     base = os.path.splitext(ctx.option("json"))[0]
     if os.path.exists(ctx.path("fig5.json")):
         study = _load(ctx.path("fig5.json"))
