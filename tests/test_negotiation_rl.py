@@ -55,7 +55,8 @@ def test_turn_rewards_by_hand():
 
 
 def _reply(episode, t, vids, rnd):
-    return ReplyTokens(episode, t, vids, rnd, 0, (1, 2), (3,), (-0.5,), "stop")
+    return ReplyTokens(episode=episode, time=t, vids=vids, round=rnd, member=0, prompt_ids=(1, 2), answer_ids=(3,),
+                       logprobs=(-0.5,), finish_reason="stop")
 
 
 def test_reply_advantages_by_hand_cross_turn():
@@ -107,7 +108,7 @@ def test_one_actor_call_per_round_for_every_group_of_every_episode(tiny):
     model, tokenizer, critic = tiny
     config = _config()
     engine = CountingEngine(JaxEngine(model, tokenizer))
-    actor = TrainedActor(engine, critic, config.sampling(), key=jax.random.key(3))
+    actor = TrainedActor(engine, critic, config.answer_sampling(), key=jax.random.key(3))
     episodes = training_episodes(TYPES, (100,), 0, 2)
     _, policy = rollout_groups(actor, config, episodes)
     assert policy.log, "the accident-prone episodes must negotiate"
