@@ -359,8 +359,8 @@ def train_on_records(trainer: RecordTrainer, state: RunState, records: Sequence,
 
 def record_step(state: RunState, rng, advance: int, update: tuple, stats: dict, adv: np.ndarray,
                 seconds: dict, postfix: dict) -> StepOutcome:
-    """The :class:`StepOutcome` of a step that trained on records: the next state (the stream
-    ``advance``\ d), the record (stats, update metrics, rows trained, mean |advantage|, the
+    """The :class:`StepOutcome` of a step that trained on records: the next state (the episode
+    stream moved on by ``advance``), the record (stats, update metrics, rows trained, mean |advantage|, the
     ``seconds`` given, peak RSS), the finite checks and the bar's postfix (plus KL)."""
     params, opt_state, metrics, rows = update
     after = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
