@@ -322,8 +322,10 @@ def negotiation_mtgrpo_train(model, tokenizer, critic, config: NegotiationRLConf
         t1 = time.perf_counter()
         ds = np.asarray([r.metrics["DS"] for r in results], np.float32)
         records = actor.records
-        adv, rewards, mask = (reply_advantages(records, policy.log, ds, config.group_size, config) if records
-                              else (np.zeros(0, np.float32), np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1), bool)))
+        if records:
+            adv, rewards, mask = reply_advantages(records, policy.log, ds, config.group_size, config)
+        else:  # no episode negotiated: nothing to train
+            adv, rewards, mask = np.zeros(0, np.float32), np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1), bool)
         stats = step_stats(results, rewards, mask, actor, policy)
         update = train_on_records(trainer, state, records, adv, k_rows, k_mb)
         seconds = {"rollout_seconds": t1 - t0, "update_seconds": time.perf_counter() - t1}

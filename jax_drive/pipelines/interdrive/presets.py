@@ -1,9 +1,10 @@
 """CoLMDriver / InterDrive presets: one frozen :class:`Preset` per setting.
 
 ``smoke`` (a random tiny model that cannot negotiate: every stage in minutes, its numbers mean
-nothing), ``tiny-rl`` (the negotiator's mtGRPO study with a tiny model on a CPU), ``cpu-demo`` (SmolLM2-135M + LoRA with the compact prompts, one accident-prone
-episode per type, background setting and seed) and ``paper`` (a served Qwen2.5-3B-Instruct
-negotiator, the paper-style prompts). Any field can be changed per run with ``--set``.
+nothing), ``tiny-rl`` (the negotiator's mtGRPO study with a tiny model on a CPU), ``cpu-demo``
+(SmolLM2-135M + LoRA with the compact prompts, one accident-prone episode per type, background
+setting and seed) and ``paper`` (a served Qwen2.5-3B-Instruct negotiator, the paper-style
+prompts). Any field can be changed per run with ``--set``.
 """
 
 from __future__ import annotations
