@@ -122,14 +122,22 @@ def test_one_actor_call_per_round_for_every_group_of_every_episode(tiny):
     assert all(len(r.answer_ids) == len(r.logprobs) > 0 for r in actor.records)
 
 
-def test_recorded_log_probs_are_the_trainers_and_a_step_trains(tiny):
+def test_recorded_log_probs_are_the_trainers_a_step_trains_and_a_run_resumes(tiny, tmp_path):
+    from jax_drive.rl.logging import read_jsonl
+
     model, tokenizer, critic = tiny
-    result = negotiation_mtgrpo_train(model, tokenizer, critic, _config(max_rows=24), progress=False)
+    result = negotiation_mtgrpo_train(model, tokenizer, critic, _config(max_rows=24), out_dir=tmp_path,
+                                      progress=False)
     record = result.history[0]
     assert record["replies"] > 0 and record["rows_trained"] > 0 and record["optimizer_steps"] > 0
     # the trainer's log pi_old under the reply grammar's masks equals the sampler's, per token
     assert record["logp_mismatch"] < 1e-5
     assert np.isfinite(record["loss"]) and record["grad_norm"] > 0
+    # a larger budget continues from the checkpoint: only step 2 runs, on the next episodes
+    more = negotiation_mtgrpo_train(model, tokenizer, critic, _config(max_rows=24, steps=2), out_dir=tmp_path,
+                                    resume=True, progress=False)
+    assert [h["step"] for h in more.history] == [2] and int(more.state.data_position) == 4
+    assert [h["step"] for h in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
 def test_stated_intent_critic_reads_what_the_members_said():
