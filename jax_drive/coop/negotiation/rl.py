@@ -159,10 +159,6 @@ class ReplyTokens(AnswerTokens):
         return turn_key(self.episode, self.time, self.vids, self.round)
 
 
-def turn_key(self) -> tuple:
-        return turn_key(self.episode, self.time, self.vids, self.round)
-
-
 def turn_key(episode: int, t: float, vids, rnd: int) -> tuple:
     """Names one round of one negotiation (groups of an episode at one time are disjoint)."""
     return int(episode), round(float(t), 2), tuple(int(v) for v in vids), int(rnd)
