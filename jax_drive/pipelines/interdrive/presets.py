@@ -23,11 +23,11 @@ from jax_drive.sim import scenarios as S
 class RLSettings:
     """mtGRPO of the negotiator from its SFT start (the ``rl`` stage; off while ``steps`` is 0).
 
-    Training: ``seeds`` training runs (each its own episode stream and sampling keys) of
-    ``steps`` trainer steps; each step drives ``groups_per_step`` training episodes of the
-    preset's ``train_seeds`` (the preset's types, accident-prone and safe alternating) G =
-    ``group_size`` times under arm (5), the actor's replies sampled at ``temperature``, the
-    critic the frozen SFT negotiator. Turn reward ``quality_weight`` x the critic's round
+    Training: ``seeds`` training runs of ``steps`` trainer steps, on the same stream of
+    training episodes (the preset's ``train_seeds`` and types, accident-prone and safe
+    alternating) and from the same LoRA initialisation, each with its own sampling keys, row
+    sampling and minibatch order; each step drives ``groups_per_step`` episodes G = ``group_size`` times under arm
+    (5), the actor's replies sampled at ``temperature``. Turn reward ``quality_weight`` x the critic's round
     quality (in [0, 1]) + ``driving_weight`` x DS / 100, ``advantage`` estimator; LoRA of the
     preset's rank on the SFT-merged model, ``learning_rate``, K3 KL ``kl_coef``; at most
     ``max_rows`` replies per step; training episodes capped at ``max_time`` s (None: full).
