@@ -190,8 +190,10 @@ def test_interdrive_rl_stage_trains_evaluates_pairs_and_reuses(tmp_path):
     common = ["--preset", "smoke", "--work-dir", str(work), "--json", str(out), "--no-progress"]
     for stage in ("data", "sft", "rl"):
         assert script.main(common + ["--stage", stage]) == 0
-    report = json.loads((work / "rl" / "summary.json").read_text())
-    assert report["curves"]["0"][0]["step"] == 1 and os.path.exists(report["plot"]) and "meta" in report
+    report = json.loads((tmp_path / "id_rl.json").read_text())
+    assert report == json.loads((work / "rl" / "summary.json").read_text())
+    assert report["curves"]["0"][0]["step"] == 1 and report["plot"] == str(tmp_path / "id_rl.png") and "meta" in report
+    assert os.path.exists(report["plot"]) and len(report["rows"]["mtgrpo_seed0"]) == 2
     assert report["sft"]["seeds"] == 1 and report["mtgrpo"]["seeds"] == 1
     for key in ("ds_diff", "sr_diff"):
         diff = report["mtgrpo_vs_sft"][key]
