@@ -134,6 +134,8 @@ CATALOGUE: dict[str, Entry] = {
     "interdrive": Entry("CoLMDriver Table 2 on the InterDrive types, with Table 2, Fig. 5 and episode plots"),
     "interdrive/interdrive.json": Entry("the fine-tuned SmolLM2 negotiator"),
     "interdrive/interdrive_teacher.json": Entry("the rule-based teacher as the negotiator (the SFT ceiling)"),
+    "interdrive/negotiation_rl.json": Entry("the negotiator trained with mtGRPO (tiny-rl): the SFT start and the "
+                                            "trained actors on held-out episodes, paired differences, curves"),
     "mtdrive_cpu_demo": Entry("MTDrive, the cpu-demo preset (make demo) at training seeds 0-2: the summary "
                               "against the goals and each seed's run", runs=MTDRIVE_RUN),
     "mtdrive_studies": Entry("MTDrive budget studies beyond the demo, one folder each (docs/mtdrive.md, "

@@ -55,7 +55,8 @@ def test_turn_rewards_by_hand():
 
 
 def _reply(episode, t, vids, rnd):
-    return ReplyTokens(episode, t, vids, rnd, 0, (1, 2), (3,), (-0.5,), "stop")
+    return ReplyTokens(episode=episode, time=t, vids=vids, round=rnd, member=0, prompt_ids=(1, 2), answer_ids=(3,),
+                       logprobs=(-0.5,), finish_reason="stop")
 
 
 def test_reply_advantages_by_hand_cross_turn():
@@ -107,7 +108,7 @@ def test_one_actor_call_per_round_for_every_group_of_every_episode(tiny):
     model, tokenizer, critic = tiny
     config = _config()
     engine = CountingEngine(JaxEngine(model, tokenizer))
-    actor = TrainedActor(engine, critic, config.sampling(), key=jax.random.key(3))
+    actor = TrainedActor(engine, critic, config.answer_sampling(), key=jax.random.key(3))
     episodes = training_episodes(TYPES, (100,), 0, 2)
     _, policy = rollout_groups(actor, config, episodes)
     assert policy.log, "the accident-prone episodes must negotiate"
@@ -121,14 +122,22 @@ def test_one_actor_call_per_round_for_every_group_of_every_episode(tiny):
     assert all(len(r.answer_ids) == len(r.logprobs) > 0 for r in actor.records)
 
 
-def test_recorded_log_probs_are_the_trainers_and_a_step_trains(tiny):
+def test_recorded_log_probs_are_the_trainers_a_step_trains_and_a_run_resumes(tiny, tmp_path):
+    from jax_drive.rl.logging import read_jsonl
+
     model, tokenizer, critic = tiny
-    result = negotiation_mtgrpo_train(model, tokenizer, critic, _config(max_rows=24), progress=False)
+    result = negotiation_mtgrpo_train(model, tokenizer, critic, _config(max_rows=24), out_dir=tmp_path,
+                                      progress=False)
     record = result.history[0]
     assert record["replies"] > 0 and record["rows_trained"] > 0 and record["optimizer_steps"] > 0
     # the trainer's log pi_old under the reply grammar's masks equals the sampler's, per token
     assert record["logp_mismatch"] < 1e-5
     assert np.isfinite(record["loss"]) and record["grad_norm"] > 0
+    # a larger budget continues from the checkpoint: only step 2 runs, on the next episodes
+    more = negotiation_mtgrpo_train(model, tokenizer, critic, _config(max_rows=24, steps=2), out_dir=tmp_path,
+                                    resume=True, progress=False)
+    assert [h["step"] for h in more.history] == [2] and int(more.state.data_position) == 4
+    assert [h["step"] for h in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
 def test_stated_intent_critic_reads_what_the_members_said():
@@ -181,8 +190,10 @@ def test_interdrive_rl_stage_trains_evaluates_pairs_and_reuses(tmp_path):
     common = ["--preset", "smoke", "--work-dir", str(work), "--json", str(out), "--no-progress"]
     for stage in ("data", "sft", "rl"):
         assert script.main(common + ["--stage", stage]) == 0
-    report = json.loads((work / "rl" / "summary.json").read_text())
-    assert report["curves"]["0"][0]["step"] == 1 and os.path.exists(report["plot"]) and "meta" in report
+    report = json.loads((tmp_path / "id_rl.json").read_text())
+    assert report == json.loads((work / "rl" / "summary.json").read_text())
+    assert report["curves"]["0"][0]["step"] == 1 and report["plot"] == str(tmp_path / "id_rl.png") and "meta" in report
+    assert os.path.exists(report["plot"]) and len(report["rows"]["mtgrpo_seed0"]) == 2
     assert report["sft"]["seeds"] == 1 and report["mtgrpo"]["seeds"] == 1
     for key in ("ds_diff", "sr_diff"):
         diff = report["mtgrpo_vs_sft"][key]

@@ -388,20 +388,31 @@ class CallRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecisionTokens:
-    """What one agent's answer at one decision was made of, for training on it.
+class AnswerTokens:
+    """What one sampled answer was made of, for training on it: prompt_ids (the templated
+    prompt as the engine tokenized it), answer_ids (sampled ids, a final stop token included),
+    logprobs (one per answer id, the sampler's), finish_reason ('stop' / 'length')."""
 
-    Fields: episode, agent (slot), decision index; prompt_ids (the templated prompt as the
-    engine tokenized it), answer_ids (sampled ids, a final stop token included), logprobs (one
-    per answer id, the sampler's), finish_reason ('stop' / 'length')."""
-
-    episode: int
-    agent: int
-    decision: int
     prompt_ids: tuple[int, ...]
     answer_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str
+
+    @staticmethod
+    def fields_of(completion) -> dict:
+        """The answer fields of an engine ``Completion``."""
+        return {"prompt_ids": tuple(completion.prompt_token_ids), "answer_ids": tuple(completion.token_ids),
+                "logprobs": tuple(completion.logprobs), "finish_reason": completion.finish_reason}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionTokens(AnswerTokens):
+    """One agent's answer at one decision (:class:`AnswerTokens`) and where it was given:
+    episode, agent (slot), decision index."""
+
+    episode: int
+    agent: int
+    decision: int
 
 
 ContextFn = Callable[[DecisionBatch, np.ndarray], list[AgentContext]]
@@ -500,10 +511,8 @@ class LanguagePolicy:
                 out.messages.setdefault(e, []).append(Message(sender=i, sender_vid=int(view["vehicle_id"][i]),
                                                               time=batch.time, text=action.message))
             if self.record_tokens:
-                self.decisions.append(DecisionTokens(
-                    episode=e, agent=i, decision=batch.decision, prompt_ids=tuple(completion.prompt_token_ids),
-                    answer_ids=tuple(completion.token_ids), logprobs=tuple(completion.logprobs),
-                    finish_reason=completion.finish_reason))
+                self.decisions.append(DecisionTokens(episode=e, agent=i, decision=batch.decision,
+                                                     **AnswerTokens.fields_of(completion)))
             counter = self.failures.setdefault(e, collections.Counter())
             counter.update(action.failures)
             if completion.finish_reason == "length":

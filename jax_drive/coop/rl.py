@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from jax_drive.configs import at_least
-from jax_drive.coop.agent import AgentConfig, DecisionTokens, LanguagePolicy
+from jax_drive.coop.agent import AgentConfig, AnswerTokens, DecisionTokens, LanguagePolicy
 from jax_drive.coop.learning import EpisodeSpec, run_specs
 from jax_drive.coop.runner import EpisodeResult
 from jax_drive.data.tokens import TokenRow
@@ -53,6 +53,7 @@ from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, initial_stat
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig, copy_tree
 from jax_drive.rollout import RolloutConfig
+from jax_drive.sampling import SamplingParams
 from jax_drive.sim import metrics as M
 
 
@@ -77,34 +78,25 @@ class ReturnConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class CoopRLConfig:
-    """Settings of :func:`coop_grpo_train`.
+class RecordUpdateSettings:
+    """The update settings of a trainer that learns from recorded answers (:func:`record_trainer`);
+    the base of :class:`CoopRLConfig` and of the negotiator's
+    :class:`~jax_drive.coop.negotiation.rl.NegotiationRLConfig`.
 
     Attributes:
-      agent: prompts and decoding of every agent (its ``temperature`` is the rollouts' and the
-        trainer's log-prob temperature; ``constrain_answers`` for well-formed actions).
-      scenarios: training scenarios (cycled).
       group_size: G episodes per group (same start, different draws).
-      groups_per_step: groups per trainer step (all run as one simulator batch).
       steps: trainer steps.
-      returns: the joint return.
-      advantage: the estimator over each group ('grpo': one advantage per episode).
-      loss: clip and KL to the starting policy.
-      optim: optimiser (LoRA or full).
-      max_rows: decisions trained per step at most (a uniform sample; None: all).
+      advantage: the estimator over each group.
+      loss: clip and KL to the starting policy. optim: optimiser (LoRA or full).
+      max_rows: answers trained per step at most (a uniform sample; None: all).
       minibatch_size: rows per optimiser step; ppo_epochs: passes over the step's rows.
       bucket_size: padded row lengths are multiples of this; chunk_size: log-prob chunk.
-      max_time: optional cap on training episodes' length, s.
       seed: episode stream, rollouts and row sampling.
       checkpoint_every, log_every: as in GRPOConfig.
     """
 
-    agent: AgentConfig = AgentConfig(style="compact", temperature=1.0, constrain_answers=True, max_message_chars=40)
-    scenarios: tuple[str, ...] = ()
     group_size: int = 4
-    groups_per_step: int = 6
     steps: int = 20
-    returns: ReturnConfig = ReturnConfig()
     advantage: AdvantageConfig = AdvantageConfig(mode="grpo")
     loss: LossConfig = LossConfig(kl_coef=0.01)
     optim: OptimConfig = OptimConfig(learning_rate=1e-5)
@@ -113,30 +105,60 @@ class CoopRLConfig:
     ppo_epochs: int = 1
     bucket_size: int = 32
     chunk_size: int = 256
-    max_time: float | None = None
     seed: int = 0
     checkpoint_every: int | None = 5
     log_every: int = 1
 
     def __post_init__(self):
-        if not self.scenarios:
-            raise ValueError("scenarios must name at least one training scenario")
         at_least(self, 2, "group_size")
-        at_least(self, 1, "groups_per_step", "minibatch_size", "ppo_epochs", "bucket_size", "chunk_size")
+        at_least(self, 1, "minibatch_size", "ppo_epochs", "bucket_size", "chunk_size")
         at_least(self, 0, "steps")
         if self.max_rows is not None and self.max_rows < 1:
             raise ValueError(f"max_rows must be >= 1 or None, got {self.max_rows}")
-        if self.agent.temperature <= 0:
-            raise ValueError("RL rollouts sample: agent.temperature must be > 0")
+
+    def answer_sampling(self) -> SamplingParams:
+        """The decoding the recorded answers were drawn with (its temperature is the trainer's)."""
+        raise NotImplementedError
 
     def update_config(self) -> GRPOConfig:
         """The :class:`GRPOConfig` of :func:`grpo_update` (its rollout only carries the
-        sampling temperature the trainer scores tokens at)."""
-        rollout = RolloutConfig(group_size=self.group_size, sampling=self.agent.sampling)
+        sampling the trainer scores tokens under)."""
+        rollout = RolloutConfig(group_size=self.group_size, sampling=self.answer_sampling())
         return GRPOConfig(rollout=rollout, advantage=self.advantage, loss=self.loss, optim=self.optim,
                           minibatch_size=self.minibatch_size, ppo_epochs=self.ppo_epochs, steps=self.steps,
                           bucket_size=self.bucket_size, chunk_size=self.chunk_size, seed=self.seed,
                           checkpoint_every=self.checkpoint_every, log_every=self.log_every)
+
+
+@dataclasses.dataclass(frozen=True)
+class CoopRLConfig(RecordUpdateSettings):
+    """Settings of :func:`coop_grpo_train` (the update's in :class:`RecordUpdateSettings`).
+
+    Attributes:
+      agent: prompts and decoding of every agent (its ``temperature`` is the rollouts' and the
+        trainer's log-prob temperature; ``constrain_answers`` for well-formed actions).
+      scenarios: training scenarios (cycled).
+      groups_per_step: groups per trainer step (all run as one simulator batch).
+      returns: the joint return.
+      max_time: optional cap on training episodes' length, s.
+    """
+
+    agent: AgentConfig = AgentConfig(style="compact", temperature=1.0, constrain_answers=True, max_message_chars=40)
+    scenarios: tuple[str, ...] = ()
+    groups_per_step: int = 6
+    returns: ReturnConfig = ReturnConfig()
+    max_time: float | None = None
+
+    def __post_init__(self):
+        if not self.scenarios:
+            raise ValueError("scenarios must name at least one training scenario")
+        super().__post_init__()
+        at_least(self, 1, "groups_per_step")
+        if self.agent.temperature <= 0:
+            raise ValueError("RL rollouts sample: agent.temperature must be > 0")
+
+    def answer_sampling(self) -> SamplingParams:
+        return self.agent.sampling
 
 
 # ----------------------------------------------------------------------------- groups
@@ -216,7 +238,7 @@ def decision_advantages(returns: np.ndarray, decisions: Sequence[DecisionTokens]
 
 
 # ----------------------------------------------------------------------------- batches
-def decision_batch(decisions: Sequence[DecisionTokens], advantages: np.ndarray, pad_id: int, *,
+def decision_batch(decisions: Sequence[AnswerTokens], advantages: np.ndarray, pad_id: int, *,
                    bucket_size: int = 32, multiple_of: int = 1, grammar_rows=None) -> dict[str, np.ndarray]:
     """Training arrays of recorded answers: one row ``prompt_ids + answer_ids`` per decision.
 
@@ -280,6 +302,77 @@ def rollout_groups(engine, config: CoopRLConfig, specs: Sequence[EpisodeSpec], k
     return results, policy
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordTrainer:
+    """The fixed parts of a trainer that learns from recorded answers (:func:`record_trainer`):
+    the model split (graphdef, rest), the start policy's parameters for the KL (or None), the
+    :class:`GRPOConfig` of the update, the sampler's grammar tables and (grammar id, budget),
+    the padding id and the row settings (max_rows, minibatch_size, bucket_size, KL in use)."""
+
+    graphdef: object
+    rest: object
+    ref_params: object
+    update: GRPOConfig
+    grammar: object
+    grammar_rows: tuple | None
+    pad_id: int
+    max_rows: int | None
+    minibatch_size: int
+    bucket_size: int
+
+
+def record_trainer(model, tokenizer, config, sampling, name: str, out_dir, resume: bool):
+    """(RecordTrainer, the start RunState (restored on ``resume``), checkpointer) of a trainer
+    whose ``config`` has update_config(), optim, loss, seed, max_rows, minibatch_size and
+    bucket_size; ``sampling`` (SamplingParams) names the grammar the answers were drawn under."""
+    graphdef, params, rest, state = initial_state(model, config.optim, None, config.seed)
+    ckpt = open_checkpointer(out_dir, name)
+    grammar, grammar_rows = sampling_grammar_tables(tokenizer, model.config.vocab_size, sampling)
+    trainer = RecordTrainer(graphdef=graphdef, rest=rest,
+                            ref_params=copy_tree(params) if config.loss.uses_reference else None,
+                            update=config.update_config(), grammar=grammar, grammar_rows=grammar_rows,
+                            pad_id=int(getattr(tokenizer, "pad_token_id", 0) or 0), max_rows=config.max_rows,
+                            minibatch_size=config.minibatch_size, bucket_size=config.bucket_size)
+    return trainer, restored(state, ckpt, resume), ckpt
+
+
+def train_on_records(trainer: RecordTrainer, state: RunState, records: Sequence, adv: np.ndarray, k_rows, k_mb):
+    """One update on recorded answers: at most ``max_rows`` of them (a uniform sample), without
+    the rows of advantage 0 when no KL is used (they carry no gradient), one row each
+    (:func:`decision_batch`) through :func:`grpo_update`. Returns (params, opt_state,
+    metrics, rows trained)."""
+    chosen = np.arange(len(records))
+    if trainer.max_rows is not None and len(chosen) > trainer.max_rows:
+        chosen = np.sort(np.asarray(jax.random.choice(k_rows, len(chosen), (trainer.max_rows,), replace=False)))
+    if trainer.ref_params is None:
+        chosen = chosen[adv[chosen] != 0.0]
+    if not len(chosen):
+        return state.params, state.opt_state, {"optimizer_steps": 0}, 0
+    batch = decision_batch([records[i] for i in chosen], adv[chosen], trainer.pad_id,
+                           bucket_size=trainer.bucket_size, multiple_of=min(trainer.minibatch_size, len(chosen)),
+                           grammar_rows=trainer.grammar_rows)
+    params, opt_state, metrics = grpo_update(trainer.graphdef, state.params, trainer.rest, state.opt_state,
+                                             trainer.ref_params, batch, trainer.update, k_mb, grammar=trainer.grammar)
+    jax.block_until_ready(params)
+    return params, opt_state, metrics, int(len(chosen))
+
+
+def record_step(state: RunState, rng, advance: int, update: tuple, stats: dict, adv: np.ndarray,
+                seconds: dict, postfix: dict) -> StepOutcome:
+    """The :class:`StepOutcome` of a step that trained on records: the next state (the episode
+    stream moved on by ``advance``), the record (stats, update metrics, rows trained, mean |advantage|, the
+    ``seconds`` given, peak RSS), the finite checks and the bar's postfix (plus KL)."""
+    params, opt_state, metrics, rows = update
+    after = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
+                     data_position=state.data_position + advance)
+    record = {**stats, **metrics, "rows_trained": rows,
+              "advantage_abs_mean": float(np.abs(adv).mean()) if len(adv) else 0.0, **seconds,
+              "peak_rss_gb": peak_rss_gb}
+    finite = {k: metrics[k] for k in ("loss", "grad_norm", "kl") if k in metrics}
+    return StepOutcome(after, record, finite=finite,
+                       postfix={**postfix, "kl": f"{metrics.get('kl', float('nan')):.4f}"})
+
+
 def coop_grpo_train(model, tokenizer, config: CoopRLConfig, *, engine=None,
                     out_dir: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
                     on_step: Callable[[RunState, dict], None] | None = None) -> TrainResult:
@@ -298,15 +391,9 @@ def coop_grpo_train(model, tokenizer, config: CoopRLConfig, *, engine=None,
     """
     from jax_drive.sampling import JaxEngine
 
-    update = config.update_config()
     engine = JaxEngine(model, tokenizer) if engine is None else engine
-    pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
-    graphdef, params, rest, state = initial_state(model, config.optim, None, config.seed)
-    ref_params = copy_tree(params) if config.loss.uses_reference else None
-    ckpt = open_checkpointer(out_dir, "coop_grpo")
-    state = restored(state, ckpt, resume)
     probe = LanguagePolicy(engine, config.agent)  # the sampler's grammar and answer budget
-    grammar, grammar_rows = sampling_grammar_tables(tokenizer, model.config.vocab_size, probe.sampling)
+    trainer, state, ckpt = record_trainer(model, tokenizer, config, probe.sampling, "coop_grpo", out_dir, resume)
     per_step = config.groups_per_step
 
     def step(state: RunState) -> StepOutcome:
@@ -316,34 +403,14 @@ def coop_grpo_train(model, tokenizer, config: CoopRLConfig, *, engine=None,
         results, policy = rollout_groups(engine, config, specs, k_roll)
         t1 = time.perf_counter()
         returns = joint_returns(results, config.returns)
-        decisions = policy.decisions
-        adv = decision_advantages(returns, decisions, config.group_size, config.advantage, config.returns.step_cost)
-        chosen = np.arange(len(decisions))
-        if config.max_rows is not None and len(chosen) > config.max_rows:
-            chosen = np.sort(np.asarray(jax.random.choice(k_rows, len(chosen), (config.max_rows,), replace=False)))
-        if not config.loss.uses_reference:  # rows with advantage 0 then carry no gradient at all
-            chosen = chosen[adv[chosen] != 0.0]
+        adv = decision_advantages(returns, policy.decisions, config.group_size, config.advantage,
+                                  config.returns.step_cost)
         stats = episode_stats(results, returns, policy)
-        if len(chosen):
-            multiple = min(config.minibatch_size, len(chosen))
-            batch = decision_batch([decisions[i] for i in chosen], adv[chosen], pad_id,
-                                   bucket_size=config.bucket_size, multiple_of=multiple, grammar_rows=grammar_rows)
-            params, opt_state, metrics = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
-                                                     batch, update, k_mb, grammar=grammar)
-            jax.block_until_ready(params)
-        else:
-            params, opt_state, metrics = state.params, state.opt_state, {"optimizer_steps": 0}
-        t2 = time.perf_counter()
-        after = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
-                         data_position=state.data_position + per_step)
-        record = {**stats, **metrics, "rows_trained": int(len(chosen)),
-                  "advantage_abs_mean": float(np.abs(adv).mean()) if len(adv) else 0.0,
-                  "rollout_seconds": t1 - t0, "update_seconds": t2 - t1,
-                  "decisions_per_s": stats["decisions"] / max(t1 - t0, 1e-9), "peak_rss_gb": peak_rss_gb}
-        finite = {k: metrics[k] for k in ("loss", "grad_norm", "kl") if k in metrics}
-        postfix = {"return": f"{stats['return_mean']:.3f}", "sr": f"{stats['sr']:.0f}",
-                   "kl": f"{metrics.get('kl', float('nan')):.4f}"}
-        return StepOutcome(after, record, finite=finite, postfix=postfix)
+        update = train_on_records(trainer, state, policy.decisions, adv, k_rows, k_mb)
+        seconds = {"rollout_seconds": t1 - t0, "update_seconds": time.perf_counter() - t1,
+                   "decisions_per_s": stats["decisions"] / max(t1 - t0, 1e-9)}
+        return record_step(state, rng, per_step, update, stats, adv, seconds,
+                           {"return": f"{stats['return_mean']:.3f}", "sr": f"{stats['sr']:.0f}"})
 
     loop = LoopConfig("coop_grpo", config.steps, config.checkpoint_every, config.log_every,
                       config.optim.skip_nonfinite, live_model=True)

@@ -41,67 +41,50 @@ import jax
 import numpy as np
 
 from jax_drive.configs import at_least
+from jax_drive.coop.agent import AnswerTokens
 from jax_drive.coop.negotiation import prompts as P
 from jax_drive.coop.negotiation.negotiate import GroupTalk, actor_request
 from jax_drive.coop.negotiation.policy import CONTROL_5HZ, NegotiatingPolicy, NegotiationConfig
-from jax_drive.coop.rl import decision_batch
+from jax_drive.coop.rl import RecordUpdateSettings, record_step, record_trainer, train_on_records
 from jax_drive.coop.runner import EpisodeResult, run_episodes
 from jax_drive.rl.advantages import AdvantageConfig, compute_advantages_jit
 from jax_drive.rl.checkpoint import RunState
-from jax_drive.rl.grpo import GRPOConfig, grpo_update, sampling_grammar_tables
-from jax_drive.rl.logging import peak_rss_gb
-from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, initial_state, open_checkpointer, restored, train_loop
-from jax_drive.rl.loss import LossConfig
-from jax_drive.rl.optim import OptimConfig, copy_tree
-from jax_drive.rollout import RolloutConfig
+from jax_drive.rl.loop import LoopConfig, StepOutcome, TrainResult, train_loop
 from jax_drive.sampling import SamplingParams
 
 
 # ----------------------------------------------------------------------------- configuration
 @dataclasses.dataclass(frozen=True)
-class NegotiationRLConfig:
-    """Settings of :func:`negotiation_mtgrpo_train`.
+class NegotiationRLConfig(RecordUpdateSettings):
+    """Settings of :func:`negotiation_mtgrpo_train` (the update's in
+    :class:`~jax_drive.coop.rl.RecordUpdateSettings`; here mtGRPO across turns by default).
 
     Attributes:
-      negotiation: the closed loop (grouping, rounds, critic parts); Table 2's arm (5) by default.
       types: InterDrive training types (cycled); train_seeds: their seeds (cycled within a type).
-      group_size: G episodes per group; groups_per_step: groups per trainer step (one batch).
-      steps: trainer steps.
+      negotiation: the closed loop (grouping, rounds, critic parts); Table 2's arm (5) by default.
+      groups_per_step: groups per trainer step (one closed-loop batch).
       actor_tokens: reply budget; max_words: the reply grammar's word cap; style: prompt style.
       temperature: sampling temperature of the replies (and the trainer's log-prob temperature).
       quality_weight, driving_weight: the turn reward's weights (module docstring).
-      advantage, loss, optim: as in GRPOConfig.
-      max_rows: replies trained per step at most (a uniform sample; None: all).
-      minibatch_size, ppo_epochs, bucket_size, chunk_size: as in GRPOConfig.
       background: background traffic in the training episodes; max_time: optional episode cap, s.
-      seed: episode stream, rollouts and row sampling. checkpoint_every, log_every: as in GRPOConfig.
     """
 
     types: tuple[str, ...] = ()
     train_seeds: tuple[int, ...] = (100,)
     negotiation: NegotiationConfig = NegotiationConfig()
-    group_size: int = 4
     groups_per_step: int = 4
-    steps: int = 10
     actor_tokens: int = 40
     max_words: int = P.MAX_WORDS
     style: P.PromptStyle = "compact"
     temperature: float = 1.0
     quality_weight: float = 1.0
     driving_weight: float = 1.0
-    advantage: AdvantageConfig = AdvantageConfig(mode="mtgrpo_cross")
-    loss: LossConfig = LossConfig(kl_coef=0.01)
-    optim: OptimConfig = OptimConfig(learning_rate=1e-5)
-    max_rows: int | None = 256
-    minibatch_size: int = 32
-    ppo_epochs: int = 1
-    bucket_size: int = 32
-    chunk_size: int = 256
     background: bool = False
     max_time: float | None = None
-    seed: int = 0
-    checkpoint_every: int | None = 5
-    log_every: int = 1
+    steps: int = 10
+    advantage: AdvantageConfig = AdvantageConfig(mode="mtgrpo_cross")
+    max_rows: int | None = 256
+    minibatch_size: int = 32
 
     def __post_init__(self):
         if not self.types:
@@ -112,30 +95,18 @@ class NegotiationRLConfig:
             raise ValueError("the negotiation config must negotiate (there is nothing to train otherwise)")
         if self.negotiation.rounds.turns != "parallel":
             raise ValueError("training records one actor call per round: rounds.turns must be 'parallel'")
-        at_least(self, 2, "group_size")
-        at_least(self, 1, "groups_per_step", "actor_tokens", "minibatch_size", "ppo_epochs", "bucket_size",
-                 "chunk_size")
-        at_least(self, 0, "steps")
+        super().__post_init__()
+        at_least(self, 1, "groups_per_step", "actor_tokens")
         at_least(self, 0.0, "quality_weight", "driving_weight")
-        if self.max_rows is not None and self.max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1 or None, got {self.max_rows}")
         if self.temperature <= 0:
             raise ValueError("RL rollouts sample: temperature must be > 0")
 
-    def sampling(self) -> SamplingParams:
+    def answer_sampling(self) -> SamplingParams:
         """The actor's decoding: the reply grammar, log pi at the sampling temperature."""
         from jax_drive.sampling.grammar import actor_reply_grammar
 
         return SamplingParams(max_new_tokens=self.actor_tokens, temperature=self.temperature,
                               logprobs_mode="processed", grammar=actor_reply_grammar(self.max_words))
-
-    def update_config(self) -> GRPOConfig:
-        """The :class:`GRPOConfig` of :func:`grpo_update` (its rollout carries the temperature)."""
-        rollout = RolloutConfig(group_size=self.group_size, sampling=self.sampling())
-        return GRPOConfig(rollout=rollout, advantage=self.advantage, loss=self.loss, optim=self.optim,
-                          minibatch_size=self.minibatch_size, ppo_epochs=self.ppo_epochs, steps=self.steps,
-                          bucket_size=self.bucket_size, chunk_size=self.chunk_size, seed=self.seed,
-                          checkpoint_every=self.checkpoint_every, log_every=self.log_every)
 
 
 # ----------------------------------------------------------------------------- episodes
@@ -173,20 +144,15 @@ def group_copies(episodes: Sequence[TrainingEpisode], group_size: int) -> list[T
 
 # ----------------------------------------------------------------------------- actor
 @dataclasses.dataclass(frozen=True)
-class ReplyTokens:
-    """One recorded actor reply: where it was said (episode, negotiation time, the group's
-    vids, round, member index) and what it was made of (prompt ids, sampled ids with the final
-    stop token, one sampler log-prob per sampled id, finish reason)."""
+class ReplyTokens(AnswerTokens):
+    """One recorded actor reply (:class:`~jax_drive.coop.agent.AnswerTokens`) and where it was
+    said: episode, negotiation time, the group's vids, round, member index."""
 
     episode: int
     time: float
     vids: tuple[int, ...]
     round: int
     member: int
-    prompt_ids: tuple[int, ...]
-    answer_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: str
 
     @property
     def turn_key(self) -> tuple:
@@ -224,10 +190,8 @@ class TrainedActor:
         self.actor_calls += 1
         outs = self.engine.generate_chat(conversations, self.sampling, jax.random.fold_in(self.key, self.actor_calls))
         for (g, k, _), o in zip(requests, outs):
-            self.records.append(ReplyTokens(
-                episode=g.episode, time=g.time, vids=tuple(g.vids), round=len(g.rounds), member=k,
-                prompt_ids=tuple(o.prompt_token_ids), answer_ids=tuple(o.token_ids), logprobs=tuple(o.logprobs),
-                finish_reason=o.finish_reason))
+            self.records.append(ReplyTokens(episode=g.episode, time=g.time, vids=tuple(g.vids), round=len(g.rounds),
+                                            member=k, **AnswerTokens.fields_of(o)))
         return [o.text for o in outs]
 
     def sum_actions(self, groups):
@@ -341,15 +305,9 @@ def negotiation_mtgrpo_train(model, tokenizer, critic, config: NegotiationRLConf
     """
     from jax_drive.sampling import JaxEngine
 
-    update = config.update_config()
     engine = JaxEngine(model, tokenizer) if engine is None else engine
-    pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
-    graphdef, params, rest, state = initial_state(model, config.optim, None, config.seed)
-    ref_params = copy_tree(params) if config.loss.uses_reference else None
-    ckpt = open_checkpointer(out_dir, "negotiation_mtgrpo")
-    state = restored(state, ckpt, resume)
-    sampling = config.sampling()
-    grammar, grammar_rows = sampling_grammar_tables(tokenizer, model.config.vocab_size, sampling)
+    sampling = config.answer_sampling()
+    trainer, state, ckpt = record_trainer(model, tokenizer, config, sampling, "negotiation_mtgrpo", out_dir, resume)
 
     def step(state: RunState) -> StepOutcome:
         rng, k_roll, k_rows, k_mb = jax.random.split(state.rng, 4)
@@ -360,32 +318,15 @@ def negotiation_mtgrpo_train(model, tokenizer, critic, config: NegotiationRLConf
         t1 = time.perf_counter()
         ds = np.asarray([r.metrics["DS"] for r in results], np.float32)
         records = actor.records
-        adv, rewards, mask = (reply_advantages(records, policy.log, ds, config.group_size, config) if records
-                              else (np.zeros(0, np.float32), np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1), bool)))
-        chosen = np.arange(len(records))
-        if config.max_rows is not None and len(chosen) > config.max_rows:
-            chosen = np.sort(np.asarray(jax.random.choice(k_rows, len(chosen), (config.max_rows,), replace=False)))
-        if not config.loss.uses_reference:  # rows with advantage 0 then carry no gradient at all
-            chosen = chosen[adv[chosen] != 0.0]
+        if records:
+            adv, rewards, mask = reply_advantages(records, policy.log, ds, config.group_size, config)
+        else:  # no episode negotiated: nothing to train
+            adv, rewards, mask = np.zeros(0, np.float32), np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1), bool)
         stats = step_stats(results, rewards, mask, actor, policy)
-        if len(chosen):
-            batch = decision_batch([records[i] for i in chosen], adv[chosen], pad_id, bucket_size=config.bucket_size,
-                                   multiple_of=min(config.minibatch_size, len(chosen)), grammar_rows=grammar_rows)
-            params, opt_state, metrics = grpo_update(graphdef, state.params, rest, state.opt_state, ref_params,
-                                                     batch, update, k_mb, grammar=grammar)
-            jax.block_until_ready(params)
-        else:
-            params, opt_state, metrics = state.params, state.opt_state, {"optimizer_steps": 0}
-        t2 = time.perf_counter()
-        after = RunState(params=params, opt_state=opt_state, rng=rng, step=state.step + 1,
-                         data_position=state.data_position + config.groups_per_step)
-        record = {**stats, **metrics, "rows_trained": int(len(chosen)),
-                  "advantage_abs_mean": float(np.abs(adv).mean()) if len(adv) else 0.0,
-                  "rollout_seconds": t1 - t0, "update_seconds": t2 - t1, "peak_rss_gb": peak_rss_gb}
-        finite = {k: metrics[k] for k in ("loss", "grad_norm", "kl") if k in metrics}
-        postfix = {"ds": f"{stats['ds']:.1f}", "q": f"{stats['quality_mean']:.2f}",
-                   "kl": f"{metrics.get('kl', float('nan')):.4f}"}
-        return StepOutcome(after, record, finite=finite, postfix=postfix)
+        update = train_on_records(trainer, state, records, adv, k_rows, k_mb)
+        seconds = {"rollout_seconds": t1 - t0, "update_seconds": time.perf_counter() - t1}
+        return record_step(state, rng, config.groups_per_step, update, stats, adv, seconds,
+                           {"ds": f"{stats['ds']:.1f}", "q": f"{stats['quality_mean']:.2f}"})
 
     loop = LoopConfig("negotiation_mtgrpo", config.steps, config.checkpoint_every, config.log_every,
                       config.optim.skip_nonfinite, live_model=True)

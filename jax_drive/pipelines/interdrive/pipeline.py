@@ -230,7 +230,8 @@ def rl_record(ctx: RunContext, ws: InterDriveWorkspace, path: str, settings: dic
 
 def rl(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
     """Evaluates the SFT start and trains and evaluates every training seed (records reused
-    while current), then writes ``rl/summary.json``: DS / SR of sft and mtgrpo, paired difference."""
+    while current), then writes ``rl/summary.json`` and ``<json>_rl.json`` / ``_rl.png`` beside
+    the report: DS / SR of sft and mtgrpo, the paired difference, curves."""
     from jax_drive.pipelines.interdrive import rl as R
 
     backgrounds, preset = ctx.option("backgrounds"), ctx.preset
@@ -255,8 +256,12 @@ def rl(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
         trained[seed] = load(out)["rows"]
     result = dict(R.summary(load(start_path)["rows"], trained), negotiator=ws.negotiator_id(), rl=settings,
                   curves=R.curves(ctx.run_dir, preset.rl.seeds), meta=run_metadata(command=ctx.option("command")))
-    result["plot"] = R.plot(result, ctx.path("rl", "rl.png"))
+    if os.path.exists(ctx.path("probe.json")):  # what the start says, on held-out teacher prompts
+        result["start_probe"] = {k: load(ctx.path("probe.json")).get(k) for k in ("n", "agreement", "majority", "model")}
+    base = os.path.splitext(ctx.option("json"))[0] + "_rl"  # beside the report: <json>_rl.json / .png
+    result["plot"] = R.plot(result, base + ".png")
     write_json(ctx.path("rl", "summary.json"), result)
+    write_json(base + ".json", result)
     diff = result["mtgrpo_vs_sft"]
     ctx.log(f"rl: DS sft {result['sft']['ds']['mean']:.1f} -> mtgrpo {result['mtgrpo']['ds']['mean']:.1f} "
             f"(paired {diff['ds_diff']['mean']:+.1f}, 95 % CI {diff['ds_diff']['ci95'][0]:+.1f} .. "

@@ -1,9 +1,10 @@
 """CoLMDriver / InterDrive presets: one frozen :class:`Preset` per setting.
 
 ``smoke`` (a random tiny model that cannot negotiate: every stage in minutes, its numbers mean
-nothing), ``tiny-rl`` (the negotiator's mtGRPO study with a tiny model on a CPU), ``cpu-demo`` (SmolLM2-135M + LoRA with the compact prompts, one accident-prone
-episode per type, background setting and seed) and ``paper`` (a served Qwen2.5-3B-Instruct
-negotiator, the paper-style prompts). Any field can be changed per run with ``--set``.
+nothing), ``tiny-rl`` (the negotiator's mtGRPO study with a tiny model on a CPU), ``cpu-demo``
+(SmolLM2-135M + LoRA with the compact prompts, one accident-prone episode per type, background
+setting and seed) and ``paper`` (a served Qwen2.5-3B-Instruct negotiator, the paper-style
+prompts). Any field can be changed per run with ``--set``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from jax_drive.sim import scenarios as S
 class RLSettings:
     """mtGRPO of the negotiator from its SFT start (the ``rl`` stage; off while ``steps`` is 0).
 
-    Training: ``seeds`` training runs (each its own episode stream and sampling keys) of
-    ``steps`` trainer steps; each step drives ``groups_per_step`` training episodes of the
-    preset's ``train_seeds`` (the preset's types, accident-prone and safe alternating) G =
-    ``group_size`` times under arm (5), the actor's replies sampled at ``temperature``, the
-    critic the frozen SFT negotiator. Turn reward ``quality_weight`` x the critic's round
+    Training: ``seeds`` training runs of ``steps`` trainer steps, on the same stream of
+    training episodes (the preset's ``train_seeds`` and types, accident-prone and safe
+    alternating) and from the same LoRA initialisation, each with its own sampling keys, row
+    sampling and minibatch order; each step drives ``groups_per_step`` episodes G = ``group_size`` times under arm
+    (5), the actor's replies sampled at ``temperature``. Turn reward ``quality_weight`` x the critic's round
     quality (in [0, 1]) + ``driving_weight`` x DS / 100, ``advantage`` estimator; LoRA of the
     preset's rank on the SFT-merged model, ``learning_rate``, K3 KL ``kl_coef``; at most
     ``max_rows`` replies per step; training episodes capped at ``max_time`` s (None: full).
@@ -153,9 +154,8 @@ PRESETS = {
     # random tiny model over the byte tokenizer, answers under their grammars, SFT (LoRA rank
     # 32, 600 steps of 4) on the teacher's data, then 10 mtGRPO steps (about 2 min each here)
     # of 4 groups x G 4 full-length training episodes per training seed, 3 training seeds
-    # (one process each), the stated-intent rule
-    # critic (the tiny model's own critic reads nothing: its SFT loss stays near 4.8 nats per
-    # byte); evaluation of the SFT and trained actors on 30 held-out accident-prone episodes
+    # (one process each), the stated-intent rule critic (the tiny model's own critic barely
+    # reads the replies: SFT leaves 4.7 nats per byte, probe AUC 0.60); evaluation of the SFT and trained actors on 30 held-out accident-prone episodes
     # (10 types x 3 seeds, no background traffic), greedy.
     "tiny-rl": Preset(name="tiny-rl", backgrounds=(False,), model="tiny", actor_tokens=48, consensus_tokens=40,
                       constrain_answers=True, lora_rank=32, lora_alpha=64.0,

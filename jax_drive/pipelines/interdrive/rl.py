@@ -120,14 +120,21 @@ def by_seed_means(rows: list[dict], key: str, seed_of) -> list[float]:
 
 def summary(sft_rows: list[dict], trained: dict[int, list[dict]]) -> dict:
     """DS / SR of the SFT actor (mean and standard error over evaluation seeds) and of the
-    trained ones (over training seeds), both with the training critic, and the paired
-    difference mtgrpo - sft over the same episodes (percentile bootstrap, every training seed
-    kept)."""
+    trained ones (over training seeds; per seed with the episodes whose DS or SR changed),
+    both with the training critic, the paired difference mtgrpo - sft over the same episodes
+    (percentile bootstrap, every training seed kept) and the per-episode rows."""
     out = {"sft": {k: mean_sem(by_seed_means(sft_rows, k, lambda r: r["seed"])) for k in ("ds", "sr")},
            "mtgrpo": {k: mean_sem([float(np.mean([r[k] for r in rows])) for rows in trained.values()])
                       for k in ("ds", "sr")}}
     out["sft"]["seeds"], out["mtgrpo"]["seeds"] = len({r["seed"] for r in sft_rows}), len(trained)
+    start = {r["tag"]: r for r in sft_rows}
+    out["mtgrpo"]["per_seed"] = {
+        str(seed): {"ds": float(np.mean([r["ds"] for r in rows])), "sr": float(np.mean([r["sr"] for r in rows])),
+                    "episodes_changed": sum((r["ds"], r["sr"]) != (start[r["tag"]]["ds"], start[r["tag"]]["sr"])
+                                            for r in rows)}
+        for seed, rows in trained.items()}
     out["mtgrpo_vs_sft"] = {f"{k}_diff": paired_difference(trained, sft_rows, k) for k in ("ds", "sr")}
+    out["rows"] = {"sft": sft_rows, **{f"mtgrpo_seed{seed}": rows for seed, rows in trained.items()}}
     return out
 
 
