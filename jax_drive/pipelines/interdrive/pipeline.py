@@ -9,7 +9,8 @@ the run context, :mod:`jax_drive.pipelines.stages`):
   probe   the tuned negotiator's first-round yield decisions on held-out teacher prompts
           against the teacher's (a minute; says whether hours of evaluation are worth it)
   rl      (when the preset's ``rl.steps`` > 0) mtGRPO of the negotiator from its SFT start, per
-          training seed, evaluated against arm (5) of the SFT negotiator on the same episodes
+          training seed; the start and each trained actor evaluated under arm (5) with the
+          preset's RL critic on the same episodes, paired
   eval    one unit per (arm or baseline, background setting): arms 1-5 of Table 2 and the
           rule-based and silent baselines on the same episodes
   fig5    negotiation-quality score per round with and without the critic
