@@ -33,7 +33,7 @@ MTDRIVE_PRESETS = ("smoke", "smoke-vlm", "cpu-demo", "cpu-study", "paper")
 MTDRIVE_POLICIES = ("untrained", "sft", "rl")  # the policies an MTDrive run can evaluate
 
 TALKING_VEHICLES_PRESETS = ("smoke", "cpu-demo", "paper")
-COOP_RL_PRESETS = ("smoke", "tiny-study", "cpu-demo", "paper")  # jax-drive coop-rl
+COOP_RL_PRESETS = ("smoke", "tiny-study", "tiny-distilled", "cpu-demo", "paper")  # jax-drive coop-rl
 BASELINES = ("rule_based", "silent")  # the non-language policies of jax_drive.coop.baselines
 LEARNING_METHODS = ("reflection", "correction_rag", "debrief")  # CoopReflect's in-context learning
 LLM_METHODS = ("zero_shot_silent", "zero_shot") + LEARNING_METHODS

@@ -5,6 +5,10 @@ evaluation on held-out episodes, the summary and its plot.
 
 Stages, each resumable in the run directory:
 
+0. **distil** (``start/``, only when the preset's ``distill_episodes`` > 0): the language rule
+   teacher drives ``distill`` episodes (disjoint from the evaluation and RL keys), and its
+   informative decisions, written in the action grammar's own format (what the trained policy
+   will be made to write), fine-tune ``model`` into the start policy (``start/model``);
 1. **train** (``seed<s>/``, one per training seed): :func:`jax_drive.coop.rl.coop_grpo_train`
    from the start policy (metrics.jsonl, TensorBoard, orbax checkpoints; a killed run
    continues from its last checkpoint with ``--resume``);
@@ -30,11 +34,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from jax_drive.coop.agent import AgentConfig
+from jax_drive.coop.distill import StudentConfig
 from jax_drive.coop.rl import CoopRLConfig
 from jax_drive.names import COOP_RL_PRESETS as PRESET_NAMES
 from jax_drive.names import check_names
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
+from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim.scenarios import TALKING_VEHICLES
 
 EVAL_METHODS = ("rule_based", "start", "grpo", "grpo_messages_dropped")
@@ -63,6 +69,13 @@ class Preset:
         protocol's 0.2; training samples at ``train.agent.temperature``).
       eval_max_time: optional cap on evaluation episodes' length, s (None: each scenario's own).
       max_batch: rows per sampler call.
+      distill_episodes: 0 (``model`` is the start policy) or the language rule teacher's
+        episodes per scenario per distillation seed; ``model`` fine-tuned on them is the start
+        policy (the ``distilled`` row).
+      distill_seeds, distill_epsilons: the teacher's seeds of the ``distill`` split, one
+        exploration epsilon each.
+      distill_keep_fraction: share of uninformative teacher decisions kept.
+      student: the start policy's fine-tuning.
     """
 
     name: str
@@ -76,12 +89,19 @@ class Preset:
     eval_temperature: float = 0.2
     eval_max_time: float | None = None
     max_batch: int = 128
+    distill_episodes: int = 0
+    distill_seeds: tuple[int, ...] = (0, 1, 2)
+    distill_epsilons: tuple[float, ...] = (0.0, 0.1, 0.2)
+    distill_keep_fraction: float = 0.2
+    student: StudentConfig = StudentConfig()
 
     def __post_init__(self):
         if not self.training_seeds or not self.eval_seeds:
             raise ValueError("training_seeds and eval_seeds must each name at least one seed")
         if self.eval_episodes < 1 or self.lora_rank < 0 or self.max_batch < 1:
             raise ValueError("eval_episodes and max_batch must be >= 1, lora_rank >= 0")
+        if self.distill_episodes < 0 or len(self.distill_epsilons) != len(self.distill_seeds):
+            raise ValueError("distill_episodes must be >= 0, with one exploration epsilon per distillation seed")
         if not self.eval_temperature >= 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
         trainable = self.train.optim.trainable
@@ -116,6 +136,22 @@ def _presets() -> dict[str, Preset]:
                                bucket_size=32, checkpoint_every=5),
             training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=4, max_batch=128,
         ),
+        # The CPU study from a start that can drive: the tiny model fine-tuned on the language
+        # rule teacher's decisions (6 episodes per scenario x 3 seeds, epsilon 0 / 0.1 / 0.2),
+        # then the tiny-study's RL at 20 steps.
+        "tiny-distilled": Preset(
+            name="tiny-distilled", model="tiny",
+            start="random tiny model distilled from the language rule teacher, action grammar", lora_rank=0,
+            train=CoopRLConfig(agent=tiny_agent, scenarios=TALKING_VEHICLES, group_size=4, groups_per_step=6,
+                               steps=20, optim=OptimConfig(learning_rate=2e-4, trainable="full"),
+                               loss=LossConfig(kl_coef=0.0), minibatch_size=64, max_rows=256, bucket_size=32,
+                               checkpoint_every=5),
+            training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=4, max_batch=128,
+            distill_episodes=6,
+            student=StudentConfig(sft=SFTConfig(optim=full, batch_size=16, epochs=3, max_steps=600,
+                                                bucket_size=32, max_length=320, checkpoint_every=100),
+                                  min_command_share=0.08),
+        ),
         # SmolLM2 on a 2-core CPU: LoRA from its zero-shot answers under the action grammar,
         # the same pipeline at a small scale (one step is ~1,000 decisions).
         "cpu-demo": Preset(
@@ -141,12 +177,63 @@ check_names("coop-RL presets", PRESETS, PRESET_NAMES)
 
 
 # ----------------------------------------------------------------------------- models
-def load_policy_model(preset: Preset):
-    """(model, tokenizer) of the start policy (a saved student directory loads like any
-    ``load_pretrained`` source), LoRA adapters applied when ``lora_rank``."""
+def start_source(preset: Preset, out_dir: str) -> str:
+    """The start policy's model source: ``model``, or the student distilled into ``out_dir``."""
+    return os.path.join(out_dir, "start", "model") if preset.distill_episodes else preset.model
+
+
+def load_policy_model(preset: Preset, source: str | None = None):
+    """(model, tokenizer) of the start policy (``source``, default the preset's ``model``; a
+    saved student directory loads like any ``load_pretrained`` source), LoRA adapters applied
+    when ``lora_rank``."""
     from jax_drive.pipelines.engines import ModelSpec, load_model
 
-    return load_model(ModelSpec(preset.model, lora_rank=preset.lora_rank, lora_alpha=2.0 * preset.lora_rank))
+    return load_model(ModelSpec(source or preset.model, lora_rank=preset.lora_rank,
+                                lora_alpha=2.0 * preset.lora_rank))
+
+
+def grammar_answers(samples, max_message_chars: int) -> list:
+    """The teacher's samples with each answer rewritten as the action grammar writes it
+    (``{"command": "...", "message": "..."}``, the message cut to the grammar's cap), so the
+    student learns the very strings the trained policy is constrained to."""
+    from jax_drive.coop.agent import format_action, parse_action
+
+    out = []
+    for s in samples:
+        action = parse_action(s.answer)
+        out.append(dataclasses.replace(s, answer=format_action(action.command, action.message[:max_message_chars])))
+    return out
+
+
+def distill_start(preset: Preset, out_dir: str, *, progress: bool = True) -> dict:
+    """Stage 0: the distilled start policy in ``out_dir/start`` (data, then the student);
+    each part reused when present. Returns the data summary and the training history."""
+    from jax_drive.coop import distill as D
+    from jax_drive.coop.learning import episode_specs
+    from jax_drive.pipelines.engines import ModelSpec, load_model
+    from jax_drive.runinfo import write_json
+
+    start_dir = os.path.join(out_dir, "start")
+    data_path, info_path = os.path.join(start_dir, "data.jsonl"), os.path.join(start_dir, "data_info.json")
+    if not os.path.exists(data_path):
+        samples, teacher = [], []
+        for seed, eps in zip(preset.distill_seeds, preset.distill_epsilons):
+            specs = episode_specs(preset.train.scenarios, [seed], preset.distill_episodes, "distill")
+            found, results = D.collect_teacher(specs, epsilon=eps, seed=seed)
+            samples += found
+            teacher.append({"seed": seed, "epsilon": eps, "episodes": len(results),
+                            "successful": int(sum(D.episode_success(r) for r in results))})
+        samples = D.select_informative(D.dedupe(samples, 1), keep_fraction=preset.distill_keep_fraction)
+        samples = grammar_answers(samples, preset.train.agent.max_message_chars)
+        D.check_disjoint(samples, eval_specs(preset))
+        write_json(info_path, {"teacher_runs": teacher, "data": D.data_summary(samples)})
+        D.save_samples(samples, data_path)  # last: its existence marks the data done
+    if not os.path.exists(os.path.join(start_dir, "model", "config.json")):
+        model, tokenizer = load_model(ModelSpec(preset.model))
+        D.train_student(model, tokenizer, D.load_samples(data_path), preset.student, start_dir, progress=progress)
+    with open(info_path) as f:
+        info = json.load(f)
+    return info | {"sft": _history(os.path.join(start_dir, "sft"))}
 
 
 def make_engine(preset: Preset, model, tokenizer):
@@ -295,11 +382,13 @@ def check_run_dir(preset: Preset, out_dir: str, resume: bool) -> None:
     _write(path, preset_record(preset))
 
 
-def train_seed(preset: Preset, seed: int, out_dir: str, *, resume: bool, progress: bool):
-    """Trains (or finishes / restores) one training seed; returns (model, tokenizer, history)."""
+def train_seed(preset: Preset, seed: int, out_dir: str, *, resume: bool, progress: bool,
+               source: str | None = None):
+    """Trains (or finishes / restores) one training seed from ``source`` (default the
+    preset's model); returns (model, tokenizer, history)."""
     from jax_drive.coop.rl import coop_grpo_train
 
-    model, tokenizer = load_policy_model(preset)
+    model, tokenizer = load_policy_model(preset, source)
     config = dataclasses.replace(preset.train, seed=int(seed))
     done = os.path.isdir(os.path.join(out_dir, "checkpoints"))
     result = coop_grpo_train(model, tokenizer, config, engine=make_engine(preset, model, tokenizer), out_dir=out_dir,
@@ -338,16 +427,19 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
                        lambda: evaluate_policy(policy_fn(), specs, preset.eval_max_time, progress))
 
     rows = {"rule_based": {0: evaluate("rule_based", lambda: make_policy("rule_based"))}}
+    distilled = distill_start(preset, out_dir, progress=progress) if preset.distill_episodes else None
+    source = start_source(preset, out_dir)
 
     def start_policy():
-        model, tokenizer = load_policy_model(preset)
+        model, tokenizer = load_policy_model(preset, source)
         return LanguagePolicy(make_engine(preset, model, tokenizer), preset.eval_agent(), name="start")
 
     rows["start"] = {0: evaluate("start", start_policy)}
     rows["grpo"], rows["grpo_messages_dropped"], curves, story = {}, {}, {}, None
     for seed in preset.training_seeds if only_seed is None else (only_seed,):
         seed_dir = os.path.join(out_dir, f"seed{seed}")
-        model, tokenizer, history = train_seed(preset, seed, seed_dir, resume=resume, progress=progress)
+        model, tokenizer, history = train_seed(preset, seed, seed_dir, resume=resume, progress=progress,
+                                               source=source)
         curves[seed] = [{k: r.get(k) for k in ("step", "return_mean", "sr", "cr", "kl", "parse_failures",
                                                "message_chars_mean")} for r in history]
         engine = make_engine(preset, model, tokenizer)
@@ -360,21 +452,30 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
             story = _cached_story(os.path.join(out_dir, "eval", "storyboard.json"), engine, preset, specs)
     if only_seed is not None:
         return None
-    results = summarise(preset, rows, curves)
+    results = summarise(preset, rows, curves, distilled)
     results["storyboard"] = story
     _write(os.path.join(out_dir, "results.json"), results)
     return results
 
 
-def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: dict) -> dict:
+def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: dict,
+              distilled: dict | None = None) -> dict:
     """The results: preset, the per-method summary, grpo - start paired differences, the
-    per-episode rows and the learning curves."""
+    per-episode rows and the learning curves; with a distilled start (``distilled``: its data
+    and training record), its row is also the ``distilled`` row."""
     # untrained rows: one "seed" per evaluation seed
     by_eval_seed = {m: {s: [r for r in rows[m][0] if r["seed"] == s] for s in preset.eval_seeds}
                     for m in ("rule_based", "start")}
     summary = {m: method_summary(by_eval_seed[m]) for m in by_eval_seed}
     summary |= {m: method_summary(rows[m]) for m in ("grpo", "grpo_messages_dropped")}
     start = rows["start"][0]
+    not_run = {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
+               "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
+                            "--method distilled); pass its directory as the preset's model to start from it"}
+    if distilled is not None:
+        summary["distilled"] = summary["start"] | {"same_as": "start"}
+        not_run = {"zero_shot": f"the start policy is {preset.model!r} distilled from the language rule teacher; "
+                                "its zero-shot answers are not evaluated"}
     return {
         "preset": preset_record(preset),
         "start_policy": preset.start,
@@ -383,9 +484,8 @@ def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: di
                           "cr_diff": paired_difference(rows["grpo"], start, "cr")},
         "messages_dropped_vs_grpo": {k: paired_difference(rows["grpo_messages_dropped"], rows["grpo"], k[:2])
                                      for k in ("sr_diff", "cr_diff")},
-        "not_run": {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
-                    "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
-                                 "--method distilled); pass its directory as the preset's model to start from it"},
+        "not_run": not_run,
+        "distillation": distilled,
         "rows": {m: {str(s): r for s, r in v.items()} for m, v in rows.items()},
         "curves": {str(s): c for s, c in curves.items()},
     }
