@@ -265,7 +265,7 @@ def evaluate_policy(policy, specs, max_time: float | None, progress: bool = Fals
         from tqdm.auto import tqdm
 
         bar = tqdm(desc=f"evaluate {getattr(policy, 'name', '')}", unit="decision", dynamic_ncols=True)
-    results, _ = run_specs(specs, policy, max_time=max_time, progress=(lambda d: bar.update(1)) if bar else None)
+    results, _ = run_specs(specs, policy, max_time=max_time, progress=(lambda d: bar.update(1)) if bar is not None else None)
     if bar is not None:
         bar.close()
     returns = joint_returns(results)
