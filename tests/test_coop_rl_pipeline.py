@@ -1,12 +1,15 @@
 """The coop-RL pipeline (``jax-drive coop-rl --preset smoke``, a random tiny model): a run
 SIGKILLed inside a training step continues with ``--resume`` to the results, metrics and
 weights of an uninterrupted run; the run directory refuses a second run and a resume with
-another preset; the summary's paired difference on hand-made rows."""
+another preset; the summary's paired difference on hand-made rows; the distilled start (the
+teacher's answers in the grammar's own strings, trained once, then the start and
+``distilled`` rows)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -120,6 +123,30 @@ def test_the_run_directory_refuses_a_second_run_and_another_preset_on_resume(ref
     assert code == 2 and "group_size" in err
 
 
+def test_a_resume_that_adds_a_held_out_variation_only_adds_its_evaluations(reference, capsys):
+    import shutil
+
+    run = reference.parent / "varied"
+    shutil.copytree(reference, run)
+    before = json.loads((run / "results.json").read_text())
+    code, out, err = _cli(capsys, run, True, "--set", 'eval_variations=["scale1.3"]')
+    assert code == 0, err[-2000:]
+    after = json.loads((run / "results.json").read_text())
+    for key in ("summary", "grpo_vs_start", "messages_dropped_vs_grpo", "rows", "curves"):
+        assert after[key] == before[key], key  # the nominal results are read back, not recomputed
+    assert json.loads((run / "preset.json").read_text())["eval_variations"] == ["scale1.3"]
+    assert sorted(p for p in os.listdir(run / "eval") if "@" in p) == [
+        "grpo_messages_dropped_seed0@scale1.3.json", "grpo_seed0@scale1.3.json", "rule_based@scale1.3.json",
+        "start@scale1.3.json"]
+    varied = after["variations"]["scale1.3"]
+    assert set(varied["summary"]) == {"rule_based", "start", "grpo", "grpo_messages_dropped"}
+    tags = [r["tag"] for r in varied["rows"]["start"]["0"]]
+    assert tags == [r["tag"] + "/scale1.3" for r in after["rows"]["start"]["0"]]  # the same episodes, scaled
+    assert varied["grpo_vs_start"]["sr_diff"]["episodes"] == len(tags) and "method (scale1.3)" in out
+    code, _, err = _cli(capsys, run, True, "--set", 'eval_variations=["nominal"]')
+    assert code == 2 and "eval_variations must be distinct names among" in err
+
+
 def test_paired_difference_and_summary_on_hand_made_rows():
     start = [{"tag": t, "sr": s, "cr": c} for t, s, c in (("a", 0.0, 100.0), ("b", 50.0, 0.0), ("c", 100.0, 0.0))]
     trained = {0: [{"tag": "c", "sr": 100.0, "cr": 0.0}, {"tag": "a", "sr": 100.0, "cr": 0.0},
@@ -138,3 +165,55 @@ def test_paired_difference_and_summary_on_hand_made_rows():
     summary = P.method_summary(trained)  # per-seed means 83.3 and 83.3: sem 0
     assert summary["sr"] == {"mean": pytest.approx(250.0 / 3.0), "sem": 0.0} and summary["seeds"] == 2
     assert summary["cr"]["mean"] == pytest.approx(25.0 / 3.0) and summary["cr"]["sem"] == pytest.approx(50.0 / 6.0)
+
+
+def test_teacher_answers_are_rewritten_as_the_action_grammar_writes_them():
+    from jax_drive.coop.agent import COMMANDS
+    from jax_drive.coop.distill import DistillSample
+    from jax_drive.sampling.grammar import action_grammar
+    from jax_drive.sampling.grammar.regex import parse, to_regex
+
+    def sample(answer):
+        return DistillSample("car 7 m/s, go straight.", answer, "tv_red_light", "tv_red_light/distill/seed0/0", "t")
+
+    compact = [sample('{"command":"slow down","message":"Pedestrian crossing ahead, stop"}'),
+               sample('{"command":"keep"}'), sample('{"command":"go","message":"say \\"hi\\""}')]
+    got = [s.answer for s in P.grammar_answers(compact, 16)]
+    assert got == ['{"command": "slow down", "message": "Pedestrian cross"}', '{"command": "keep", "message": ""}',
+                   '{"command": "go", "message": "say \\"hi\\""}']
+    pattern = to_regex(parse(action_grammar(tuple(COMMANDS), 16).pattern), python=True)
+    assert all(re.fullmatch(pattern, a) for a in got)  # the very strings the trained policy may write
+    assert not re.fullmatch(pattern, compact[0].answer)  # the student's compact form is not one of them
+
+
+def test_distilled_start_stage_trains_once_and_becomes_the_start_and_distilled_rows(tmp_path):
+    import dataclasses
+
+    from flax import nnx
+
+    from jax_drive.coop.distill import load_samples
+    from jax_drive.rl.sft import SFTConfig
+
+    base = P.PRESETS["smoke"]
+    preset = dataclasses.replace(
+        base, distill_episodes=1, distill_seeds=(0,), distill_epsilons=(0.0,),
+        student=dataclasses.replace(base.student, sft=SFTConfig(optim=base.train.optim, batch_size=4, max_steps=2,
+                                                                bucket_size=32, max_length=256)))
+    info = P.distill_start(preset, str(tmp_path), progress=False)
+    samples = load_samples(tmp_path / "start" / "data.jsonl")
+    assert samples and info["data"]["samples"] == len(samples) and [r["step"] for r in info["sft"]] == [1, 2]
+    assert all(s.episode.split("/")[1] == "distill" and s.answer.startswith('{"command": "') for s in samples)
+    weights = tmp_path / "start" / "model" / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert P.distill_start(preset, str(tmp_path), progress=False) == info and weights.stat().st_mtime_ns == stamp
+    model, _ = P.load_policy_model(preset, P.start_source(preset, str(tmp_path)))
+    random, _ = P.load_policy_model(base)
+    params = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (model, random)]
+    assert any(not np.array_equal(a, b) for a, b in zip(*params))  # the start policy is the fine-tuned model, not the random one
+
+    rows = [{"tag": "a", "seed": 0, "sr": 100.0, "cr": 0.0}, {"tag": "b", "seed": 0, "sr": 0.0, "cr": 100.0}]
+    one = {"rule_based": {0: rows}, "start": {0: rows}, "grpo": {0: rows}, "grpo_messages_dropped": {0: rows}}
+    summary = P.summarise(dataclasses.replace(preset, eval_seeds=(0,)), one, {}, info)
+    assert summary["summary"]["distilled"] == summary["summary"]["start"] | {"same_as": "start"}
+    assert "distilled" not in summary["not_run"] and summary["distillation"] == info
+    assert "distilled" in P.summarise(dataclasses.replace(base, eval_seeds=(0,)), one, {})["not_run"]

@@ -5,6 +5,7 @@ return), evaluated frozen on held-out episodes.
         [--preset-file F.json] [--json OUT] [--no-progress]
 
 Presets: ``smoke`` (tests), ``tiny-study`` (a random tiny model, the CPU study),
+``tiny-distilled`` (the tiny model distilled from the language rule teacher first, then RL),
 ``cpu-demo`` (SmolLM2 with LoRA from its zero-shot answers, small scale), ``paper`` (the
 accelerator protocol). ``--out`` (default ``runs/coop_rl_<preset>``) holds each training
 seed's metrics, TensorBoard scalars and checkpoints, each finished evaluation, the recorded

@@ -249,6 +249,25 @@ def collect_teacher(specs: Sequence[EpisodeSpec], *, epsilon: float = 0.0, seed:
     return samples_from_episodes(specs, results, transitions, policy.name), results
 
 
+def teacher_data(scenarios: Sequence[str], seeds: Sequence[int], epsilons: Sequence[float], episodes: int, *,
+                 keep_fraction: float) -> tuple[list[DistillSample], list[dict], dict]:
+    """The distillation data: the teacher drives ``episodes`` ``distill`` episodes per scenario
+    for each seed (with that seed's exploration epsilon); its decisions are deduplicated and
+    the informative ones kept (:func:`select_informative`).
+
+    Returns (samples, one record per teacher run {seed, epsilon, episodes, successful}, the
+    raw data's :func:`data_summary`)."""
+    samples, runs = [], []
+    for seed, eps in zip(seeds, epsilons, strict=True):
+        specs = [EpisodeSpec(s, int(seed), k, "distill") for s in scenarios for k in range(episodes)]
+        found, results = collect_teacher(specs, epsilon=eps, seed=seed)
+        samples += found
+        runs.append({"seed": seed, "epsilon": eps, "episodes": len(results),
+                     "successful": int(sum(episode_success(r) for r in results))})
+    raw = data_summary(samples)
+    return select_informative(dedupe(samples, 1), keep_fraction=keep_fraction), runs, raw
+
+
 class TeacherLabels:
     """DAgger's data collector: ``student`` (a batched policy, e.g. the distilled
     :class:`~jax_drive.coop.agent.LanguagePolicy`) drives and talks; a

@@ -50,19 +50,24 @@ class EpisodeBatch:
       names: a scenario name per episode; keys: a PRNG key per episode;
       accident_prone: a bool per episode; background: add background traffic;
       max_time: optional cap on every episode's time limit, s.
+      variations: None (all nominal) or one held-out variation name per key
+        (:data:`jax_drive.sim.variations.VARIATIONS`).
     Attributes: scenario, state (B >= E, padded by repeating the last episode); statics
       (E NumPy static views); buses (E message buses); logs (E lists of (t, vid, text));
       timeout (E,) s; decision (index of the next decision).
     """
 
     def __init__(self, names, keys, accident_prone, *, background: bool = False, cfg: SimConfig = SimConfig(),
-                 max_time: float | None = None):
+                 max_time: float | None = None, variations=None):
         names, keys, flags = list(names), list(keys), [bool(f) for f in accident_prone]
-        if not keys or len(names) != len(keys) or len(flags) != len(keys):
-            raise ValueError("need at least one episode, and one scenario name and one accident_prone flag per key")
+        variations = ["nominal"] * len(keys) if variations is None else list(variations)
+        if not keys or len(names) != len(keys) or len(flags) != len(keys) or len(variations) != len(keys):
+            raise ValueError("need at least one episode, and one scenario name, accident_prone flag and variation "
+                             "per key")
         self.cfg, self.names, self.accident_prone, self.background = cfg, names, flags, background
         n = len(keys)
-        items = [S.build(nm, k, accident_prone=f, background=background, cfg=cfg) for nm, k, f in zip(names, keys, flags)]
+        items = [S.build(nm, k, accident_prone=f, background=background, cfg=cfg, variation=v)
+                 for nm, k, f, v in zip(names, keys, flags, variations)]
         size = max(BUCKET, -(-n // BUCKET) * BUCKET)
         items += [items[-1]] * (size - n)
         self.scenario = jax.tree.map(lambda *xs: jnp.stack(xs), *items)

@@ -58,6 +58,7 @@ from jax_drive.names import LEARNING_METHODS, LLM_METHODS
 from jax_drive.sampling import SamplingParams
 from jax_drive.sim import metrics as M
 from jax_drive.sim.state import SimConfig
+from jax_drive.sim.variations import VARIATIONS
 from jax_drive.text.json_answer import extract_json_object
 
 # Episode key domains: evaluation, learning, distillation and RL training episodes never share a key.
@@ -69,15 +70,18 @@ METHODS = LLM_METHODS  # what a Learner runs (the zero-shot ones learn nothing)
 class EpisodeSpec:
     """One episode: scenario, seed, index within the split and split ('eval', 'learn',
     'distill', 'rl'). Even indices are accident-prone, odd ones safe (alternating, accident-prone
-    first)."""
+    first). ``variation``: a held-out variation (:mod:`jax_drive.sim.variations`) of the same
+    episode (the same key, its world scaled)."""
 
     scenario: str
     seed: int
     index: int
     split: str = "eval"
+    variation: str = "nominal"
 
     def __post_init__(self):
         one_of("split", self.split, sorted(SPLITS))
+        one_of("variation", self.variation, list(VARIATIONS))
         at_least(self, 0, "index")
 
     @property
@@ -91,13 +95,15 @@ class EpisodeSpec:
 
     @property
     def tag(self) -> str:
-        return f"{self.scenario}/{self.split}/seed{self.seed}/{self.index}"
+        tag = f"{self.scenario}/{self.split}/seed{self.seed}/{self.index}"
+        return tag if self.variation == "nominal" else f"{tag}/{self.variation}"
 
 
 def episode_specs(scenarios: Sequence[str], seeds: Sequence[int], episodes: int, split: str = "eval",
-                  start: int = 0) -> list[EpisodeSpec]:
+                  start: int = 0, variation: str = "nominal") -> list[EpisodeSpec]:
     """Every scenario x seed x episode index in [start, start + episodes)."""
-    return [EpisodeSpec(s, int(seed), k, split) for s in scenarios for seed in seeds for k in range(start, start + episodes)]
+    return [EpisodeSpec(s, int(seed), k, split, variation) for s in scenarios for seed in seeds
+            for k in range(start, start + episodes)]
 
 
 def run_specs(specs: Sequence[EpisodeSpec], policy, *, record: bool = False, keep_trajectory: bool = False,
@@ -108,6 +114,7 @@ def run_specs(specs: Sequence[EpisodeSpec], policy, *, record: bool = False, kee
     specs = list(specs)
     return run_episodes([s.scenario for s in specs], [s.key() for s in specs],
                         accident_prone=[s.accident_prone for s in specs], policy=policy, record=record,
+                        variations=[s.variation for s in specs],
                         keep_trajectory=keep_trajectory, progress=progress, cfg=cfg, max_time=max_time)
 
 

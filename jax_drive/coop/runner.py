@@ -65,7 +65,7 @@ def _records(batch: DecisionBatch, out: PolicyOutput) -> list[Transition]:
 
 def run_episodes(name, keys, *, accident_prone, policy: Policy, background: bool = False,
                  cfg: SimConfig = SimConfig(), record: bool = False, keep_trajectory: bool = False,
-                 progress=None, max_time: float | None = None,
+                 progress=None, max_time: float | None = None, variations=None,
                  batch: EpisodeBatch | None = None) -> tuple[list[EpisodeResult], list[Transition]]:
     """Runs one batch of episodes (one per key) of scenario ``name`` (a name, or one
     name per key).
@@ -78,9 +78,12 @@ def run_episodes(name, keys, *, accident_prone, policy: Policy, background: bool
       keep_trajectory: keep poses for rendering.
       progress: optional callable(n_decisions_done) for progress bars.
       max_time: optional cap on every episode's time limit, s (quick checks).
+      variations: None (nominal) or a held-out variation name per key
+        (:mod:`jax_drive.sim.variations`).
       batch: an already built batch with the :class:`EpisodeBatch` interface (another
         backend, e.g. :class:`jax_drive.carla.env.CarlaEpisodeBatch`); then ``name``,
-        ``keys``, ``accident_prone``, ``background`` and ``max_time`` are taken from it.
+        ``keys``, ``accident_prone``, ``background``, ``max_time`` and ``variations`` are taken
+        from it.
     Returns: per-episode results (input order) and replay transitions.
     """
     if batch is None:
@@ -88,7 +91,8 @@ def run_episodes(name, keys, *, accident_prone, policy: Policy, background: bool
         n = len(keys)
         flags = [bool(accident_prone)] * n if np.ndim(accident_prone) == 0 else [bool(f) for f in accident_prone]
         names = [name] * n if isinstance(name, str) else list(name)
-        batch = EpisodeBatch(names, keys, flags, background=background, cfg=cfg, max_time=max_time)
+        batch = EpisodeBatch(names, keys, flags, background=background, cfg=cfg, max_time=max_time,
+                             variations=variations)
     names, flags, background, cfg = batch.names, batch.accident_prone, batch.background, batch.cfg
     n = len(names)
     interdrive = [S.family(nm) == "interdrive" for nm in names]

@@ -27,6 +27,7 @@ Stages, each resumable in the run directory:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim.scenarios import TALKING_VEHICLES
+from jax_drive.sim.variations import VARIATIONS
 
 EVAL_METHODS = ("rule_based", "start", "grpo", "grpo_messages_dropped")
 BOOTSTRAP_SAMPLES = 10_000
@@ -68,6 +70,9 @@ class Preset:
       eval_temperature: sampling temperature of the frozen policies (the TalkingVehicles
         protocol's 0.2; training samples at ``train.agent.temperature``).
       eval_max_time: optional cap on evaluation episodes' length, s (None: each scenario's own).
+      eval_variations: held-out variations (:mod:`jax_drive.sim.variations`) every policy is
+        also evaluated on: the same held-out episodes in a world scaled outside the training
+        ranges. Adding one to a finished run only adds evaluations (a resume accepts it).
       max_batch: rows per sampler call.
       distill_episodes: 0 (``model`` is the start policy) or the language rule teacher's
         episodes per scenario per distillation seed; ``model`` fine-tuned on them is the start
@@ -88,6 +93,7 @@ class Preset:
     eval_episodes: int = 4
     eval_temperature: float = 0.2
     eval_max_time: float | None = None
+    eval_variations: tuple[str, ...] = ()
     max_batch: int = 128
     distill_episodes: int = 0
     distill_seeds: tuple[int, ...] = (0, 1, 2)
@@ -100,6 +106,10 @@ class Preset:
             raise ValueError("training_seeds and eval_seeds must each name at least one seed")
         if self.eval_episodes < 1 or self.lora_rank < 0 or self.max_batch < 1:
             raise ValueError("eval_episodes and max_batch must be >= 1, lora_rank >= 0")
+        held_out = [v for v in VARIATIONS if v != "nominal"]
+        if len(set(self.eval_variations)) != len(self.eval_variations) or set(self.eval_variations) - set(held_out):
+            raise ValueError(f"eval_variations must be distinct names among {held_out} (nominal is always "
+                             f"evaluated), got {list(self.eval_variations)}")
         if self.distill_episodes < 0 or len(self.distill_epsilons) != len(self.distill_seeds):
             raise ValueError("distill_episodes must be >= 0, with one exploration epsilon per distillation seed")
         if not self.eval_temperature >= 0:
@@ -146,8 +156,8 @@ def _presets() -> dict[str, Preset]:
                                steps=20, optim=OptimConfig(learning_rate=2e-4, trainable="full"),
                                loss=LossConfig(kl_coef=0.0), minibatch_size=64, max_rows=256, bucket_size=32,
                                checkpoint_every=5),
-            training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=4, max_batch=128,
-            distill_episodes=6,
+            training_seeds=(0, 1, 2), eval_seeds=(0, 1, 2), eval_episodes=4, eval_variations=("scale1.3",),
+            max_batch=128, distill_episodes=6,
             student=StudentConfig(sft=SFTConfig(optim=full, batch_size=16, epochs=3, max_steps=600,
                                                 bucket_size=32, max_length=320, checkpoint_every=100),
                                   min_command_share=0.08),
@@ -209,24 +219,17 @@ def distill_start(preset: Preset, out_dir: str, *, progress: bool = True) -> dic
     """Stage 0: the distilled start policy in ``out_dir/start`` (data, then the student);
     each part reused when present. Returns the data summary and the training history."""
     from jax_drive.coop import distill as D
-    from jax_drive.coop.learning import episode_specs
     from jax_drive.pipelines.engines import ModelSpec, load_model
     from jax_drive.runinfo import write_json
 
     start_dir = os.path.join(out_dir, "start")
     data_path, info_path = os.path.join(start_dir, "data.jsonl"), os.path.join(start_dir, "data_info.json")
     if not os.path.exists(data_path):
-        samples, teacher = [], []
-        for seed, eps in zip(preset.distill_seeds, preset.distill_epsilons):
-            specs = episode_specs(preset.train.scenarios, [seed], preset.distill_episodes, "distill")
-            found, results = D.collect_teacher(specs, epsilon=eps, seed=seed)
-            samples += found
-            teacher.append({"seed": seed, "epsilon": eps, "episodes": len(results),
-                            "successful": int(sum(D.episode_success(r) for r in results))})
-        samples = D.select_informative(D.dedupe(samples, 1), keep_fraction=preset.distill_keep_fraction)
+        samples, teacher, raw = D.teacher_data(preset.train.scenarios, preset.distill_seeds, preset.distill_epsilons,
+                                               preset.distill_episodes, keep_fraction=preset.distill_keep_fraction)
         samples = grammar_answers(samples, preset.train.agent.max_message_chars)
         D.check_disjoint(samples, eval_specs(preset))
-        write_json(info_path, {"teacher_runs": teacher, "data": D.data_summary(samples)})
+        write_json(info_path, {"teacher_runs": teacher, "raw_data": raw, "data": D.data_summary(samples)})
         D.save_samples(samples, data_path)  # last: its existence marks the data done
     if not os.path.exists(os.path.join(start_dir, "model", "config.json")):
         model, tokenizer = load_model(ModelSpec(preset.model))
@@ -246,11 +249,12 @@ def make_engine(preset: Preset, model, tokenizer):
 
 
 # ----------------------------------------------------------------------------- evaluation
-def eval_specs(preset: Preset):
-    """The held-out episodes: ``eval_episodes`` per scenario per evaluation seed."""
+def eval_specs(preset: Preset, variation: str = "nominal"):
+    """The held-out episodes: ``eval_episodes`` per scenario per evaluation seed (of a
+    held-out ``variation``: the same episodes in a scaled world)."""
     from jax_drive.coop.learning import episode_specs
 
-    return episode_specs(preset.train.scenarios, preset.eval_seeds, preset.eval_episodes)
+    return episode_specs(preset.train.scenarios, preset.eval_seeds, preset.eval_episodes, variation=variation)
 
 
 def evaluate_policy(policy, specs, max_time: float | None, progress: bool = False) -> list[dict]:
@@ -265,7 +269,8 @@ def evaluate_policy(policy, specs, max_time: float | None, progress: bool = Fals
         from tqdm.auto import tqdm
 
         bar = tqdm(desc=f"evaluate {getattr(policy, 'name', '')}", unit="decision", dynamic_ncols=True)
-    results, _ = run_specs(specs, policy, max_time=max_time, progress=(lambda d: bar.update(1)) if bar is not None else None)
+    tick = (lambda d: bar.update(1)) if bar is not None else None
+    results, _ = run_specs(specs, policy, max_time=max_time, progress=tick)
     if bar is not None:
         bar.close()
     returns = joint_returns(results)
@@ -363,23 +368,29 @@ def preset_record(preset: Preset) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(preset), default=str))
 
 
+# Fields whose change only adds evaluations to a run: a resume accepts it (and records it).
+EVAL_ONLY_FIELDS = ("eval_variations",)
+
+
 def check_run_dir(preset: Preset, out_dir: str, resume: bool) -> None:
     """Records the preset in a new run directory; refuses a directory that holds a run unless
-    ``resume``, and a resume with a preset other than the recorded one."""
-    path = os.path.join(out_dir, "preset.json")
+    ``resume``, and a resume with a preset other than the recorded one (up to
+    :data:`EVAL_ONLY_FIELDS`, whose new values are recorded)."""
+    path, record = os.path.join(out_dir, "preset.json"), preset_record(preset)
     if os.path.exists(path):
         if not resume:
             raise RunDirError(f"{out_dir} already holds a run: --resume continues it, or choose another --out")
         with open(path) as f:
             recorded = json.load(f)
-        if recorded != preset_record(preset):
-            changed = sorted(k for k in set(recorded) | set(preset_record(preset))
-                             if recorded.get(k) != preset_record(preset).get(k))
+        changed = sorted(k for k in set(recorded) | set(record)
+                         if recorded.get(k) != record.get(k) and k not in EVAL_ONLY_FIELDS)
+        if changed:
             raise RunDirError(f"{out_dir} was run with another preset (fields differ: {', '.join(changed)}); "
                               "resume it with the same preset and --set values")
-        return
+        if recorded == record:
+            return
     os.makedirs(out_dir, exist_ok=True)
-    _write(path, preset_record(preset))
+    _write(path, record)
 
 
 def train_seed(preset: Preset, seed: int, out_dir: str, *, resume: bool, progress: bool,
@@ -420,11 +431,13 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
 
     check_run_dir(preset, out_dir, resume)
     os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
-    specs = eval_specs(preset)
+    variations = ("nominal",) + preset.eval_variations
 
-    def evaluate(name: str, policy_fn):
-        return _cached(os.path.join(out_dir, "eval", f"{name}.json"),
-                       lambda: evaluate_policy(policy_fn(), specs, preset.eval_max_time, progress))
+    def evaluate(name: str, policy_fn) -> dict[str, list[dict]]:
+        """{variation: rows}; the policy is built once, when an evaluation is not on disk yet."""
+        policy = functools.cache(policy_fn)
+        return {v: _cached(_eval_path(out_dir, name, v), lambda v=v: evaluate_policy(
+            policy(), eval_specs(preset, v), preset.eval_max_time, progress)) for v in variations}
 
     rows = {"rule_based": {0: evaluate("rule_based", lambda: make_policy("rule_based"))}}
     distilled = distill_start(preset, out_dir, progress=progress) if preset.distill_episodes else None
@@ -449,26 +462,48 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
             f"grpo_messages_dropped_seed{seed}",
             lambda: LanguagePolicy(engine, preset.eval_agent(communicate=False), name="grpo_messages_dropped"))
         if seed == preset.training_seeds[0]:
-            story = _cached_story(os.path.join(out_dir, "eval", "storyboard.json"), engine, preset, specs)
+            story = _cached_story(os.path.join(out_dir, "eval", "storyboard.json"), engine, preset,
+                                  eval_specs(preset))
     if only_seed is not None:
         return None
-    results = summarise(preset, rows, curves, distilled)
+    by_variation = {v: {m: {s: r[v] for s, r in seeds.items()} for m, seeds in rows.items()} for v in variations}
+    results = summarise(preset, by_variation.pop("nominal"), curves, distilled)
+    results["variations"] = {v: comparison(preset, r) | {"rows": _rows_record(r)} for v, r in by_variation.items()}
     results["storyboard"] = story
     _write(os.path.join(out_dir, "results.json"), results)
     return results
 
 
-def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: dict,
-              distilled: dict | None = None) -> dict:
-    """The results: preset, the per-method summary, grpo - start paired differences, the
-    per-episode rows and the learning curves; with a distilled start (``distilled``: its data
-    and training record), its row is also the ``distilled`` row."""
-    # untrained rows: one "seed" per evaluation seed
+def _eval_path(out_dir: str, name: str, variation: str) -> str:
+    return os.path.join(out_dir, "eval", name + ("" if variation == "nominal" else f"@{variation}") + ".json")
+
+
+def _rows_record(rows: dict[str, dict[int, list[dict]]]) -> dict:
+    return {m: {str(s): r for s, r in v.items()} for m, v in rows.items()}
+
+
+def comparison(preset: Preset, rows: dict[str, dict[int, list[dict]]]) -> dict:
+    """On one set of held-out episodes: the per-method summary (untrained rows: one "seed"
+    per evaluation seed), grpo - start and messages dropped - grpo paired differences."""
     by_eval_seed = {m: {s: [r for r in rows[m][0] if r["seed"] == s] for s in preset.eval_seeds}
                     for m in ("rule_based", "start")}
     summary = {m: method_summary(by_eval_seed[m]) for m in by_eval_seed}
     summary |= {m: method_summary(rows[m]) for m in ("grpo", "grpo_messages_dropped")}
     start = rows["start"][0]
+    return {"summary": summary,
+            "grpo_vs_start": {"sr_diff": paired_difference(rows["grpo"], start, "sr"),
+                              "cr_diff": paired_difference(rows["grpo"], start, "cr")},
+            "messages_dropped_vs_grpo": {k: paired_difference(rows["grpo_messages_dropped"], rows["grpo"], k[:2])
+                                         for k in ("sr_diff", "cr_diff")}}
+
+
+def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: dict,
+              distilled: dict | None = None) -> dict:
+    """The results on the nominal held-out episodes: preset, :func:`comparison`, the
+    per-episode rows and the learning curves; with a distilled start (``distilled``: its data
+    and training record), its row is also the ``distilled`` row."""
+    compared = comparison(preset, rows)
+    summary = compared["summary"]
     not_run = {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
                "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
                             "--method distilled); pass its directory as the preset's model to start from it"}
@@ -476,19 +511,8 @@ def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: di
         summary["distilled"] = summary["start"] | {"same_as": "start"}
         not_run = {"zero_shot": f"the start policy is {preset.model!r} distilled from the language rule teacher; "
                                 "its zero-shot answers are not evaluated"}
-    return {
-        "preset": preset_record(preset),
-        "start_policy": preset.start,
-        "summary": summary,
-        "grpo_vs_start": {"sr_diff": paired_difference(rows["grpo"], start, "sr"),
-                          "cr_diff": paired_difference(rows["grpo"], start, "cr")},
-        "messages_dropped_vs_grpo": {k: paired_difference(rows["grpo_messages_dropped"], rows["grpo"], k[:2])
-                                     for k in ("sr_diff", "cr_diff")},
-        "not_run": not_run,
-        "distillation": distilled,
-        "rows": {m: {str(s): r for s, r in v.items()} for m, v in rows.items()},
-        "curves": {str(s): c for s, c in curves.items()},
-    }
+    return {"preset": preset_record(preset), "start_policy": preset.start, **compared, "not_run": not_run,
+            "distillation": distilled, "rows": _rows_record(rows), "curves": {str(s): c for s, c in curves.items()}}
 
 
 def _write(path: str, payload: dict) -> None:
@@ -515,11 +539,16 @@ def plot_curves(results: dict, path: str) -> str:
     for ax in axes[:2]:
         ax.legend(fontsize=8)
     names = list(results["summary"])
-    means = [results["summary"][m]["sr"]["mean"] for m in names]
-    sems = [results["summary"][m]["sr"]["sem"] for m in names]
-    axes[2].bar(range(len(names)), means, yerr=sems, capsize=4, color="tab:blue")
+    sets = {"nominal": results["summary"]} | {v: b["summary"] for v, b in results.get("variations", {}).items()}
+    width = 0.8 / len(sets)
+    for k, (label, summary) in enumerate(sets.items()):
+        shown = [m for m in names if m in summary]
+        x = np.array([names.index(m) for m in shown]) + (k - (len(sets) - 1) / 2) * width
+        axes[2].bar(x, [summary[m]["sr"]["mean"] for m in shown], width, yerr=[summary[m]["sr"]["sem"] for m in shown],
+                    capsize=3, label=label)
     axes[2].set_xticks(range(len(names)), names, rotation=20, fontsize=8)
     axes[2].set(ylabel="SR % (held-out episodes)", title="frozen evaluation")
+    axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -527,16 +556,19 @@ def plot_curves(results: dict, path: str) -> str:
 
 
 def summary_table(results: dict) -> str:
-    """Methods x (SR, CR, seeds) and the paired differences, as text."""
-    lines = [f"{'method':24s} {'SR %':>14s} {'CR %':>14s} seeds"]
-    for name, row in results["summary"].items():
-        sr, cr = row["sr"], row["cr"]
-        lines.append(f"{name:24s} {sr['mean']:7.1f} ± {sr['sem']:4.1f} {cr['mean']:7.1f} ± {cr['sem']:4.1f} "
-                     f"{row['seeds']:5d}")
-    for label, block in (("grpo - start", "grpo_vs_start"), ("messages dropped - grpo", "messages_dropped_vs_grpo")):
-        for key, diff in results[block].items():
-            lines.append(f"{label} {key}: {diff['mean']:+.1f} (95 % CI {diff['ci95'][0]:+.1f} .. "
-                         f"{diff['ci95'][1]:+.1f}; {diff['episodes']} episodes x {diff['training_seeds']} seeds)")
+    """Methods x (SR, CR, seeds) and the paired differences, as text: the nominal held-out
+    episodes, then each held-out variation."""
+    lines = []
+    for title, block in [("nominal", results)] + list(results.get("variations", {}).items()):
+        lines.append(f"{'method (' + title + ')':32s} {'SR %':>14s} {'CR %':>14s} seeds")
+        for name, row in block["summary"].items():
+            sr, cr = row["sr"], row["cr"]
+            lines.append(f"{name:32s} {sr['mean']:7.1f} ± {sr['sem']:4.1f} {cr['mean']:7.1f} ± {cr['sem']:4.1f} "
+                         f"{row['seeds']:5d}")
+        for label, key in (("grpo - start", "grpo_vs_start"), ("messages dropped - grpo", "messages_dropped_vs_grpo")):
+            for name, diff in block[key].items():
+                lines.append(f"{label} {name}: {diff['mean']:+.1f} (95 % CI {diff['ci95'][0]:+.1f} .. "
+                             f"{diff['ci95'][1]:+.1f}; {diff['episodes']} episodes x {diff['training_seeds']} seeds)")
     return "\n".join(lines)
 
 

@@ -33,6 +33,7 @@ from jax_drive.sim.layouts import (
     timed_arc,
 )
 from jax_drive.sim.state import Behaviour, Role, Scenario, SimConfig
+from jax_drive.sim.variations import scale_world, variation_scale
 
 TALKING_VEHICLES = TALKING_VEHICLES_SCENARIOS  # the names live in jax_drive.names (no JAX there)
 INTERDRIVE = INTERDRIVE_SCENARIOS
@@ -389,7 +390,7 @@ _BUILDERS = {name: _two_ego_crossing(CROSSINGS[name]) if name in CROSSINGS else 
 
 
 def build(name: str, key, *, accident_prone: bool = True, background: bool = False,
-          cfg: SimConfig = SimConfig(), builder: Builder | None = None) -> Scenario:
+          cfg: SimConfig = SimConfig(), builder: Builder | None = None, variation: str = "nominal") -> Scenario:
     """Builds one scenario (unbatched, padded to ``cfg`` sizes).
 
     Args:
@@ -399,10 +400,14 @@ def build(name: str, key, *, accident_prone: bool = True, background: bool = Fal
       background: add background IDM traffic (InterDrive's "with background" setting).
       builder: an empty :class:`Builder` to build with (default ``Builder(cfg)``); a
         subclass may map the lane paths elsewhere (e.g. onto a CARLA town's lanes).
+      variation: a held-out variation of :data:`jax_drive.sim.variations.VARIATIONS` (the
+        same randomisation in a world scaled outside the training ranges).
     """
     family(name)
+    scale = variation_scale(variation)
     rng = rng_from_key(key)
     b = Builder(cfg) if builder is None else builder
     timeout = _BUILDERS[name](b, rng, bool(accident_prone), bool(background))
-    return b.build(timeout=timeout, accident_prone=bool(accident_prone), scenario_id=SCENARIOS.index(name))
+    built = b.build(timeout=timeout, accident_prone=bool(accident_prone), scenario_id=SCENARIOS.index(name))
+    return scale_world(built, scale)
 

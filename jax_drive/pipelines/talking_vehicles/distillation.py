@@ -35,15 +35,8 @@ def distill_method(preset: Preset, run_dir: str, *, progress: bool = True) -> tu
     data_path = os.path.join(run_dir, "distill_data.jsonl")
     info_path = os.path.join(run_dir, "distill_data_info.json")
     if not os.path.exists(data_path):
-        samples, teacher = [], []
-        for seed, eps in zip(preset.distill_seeds, preset.distill_epsilons):
-            specs = episode_specs(preset.scenarios, [seed], preset.distill_episodes, "distill")
-            found, results = D.collect_teacher(specs, epsilon=eps, seed=seed)
-            samples += found
-            teacher.append({"seed": seed, "epsilon": eps, "episodes": len(results),
-                            "successful": int(sum(D.episode_success(r) for r in results))})
-        raw = D.data_summary(samples)
-        samples = D.select_informative(D.dedupe(samples, 1), keep_fraction=preset.distill_keep_fraction)
+        samples, teacher, raw = D.teacher_data(preset.scenarios, preset.distill_seeds, preset.distill_epsilons,
+                                               preset.distill_episodes, keep_fraction=preset.distill_keep_fraction)
         D.check_disjoint(samples, holdout)
         write_json(info_path, {"teacher_runs": teacher, "raw_data": raw})
         D.save_samples(samples, data_path)  # last: its existence marks the stage done
