@@ -145,6 +145,14 @@ def test_a_resume_that_adds_a_held_out_variation_only_adds_its_evaluations(refer
     assert varied["grpo_vs_start"]["sr_diff"]["episodes"] == len(tags) and "method (scale1.3)" in out
     code, _, err = _cli(capsys, run, True, "--set", 'eval_variations=["nominal"]')
     assert code == 2 and "eval_variations must be distinct names among" in err
+    # a run recorded before a field existed ran with its default: accepted; another value is not
+    recorded = json.loads((run / "preset.json").read_text())
+    del recorded["distill_episodes"]
+    (run / "preset.json").write_text(json.dumps(recorded))
+    code, _, err = _cli(capsys, run, True, "--set", 'eval_variations=["scale1.3"]')
+    assert code == 0, err[-2000:]
+    code, _, err = _cli(capsys, run, True, "--set", 'eval_variations=["scale1.3"]', "--set", "distill_episodes=2")
+    assert code == 2 and "another preset (fields differ: distill_episodes)" in err
 
 
 def test_paired_difference_and_summary_on_hand_made_rows():

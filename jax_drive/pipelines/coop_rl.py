@@ -375,13 +375,14 @@ EVAL_ONLY_FIELDS = ("eval_variations",)
 def check_run_dir(preset: Preset, out_dir: str, resume: bool) -> None:
     """Records the preset in a new run directory; refuses a directory that holds a run unless
     ``resume``, and a resume with a preset other than the recorded one (up to
-    :data:`EVAL_ONLY_FIELDS`, whose new values are recorded)."""
+    :data:`EVAL_ONLY_FIELDS`, whose new values are recorded). A field the record lacks (a run
+    recorded before the field existed) ran with the field's default."""
     path, record = os.path.join(out_dir, "preset.json"), preset_record(preset)
     if os.path.exists(path):
         if not resume:
             raise RunDirError(f"{out_dir} already holds a run: --resume continues it, or choose another --out")
         with open(path) as f:
-            recorded = json.load(f)
+            recorded = preset_record(Preset(name=preset.name)) | json.load(f)
         changed = sorted(k for k in set(recorded) | set(record)
                          if recorded.get(k) != record.get(k) and k not in EVAL_ONLY_FIELDS)
         if changed:
