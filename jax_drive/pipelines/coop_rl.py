@@ -469,7 +469,8 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
         return None
     by_variation = {v: {m: {s: r[v] for s, r in seeds.items()} for m, seeds in rows.items()} for v in variations}
     results = summarise(preset, by_variation.pop("nominal"), curves, distilled)
-    results["variations"] = {v: comparison(preset, r) | {"rows": _rows_record(r)} for v, r in by_variation.items()}
+    results["variations"] = {v: comparison(preset, r, distilled is not None) | {"rows": _rows_record(r)}
+                             for v, r in by_variation.items()}
     results["storyboard"] = story
     _write(os.path.join(out_dir, "results.json"), results)
     return results
@@ -483,13 +484,16 @@ def _rows_record(rows: dict[str, dict[int, list[dict]]]) -> dict:
     return {m: {str(s): r for s, r in v.items()} for m, v in rows.items()}
 
 
-def comparison(preset: Preset, rows: dict[str, dict[int, list[dict]]]) -> dict:
+def comparison(preset: Preset, rows: dict[str, dict[int, list[dict]]], distilled: bool = False) -> dict:
     """On one set of held-out episodes: the per-method summary (untrained rows: one "seed"
-    per evaluation seed), grpo - start and messages dropped - grpo paired differences."""
+    per evaluation seed; ``distilled``: the start is the distilled policy, its row also named
+    so), grpo - start and messages dropped - grpo paired differences."""
     by_eval_seed = {m: {s: [r for r in rows[m][0] if r["seed"] == s] for s in preset.eval_seeds}
                     for m in ("rule_based", "start")}
     summary = {m: method_summary(by_eval_seed[m]) for m in by_eval_seed}
     summary |= {m: method_summary(rows[m]) for m in ("grpo", "grpo_messages_dropped")}
+    if distilled:
+        summary["distilled"] = summary["start"] | {"same_as": "start"}
     start = rows["start"][0]
     return {"summary": summary,
             "grpo_vs_start": {"sr_diff": paired_difference(rows["grpo"], start, "sr"),
@@ -503,13 +507,12 @@ def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: di
     """The results on the nominal held-out episodes: preset, :func:`comparison`, the
     per-episode rows and the learning curves; with a distilled start (``distilled``: its data
     and training record), its row is also the ``distilled`` row."""
-    compared = comparison(preset, rows)
+    compared = comparison(preset, rows, distilled is not None)
     summary = compared["summary"]
     not_run = {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
                "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
                             "--method distilled); pass its directory as the preset's model to start from it"}
     if distilled is not None:
-        summary["distilled"] = summary["start"] | {"same_as": "start"}
         not_run = {"zero_shot": f"the start policy is {preset.model!r} distilled from the language rule teacher; "
                                 "its zero-shot answers are not evaluated"}
     return {"preset": preset_record(preset), "start_policy": preset.start, **compared, "not_run": not_run,
@@ -523,14 +526,14 @@ def _write(path: str, payload: dict) -> None:
 
 
 def plot_curves(results: dict, path: str) -> str:
-    """Training return and SR per step, one line per training seed, beside the held-out SR of
-    each method (bars with standard errors)."""
+    """Training return and SR per step, one line per training seed, beside the held-out SR and
+    CR of each method (bars with standard errors; one bar per variation)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     for seed, curve in results["curves"].items():
         steps = [c["step"] for c in curve]
         axes[0].plot(steps, [c["return_mean"] for c in curve], label=f"seed {seed}")
@@ -539,21 +542,28 @@ def plot_curves(results: dict, path: str) -> str:
     axes[1].set(xlabel="trainer step", ylabel="SR % (training groups)", title="success while training")
     for ax in axes[:2]:
         ax.legend(fontsize=8)
-    names = list(results["summary"])
+    names = [m for m, row in results["summary"].items() if "same_as" not in row]  # one bar per policy
     sets = {"nominal": results["summary"]} | {v: b["summary"] for v, b in results.get("variations", {}).items()}
     width = 0.8 / len(sets)
-    for k, (label, summary) in enumerate(sets.items()):
-        shown = [m for m in names if m in summary]
-        x = np.array([names.index(m) for m in shown]) + (k - (len(sets) - 1) / 2) * width
-        axes[2].bar(x, [summary[m]["sr"]["mean"] for m in shown], width, yerr=[summary[m]["sr"]["sem"] for m in shown],
-                    capsize=3, label=label)
-    axes[2].set_xticks(range(len(names)), names, rotation=20, fontsize=8)
-    axes[2].set(ylabel="SR % (held-out episodes)", title="frozen evaluation")
-    axes[2].legend(fontsize=8)
+    for ax, key in zip(axes[2:], ("sr", "cr")):
+        for k, (label, summary) in enumerate(sets.items()):
+            shown = [m for m in names if m in summary]
+            x = np.array([names.index(m) for m in shown]) + (k - (len(sets) - 1) / 2) * width
+            ax.bar(x, [summary[m][key]["mean"] for m in shown], width, yerr=[summary[m][key]["sem"] for m in shown],
+                   capsize=3, label=label)
+        ax.set_xticks(range(len(names)), [_label(results, m) for m in names], rotation=20, ha="right", fontsize=8)
+        ax.set(ylabel=f"{key.upper()} % (held-out episodes)", title=f"frozen evaluation: {key.upper()}")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _label(results: dict, method: str) -> str:
+    """The method's name, with the rows that are the same policy ("start = distilled")."""
+    same = [m for m, row in results["summary"].items() if row.get("same_as") == method]
+    return " = ".join([method] + same)
 
 
 def summary_table(results: dict) -> str:
