@@ -128,12 +128,13 @@ CATALOGUE: dict[str, Entry] = {
                             "3 seeds (JSON and plot)"),
     "talking_vehicles": Entry("TalkingVehicles Table 1 (cpu-demo): rule-based, silent, SmolLM2 zero-shot, "
                               "reflection, debrief and distilled rows (JSON, CR / SR plot, storyboard)"),
-    "coop_rl": Entry("Talking vehicles trained by RL (jax-drive coop-rl, tiny-study): SR / CR of the start, "
-                     "trained and messages-dropped policies on held-out episodes, paired differences, curves, "
-                     "storyboard, each training seed's metrics"),
-    "coop_rl/tiny_distilled": Entry("the same from a distilled start (tiny-distilled): the distilled student, "
-                                    "grpo and messages dropped, on the nominal held-out episodes and the "
-                                    "scale1.3 variation"),
+    "coop_rl": Entry("Talking vehicles trained by RL (jax-drive coop-rl): tiny-study here, tiny-distilled in "
+                     "tiny_distilled/; SR / CR of the start, trained and messages-dropped policies on held-out "
+                     "episodes and a held-out variation, paired differences, curves, storyboard, each training "
+                     "seed's metrics"),
+    "coop_rl/tiny_distilled/coop_rl_distilled.json": Entry(
+        "the same from a distilled start (tiny-distilled): the distilled student, grpo and messages dropped, on "
+        "the nominal held-out episodes and the scale1.3 variation"),
     "interdrive": Entry("CoLMDriver Table 2 on the InterDrive types, with Table 2, Fig. 5 and episode plots"),
     "interdrive/interdrive.json": Entry("the fine-tuned SmolLM2 negotiator"),
     "interdrive/interdrive_teacher.json": Entry("the rule-based teacher as the negotiator (the SFT ceiling)"),
