@@ -105,6 +105,14 @@ def negotiation_stats(log: list[dict]) -> dict:
     }
 
 
+def episodes_detail(results, tags) -> list[dict]:
+    """One record per episode of :func:`evaluate_policy`'s ``results``: its (type, seed, k),
+    configuration, DS / RC / IS, success, end time and the agents' outcomes."""
+    return [{"type": t[0], "seed": t[1], "k": t[2], "accident_prone": r.accident_prone,
+             **{k: r.metrics[k] for k in ("DS", "RC", "IS")}, "success": r.metrics["success"],
+             "end_time": r.end_time, "outcomes": [o.outcome for o in r.outcomes]} for t, r in zip(tags, results)]
+
+
 def evaluate_policy(policy, preset: Preset, background: bool, *, progress=None, keep_trajectory=False) -> dict:
     """Runs the preset's episodes of one background setting in one batch and summarises.
 

@@ -299,11 +299,7 @@ def evaluation_unit(ctx: RunContext, ws: InterDriveWorkspace, arm: str, backgrou
     bar, tick = progress_bar(ctx, f"{arm} {'bg' if background else 'no bg'}")
     result = A.evaluate_policy(policy, ctx.preset, background, progress=tick)
     bar.close()
-    results, tags = result.pop("results")
-    result["episodes_detail"] = [{"type": t[0], "seed": t[1], "k": t[2], "accident_prone": r.accident_prone,
-                                  **{k: r.metrics[k] for k in ("DS", "RC", "IS")}, "success": r.metrics["success"],
-                                  "end_time": r.end_time, "outcomes": [o.outcome for o in r.outcomes]}
-                                 for t, r in zip(tags, results)]
+    result["episodes_detail"] = A.episodes_detail(*result.pop("results"))
     if hasattr(policy, "log"):
         write_json(out.replace(".json", ".log.json"), jsonable(policy.log))
     write_json(out, jsonable(dict(result, arm=arm, background=background,

@@ -56,13 +56,6 @@ def episode_rows(details: list[dict], background: bool) -> list[dict]:
              "ds": float(d["DS"]), "sr": 100.0 * float(bool(d["success"]))} for d in details]
 
 
-def details(result: dict) -> list[dict]:
-    """``episodes_detail`` of an :func:`~jax_drive.pipelines.interdrive.arms.evaluate_policy` result."""
-    results, tags = result["results"]
-    return [{"type": t[0], "seed": t[1], "k": t[2], "DS": r.metrics["DS"], "success": r.metrics["success"]}
-            for t, r in zip(tags, results)]
-
-
 def settings_record(preset: Preset) -> dict:
     """What an evaluation record is checked against (with the negotiator and closed loop)."""
     return dataclasses.asdict(preset.rl)
@@ -89,7 +82,7 @@ def evaluate_actor(preset: Preset, engine, critic, backgrounds, tick=None) -> li
     rows = []
     for background in backgrounds:
         result = A.evaluate_policy(A.make_policy(ARM, preset, actor), preset, background, progress=tick)
-        rows += episode_rows(details(result), background)
+        rows += episode_rows(A.episodes_detail(*result["results"]), background)
     return rows
 
 
