@@ -1,6 +1,6 @@
 """CoLMDriver's consensus critic alone: how well its score separates held-out negotiations
 that ended in agreement from those that did not (AUC), with the base model and after a
-critic-only LoRA fine-tune on class-balanced targets.
+critic-only LoRA fine-tune on balanced targets.
 
     nice -n 5 python experiments/interdrive_critic.py --preset cpu-demo \
         --json experiments/results/interdrive/interdrive_critic.json
@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     parser.add_argument("--train-examples", type=int, default=None, help="default: CriticStudy's")
     parser.add_argument("--probe-size", type=int, default=None, help="default: CriticStudy's")
     parser.add_argument("--sft-steps", type=int, default=None, help="default: CriticStudy's")
+    parser.add_argument("--balance", default=None, choices=("agreement", "score"),
+                        help="how targets are drawn (default: CriticStudy's; see its docstring)")
     parser.add_argument("--work-dir", default=None, type=output_dir,
                         help="the critic's adapter (default: runs/interdrive-critic-<preset>)")
     add_output_args(parser, json_required=True)
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
     from jax_drive.pipelines.interdrive.critic import CriticStudy
 
     given = {name: getattr(args, name) for name in ("train_seeds", "probe_seeds", "train_examples", "probe_size",
-                                                   "sft_steps") if getattr(args, name) is not None}
+                                                   "sft_steps", "balance") if getattr(args, name) is not None}
     try:
         study = CriticStudy(**given)
     except ValueError as error:

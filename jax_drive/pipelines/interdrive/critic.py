@@ -4,7 +4,8 @@ ended in agreement from those that did not, before and after a critic-only fine-
 Teacher-driven episodes (:class:`~jax_drive.coop.negotiation.RuleTeacher` with its
 deliberately wrong first rounds, so that disagreements occur) are recorded on two disjoint
 sets of training seeds: the consensus requests of the first are the critic's SFT targets
-(snapped to the allowed scores, class-balanced), those of the second are the held-out
+(snapped to the allowed scores, balanced as the protocol's ``balance`` says), those of the
+second are the held-out
 negotiations (balanced between the teacher's "agreement" and the rest). The critic
 (``LLMNegotiator.consensus_answers``) is probed on them with the base model and with a LoRA
 adapter trained on the targets only; each probe reports the separation AUC of the score it
@@ -22,6 +23,9 @@ from jax_drive.pipelines.interdrive import negotiator as N
 from jax_drive.pipelines.interdrive.presets import Preset
 
 
+BALANCE_RULES = ("agreement", "score")  # CriticStudy.balance
+
+
 @dataclasses.dataclass(frozen=True)
 class CriticStudy:
     """The study's protocol (fixed before it runs).
@@ -29,20 +33,42 @@ class CriticStudy:
     Attributes: train_seeds / probe_seeds: disjoint teacher seeds of the SFT targets and of
     the held-out negotiations (one accident-prone/safe alternating episode per type per seed
     and background setting, as the data stage); train_examples: consensus SFT targets;
-    probe_size: held-out negotiations; sft_steps: LoRA steps of the critic-only fine-tune.
+    probe_size: held-out negotiations; sft_steps: LoRA steps of the critic-only fine-tune;
+    balance: how the targets are drawn from the distinct recorded prompts: 'agreement'
+    (half agreements, half not, :func:`~jax_drive.pipelines.interdrive.negotiator.equal_shares`:
+    the rarer side repeated when short; the decision the loop reads at the consensus
+    threshold) or 'score' (equal shares per stated score as far as each has distinct
+    prompts, no repeats: the first protocol, which left 73 % of its targets at 100).
+
+    The defaults are the second protocol, fixed before it ran; the first was
+    ``CriticStudy(train_seeds=(100,), train_examples=120, sft_steps=30, balance="score")``.
     """
 
-    train_seeds: tuple[int, ...] = (100,)
+    train_seeds: tuple[int, ...] = (100, 102, 103, 104, 105)
     probe_seeds: tuple[int, ...] = (101,)
-    train_examples: int = 120
+    train_examples: int = 240
     probe_size: int = 64
-    sft_steps: int = 30
+    sft_steps: int = 60
+    balance: str = "agreement"
 
     def __post_init__(self):
         if set(self.train_seeds) & set(self.probe_seeds):
             raise ValueError(f"train_seeds {self.train_seeds} and probe_seeds {self.probe_seeds} overlap")
         if min(self.train_examples, self.probe_size, self.sft_steps) < 1:
             raise ValueError("train_examples, probe_size and sft_steps must be >= 1")
+        if self.balance not in BALANCE_RULES:
+            raise ValueError(f"balance must be one of {BALANCE_RULES}, got {self.balance!r}")
+
+
+
+def critic_targets(pool: list[dict], study: CriticStudy, consensus_scores) -> list[dict]:
+    """The critic's SFT targets drawn from the recorded consensus examples ``pool`` by the
+    study's ``balance`` rule (scores snapped to ``consensus_scores``)."""
+    if study.balance == "score":
+        return N.select_examples(pool, [("consensus", study.train_examples)], consensus_scores=consensus_scores)
+    distinct = N.select_examples(pool, [("consensus", len(pool))], consensus_scores=consensus_scores)
+    picks = N.equal_shares([N.ended_in_agreement(e) for e in distinct], study.train_examples)
+    return [distinct[i] for i in picks]
 
 
 def consensus_examples(preset: Preset, seeds, progress=None) -> list[dict]:
@@ -63,11 +89,12 @@ def run_critic_study(preset: Preset, study: CriticStudy, out_dir: str, *, progre
     train_pool = consensus_examples(preset, study.train_seeds, progress)
     probe_pool = consensus_examples(preset, study.probe_seeds, progress)
     seconds["record"] = time.perf_counter() - start
-    targets = N.select_examples(train_pool, [("consensus", study.train_examples)],
-                                consensus_scores=preset.consensus_scores)
+    targets = critic_targets(train_pool, study, preset.consensus_scores)
     held_out = N.critic_probe_examples(probe_pool, targets, study.probe_size)
     data = {"recorded": {"train": len(train_pool), "probe": len(probe_pool)},
             "targets": dict(collections.Counter(str(N.consensus_class(e)) for e in targets)),
+            "targets_distinct": len({e["messages"][-2]["content"] for e in targets}),
+            "targets_agreed": sum(map(N.ended_in_agreement, targets)),
             "held_out": len(held_out), "held_out_agreed": sum(map(N.ended_in_agreement, held_out))}
     log(f"critic study data: {data}")
 

@@ -75,6 +75,26 @@ def balanced_order(classes: list, order: list[int]) -> list[int]:
     return out
 
 
+def equal_shares(labels: list, n: int, seed: int = 0) -> list[int]:
+    """Indices into ``labels`` of ``n`` picks giving every distinct label an equal share (the
+    first ``n % k`` labels, in sorted order, one more); each label's indices in a fixed random
+    order, repeated when the label has fewer than its share; the picks shuffled."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    groups: dict = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(label, []).append(i)
+    if not groups:
+        return []
+    rng = np.random.default_rng(seed)
+    picks = []
+    for j, label in enumerate(sorted(groups, key=repr)):
+        share = n // len(groups) + (j < n % len(groups))
+        order = rng.permutation(groups[label])
+        picks += [int(order[k % len(order)]) for k in range(share)]
+    return [picks[i] for i in rng.permutation(len(picks))]
+
+
 def select_examples(examples: list[dict], counts, seed: int = 0, max_chars: int | None = None,
                     consensus_scores=None) -> list[dict]:
     """Up to ``counts`` examples per kind, distinct prompts of at most ``max_chars``
