@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     parser.add_argument("--train-examples", type=int, default=None, help="default: CriticStudy's")
     parser.add_argument("--probe-size", type=int, default=None, help="default: CriticStudy's")
     parser.add_argument("--sft-steps", type=int, default=None, help="default: CriticStudy's")
+    parser.add_argument("--probe-at", type=parse_seeds, default=None,
+                        help="earlier SFT steps also probed (comma-separated; default: CriticStudy's)")
     parser.add_argument("--balance", default=None, choices=("agreement", "score"),
                         help="how targets are drawn (default: CriticStudy's; see its docstring)")
     parser.add_argument("--work-dir", default=None, type=output_dir,
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
     from jax_drive.pipelines.interdrive.critic import CriticStudy
 
     given = {name: getattr(args, name) for name in ("train_seeds", "probe_seeds", "train_examples", "probe_size",
-                                                   "sft_steps", "balance") if getattr(args, name) is not None}
+                                                   "sft_steps", "probe_at", "balance") if getattr(args, name) is not None}
     try:
         study = CriticStudy(**given)
     except ValueError as error:

@@ -224,14 +224,18 @@ def test_critic_study_script_records_trains_and_probes_at_smoke_size(tmp_path):
     import interdrive_critic as script
 
     out = tmp_path / "critic.json"
-    assert script.main(["--preset", "smoke", "--train-seeds", "100", "--sft-steps", "2", "--probe-size", "4",
-                        "--train-examples", "6", "--work-dir", str(tmp_path / "w"), "--json", str(out),
-                        "--no-progress"]) == 0
+    assert script.main(["--preset", "smoke", "--train-seeds", "100", "--sft-steps", "2", "--probe-at", "1",
+                        "--probe-size", "4", "--train-examples", "6", "--work-dir", str(tmp_path / "w"),
+                        "--json", str(out), "--no-progress"]) == 0
     got = json.loads(out.read_text())
     assert got["protocol"]["sft_steps"] == 2 and got["sft"]["steps"] == 2 and "meta" in got
+    assert [p["steps"] for p in got["curve"]] == [0, 1, 2]  # base, the probe point, the end of the one fine-tune
+    assert got["curve"][-1]["auc"] == got["tuned"]["auc"] and got["tuned_on_targets"]["n"] >= 1
     assert got["protocol"]["balance"] == "agreement" and got["data"]["targets_agreed"] == 3  # half of 6
     assert set(got["data"]["targets"]) <= {"0", "25", "50", "75", "100"} and got["data"]["held_out"] >= 1
     for probe in (got["base"], got["tuned"]):
         assert probe["n"] == got["data"]["held_out"] and probe["readout"] == "expected"
     with pytest.raises(InputError, match="overlap"):
         script.main(["--preset", "smoke", "--train-seeds", "100", "--probe-seeds", "100", "--json", str(out)])
+    with pytest.raises(InputError, match="probe_at"):
+        script.main(["--preset", "smoke", "--sft-steps", "2", "--probe-at", "2", "--json", str(out)])
