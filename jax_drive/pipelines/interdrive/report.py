@@ -147,6 +147,9 @@ def report(ctx, ws) -> dict:
     write_json(ctx.option("json"), result)
     ctx.log(markdown_table(table))
     ctx.log(json.dumps(goals, indent=1))
+    for setting, diff in result["consensus_effect"].items():
+        ctx.log(f"arm 5 - arm 4 ({setting}): " + ", ".join(
+            f"{k} {d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" for k, d in diff.items()))
     return result
 
 
