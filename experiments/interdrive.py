@@ -44,6 +44,9 @@ def main(argv=None) -> int:
     parser.add_argument("--url", default=None, help="OpenAI-compatible server (with --engine openai)")
     parser.add_argument("--served-model", default=None, help="model name on the server (default: the preset's)")
     parser.add_argument("--adapter", default=None, help="use this PEFT adapter instead of training one")
+    parser.add_argument("--critic-adapter", default=None,
+                        help="the consensus critic is the base model with this adapter (e.g. the critic-only "
+                             "fine-tune of experiments/interdrive_critic.py); default: the negotiator's own")
     parser.add_argument("--stage", choices=INTERDRIVE_STAGES + ("all",), default="all")
     parser.add_argument("--arms", default=None, help="comma-separated Table 2 arms / baselines to evaluate "
                         f"(default: all of {', '.join(INTERDRIVE_ARMS + BASELINES)})")
@@ -57,8 +60,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if args.engine == "openai" and not args.url:  # checks that need no heavy import come first
         raise InputError("--engine openai needs --url")
-    if args.adapter is not None and not os.path.isdir(args.adapter):
-        raise InputError(f"--adapter {args.adapter} is not a directory")
+    for flag, path in (("--adapter", args.adapter), ("--critic-adapter", args.critic_adapter)):
+        if path is not None and not os.path.isdir(path):
+            raise InputError(f"{flag} {path} is not a directory")
     arms = [a.strip() for a in (args.arms or ",".join(INTERDRIVE_ARMS + BASELINES)).split(",") if a.strip()]
     unknown = [a for a in arms if a not in INTERDRIVE_ARMS + BASELINES]
     if unknown or not arms:
@@ -72,7 +76,8 @@ def main(argv=None) -> int:
     preset = preset_with_overrides(PRESETS[args.preset], args)
     backgrounds = {"off": (False,), "on": (True,), "both": (False, True)}[args.background]
     run_interdrive(preset, work_dir, engine=args.engine, stage=args.stage, arms=arms, backgrounds=backgrounds,
-                   url=args.url, served_model=args.served_model, adapter=args.adapter, render_type=args.render_type,
+                   url=args.url, served_model=args.served_model, adapter=args.adapter,
+                   critic_adapter=args.critic_adapter, render_type=args.render_type,
                    json_path=args.json, command="python experiments/interdrive.py " + " ".join(argv),
                    progress=not args.no_progress)
     return 0

@@ -354,3 +354,34 @@ def test_expected_consensus_scores_and_their_distribution_are_recorded_per_round
         assert len(r["consensus_probs"]) == 5 and sum(r["consensus_probs"]) == pytest.approx(1.0, abs=1e-3)
         assert r["consensus"] == pytest.approx(round(readout.expected, 1) / 100)
         assert r["consensus"] == pytest.approx(sum(p * s for p, s in zip(readout.probs, scores)) / 100, abs=1e-3)
+
+
+def test_a_separate_critic_engine_answers_every_consensus_request_and_gives_the_readout(tiny_engine):
+    from jax_drive.coop.negotiation.consensus import expected_scores
+    from jax_drive.coop.negotiation.negotiate import consensus_request
+
+    scores = (0, 25, 50, 75, 100)
+
+    class Counted(CountingEngine):  # the expected read-out needs the engine's model and tokenizer
+        def __init__(self, engine):
+            super().__init__(engine)
+            self.model, self.tokenizer = engine.model, engine.tokenizer
+
+    model, _, tokenizer = tiny_policy(seed=1, lora_rank=None)  # another model than the actor's
+    actor, critic = Counted(tiny_engine), Counted(JaxEngine(model, tokenizer))
+    neg = LLMNegotiator(actor, "compact", actor_tokens=8, consensus_tokens=40, constrain_answers=True,
+                        consensus_scores=scores, consensus_readout="expected", critic_engine=critic)
+    groups = _groups()
+    negotiate(groups, neg, _waypoints_for, RoundsConfig(critic=True, consensus=True, max_rounds=1))
+    assert actor.calls == [7, 3] and critic.calls == [3]  # actors and sum actions; the consensus requests
+    assert neg.usage.calls == {"actor": 1, "sum": 1, "consensus": 1}
+    prompts = [tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in
+               [consensus_request(g, "compact") for g in groups]]
+    ids = [tokenizer.encode(p) for p in prompts]
+    again = expected_scores(model, tokenizer, ids, neg.last_sampled, scores)
+    assert [r.expected for r in again] == pytest.approx([r.expected for r in neg.last_readouts], abs=1e-4)
+    actors = expected_scores(tiny_engine.model, tiny_engine.tokenizer, ids, neg.last_sampled, scores)
+    assert max(abs(a.expected - r.expected) for a, r in zip(actors, again)) > 1e-3  # the models do differ
+    with pytest.raises(ValueError, match="local model"):
+        LLMNegotiator(tiny_engine, constrain_answers=True, consensus_scores=scores, consensus_readout="expected",
+                      critic_engine=object())

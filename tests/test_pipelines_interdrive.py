@@ -199,6 +199,7 @@ def test_render_dialogue_of_a_negotiated_episode(tmp_path):
 def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp_path):
     from jax_drive.pipelines.interdrive.pipeline import InterDriveWorkspace
     from jax_drive.pipelines.stages import RunContext
+    from jax_drive.runinfo import InputError
 
     run = InterDriveWorkspace(RunContext(SMOKE, str(tmp_path), {"engine": "teacher", "adapter": None}))
     today = {"negotiator": "teacher", "loop_revision": I.LOOP_REVISION}
@@ -211,6 +212,37 @@ def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp
     assert not run.made_here(other)
     assert run.made_here(other, negotiates=False)  # a rule-based unit: any negotiator
     assert not run.made_here({"negotiator": None, "loop_revision": 1}, negotiates=False)
+    # a separate consensus critic makes another negotiator: the actor's units are not reused
+    adapter = str(tmp_path / "actor")
+    options = {"engine": "jax", "adapter": adapter}
+    actor_only = InterDriveWorkspace(RunContext(SMOKE, str(tmp_path), options))
+    critic = str(tmp_path / "critic")
+    with_critic = InterDriveWorkspace(RunContext(SMOKE, str(tmp_path), dict(options, critic_adapter=critic)))
+    assert actor_only.negotiator_id() == f"adapter {adapter}"
+    assert with_critic.negotiator_id() == f"adapter {adapter} + critic adapter {critic}"
+    unit = {"negotiator": actor_only.negotiator_id(), "loop_revision": I.LOOP_REVISION}
+    assert actor_only.made_here(unit) and not with_critic.made_here(unit)
+    with pytest.raises(InputError, match="critic adapter"):
+        I.run_interdrive(SMOKE, str(tmp_path), engine="teacher", critic_adapter=critic,
+                         json_path=str(tmp_path / "r.json"))
+
+
+def test_the_consensus_effect_is_paired_over_types_and_seeds():
+    from jax_drive.pipelines.interdrive.report import arm_difference
+
+    def unit(ds):  # two types x two seeds, one episode each
+        return {"per_type": {t: {"per_seed": [{"seed": s, "DS": ds[t][s], "SR": 100.0 * (ds[t][s] == 100)}
+                                             for s in (0, 1)]} for t in ds}}
+
+    four = unit({"a": [100.0, 50.0], "b": [80.0, 100.0]})
+    five = unit({"a": [100.0, 100.0], "b": [80.0, 100.0]})  # one (type, seed) improved by 50 DS, SR +100
+    got = arm_difference({("4_critic_se", False): four, ("5_consensus", False): five}, "5_consensus", "4_critic_se")
+    assert list(got) == ["without_background"]  # the other setting was not evaluated
+    ds, sr = got["without_background"]["DS"], got["without_background"]["SR"]
+    assert ds["mean"] == 12.5 and sr["mean"] == 25.0 and ds["episodes"] == 4
+    # a resample's mean is 12.5 k, k ~ Binomial(4, 1/4) copies of the change: P(k = 0) = 0.32 and
+    # P(k >= 3) = 13/256 = 0.051 > 0.025 > P(k = 4), so the 95 % interval is [0, 37.5]
+    assert ds["ci95"] == [0.0, 37.5]
 
 
 def test_critic_study_script_records_trains_and_probes_at_smoke_size(tmp_path):

@@ -202,13 +202,18 @@ class LLMNegotiator:
     (:func:`~jax_drive.coop.negotiation.consensus.expected_scores`, one extra forward pass per
     call), written into the answer with one decimal; the last call's read-outs (with the
     probabilities) are kept in ``last_readouts``, its answers as sampled in ``last_sampled``.
+
+    critic_engine: the engine of the consensus critic when it is another model than the
+    actor's (e.g. the same base model with a critic-only adapter); default ``engine``.
     """
 
     def __init__(self, engine, style: P.PromptStyle = "compact", *, actor_tokens: int = 40,
                  sum_tokens_per_member: int = 14, consensus_tokens: int = 40, temperature: float = 0.0,
                  key: jax.Array | None = None, name: str = "llm", constrain_answers: bool = False,
-                 max_words: int = P.MAX_WORDS, consensus_scores=None, consensus_readout: str = "sampled"):
+                 max_words: int = P.MAX_WORDS, consensus_scores=None, consensus_readout: str = "sampled",
+                 critic_engine=None):
         self.engine, self.style, self.name = engine, style, name
+        self.critic_engine = engine if critic_engine is None else critic_engine
         self.actor_tokens, self.sum_tokens_per_member, self.consensus_tokens = (
             actor_tokens, sum_tokens_per_member, consensus_tokens)
         self.temperature = temperature
@@ -222,7 +227,7 @@ class LLMNegotiator:
             raise ValueError(f"consensus_readout must be 'sampled' or 'expected', got {consensus_readout!r}")
         if consensus_readout == "expected" and not (self.constrain_answers and self.consensus_scores):
             raise ValueError("consensus_readout 'expected' needs constrain_answers and consensus_scores")
-        if consensus_readout == "expected" and getattr(engine, "model", None) is None:
+        if consensus_readout == "expected" and getattr(self.critic_engine, "model", None) is None:
             raise ValueError("consensus_readout 'expected' needs a local model (engine.model, engine.tokenizer)")
         self.consensus_readout = consensus_readout
         self.last_readouts: list = []
@@ -244,7 +249,8 @@ class LLMNegotiator:
     def _complete(self, kind: str, conversations: list[list[dict]], max_new_tokens: int, grammar=None) -> list:
         self._n += 1
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, grammar=grammar)
-        outs = self.engine.generate_chat(conversations, params, jax.random.fold_in(self.key, self._n))
+        engine = self.critic_engine if kind == "consensus" else self.engine
+        outs = engine.generate_chat(conversations, params, jax.random.fold_in(self.key, self._n))
         self.usage.calls[kind] += 1
         self.usage.prompts[kind] += len(conversations)
         self.usage.prompt_tokens += sum(len(o.prompt_token_ids) for o in outs)
@@ -283,7 +289,8 @@ class LLMNegotiator:
             return [o.text for o in outs]
         from jax_drive.coop.negotiation.consensus import expected_scores, with_score
 
-        readouts = expected_scores(self.engine.model, self.engine.tokenizer, [o.prompt_token_ids for o in outs],
+        readouts = expected_scores(self.critic_engine.model, self.critic_engine.tokenizer,
+                                   [o.prompt_token_ids for o in outs],
                                    [o.text for o in outs], self.consensus_scores)
         self.last_readouts, self.last_sampled = readouts, [o.text for o in outs]
         return [o.text if r.expected is None else with_score(o.text, r.expected) for o, r in zip(outs, readouts)]

@@ -270,8 +270,10 @@ def finetune(preset: Preset, examples: list[dict], out_dir: str, *, progress: bo
 
 
 def make_negotiator(preset: Preset, engine: str = "jax", *, adapter_dir: str | None = None, url: str | None = None,
-                    served_model: str | None = None) -> LLMNegotiator:
-    """The LLM negotiator: 'jax' (local model + adapter) or 'openai' (a server at ``url``)."""
+                    served_model: str | None = None, critic_adapter: str | None = None) -> LLMNegotiator:
+    """The LLM negotiator: 'jax' (local model + adapter) or 'openai' (a server at ``url``);
+    with ``critic_adapter`` the consensus critic is the preset's local model with that
+    adapter (e.g. :mod:`~jax_drive.pipelines.interdrive.critic`'s critic-only fine-tune)."""
     if engine not in engines.ENGINE_KINDS:
         raise ValueError(f"unknown engine {engine!r}; choose 'jax' or 'openai'")
     if engine == "openai" and not url:
@@ -280,7 +282,10 @@ def make_negotiator(preset: Preset, engine: str = "jax", *, adapter_dir: str | N
         backend = engines.make_engine(engine_spec(preset, url, served_model))
     else:
         backend = engines.make_engine(engine_spec(preset), *load_model(preset, adapter_dir))
+    critic = None if critic_adapter is None else engines.make_engine(engine_spec(preset),
+                                                                     *load_model(preset, critic_adapter))
     return LLMNegotiator(backend, preset.style, actor_tokens=preset.actor_tokens,
                          consensus_tokens=preset.consensus_tokens, temperature=preset.temperature, name=engine,
                          constrain_answers=preset.constrain_answers, consensus_scores=preset.consensus_scores,
-                         consensus_readout=consensus_readout(preset, engine))
+                         consensus_readout=consensus_readout(preset, "jax" if critic_adapter else engine),
+                         critic_engine=critic)

@@ -82,12 +82,19 @@ class InterDriveWorkspace(Workspace):
         if engine == "jax":
             if not os.path.isdir(self.adapter):
                 raise InputError(f"no fine-tuned adapter at {self.adapter}: run --stage sft first or pass --adapter")
-            return N.make_negotiator(ctx.preset, "jax", adapter_dir=self.adapter)
-        return N.make_negotiator(ctx.preset, "openai", url=ctx.option("url"), served_model=ctx.option("served_model"))
+            return N.make_negotiator(ctx.preset, "jax", adapter_dir=self.adapter,
+                                     critic_adapter=ctx.option("critic_adapter"))
+        return N.make_negotiator(ctx.preset, "openai", url=ctx.option("url"), served_model=ctx.option("served_model"),
+                                 critic_adapter=ctx.option("critic_adapter"))
 
     def negotiator_id(self) -> str:
         """Names the negotiator behind the results (a unit, probe, study or rendering made by
-        another one is stale)."""
+        another one is stale); a separate consensus critic is named after the actor."""
+        critic = self.ctx.option("critic_adapter")
+        actor = self._actor_id()
+        return actor if not critic else f"{actor} + critic adapter {os.path.abspath(critic)}"
+
+    def _actor_id(self) -> str:
         ctx, engine = self.ctx, self.ctx.option("engine")
         if engine == "teacher":
             return "teacher"
@@ -397,13 +404,18 @@ check_names("InterDrive stages", [s.name for s in STAGES], STAGE_NAMES)
 
 def run_interdrive(preset: Preset, work_dir: str, *, engine: str = "jax", stage: str = "all", arms=None,
                    backgrounds=(False, True), url: str | None = None, served_model: str | None = None,
-                   adapter: str | None = None, render_type: str = "ic_straight_left", json_path: str,
-                   command: str = "", progress: bool = True, log=print) -> RunContext:
+                   adapter: str | None = None, critic_adapter: str | None = None,
+                   render_type: str = "ic_straight_left", json_path: str, command: str = "", progress: bool = True,
+                   log=print) -> RunContext:
     """Runs the selected stages (``stage``: one of :data:`STAGE_NAMES` or 'all'); the report
-    is written to ``json_path`` (plots beside it). Returns the final context."""
+    is written to ``json_path`` (plots beside it). ``critic_adapter``: the consensus critic
+    is the local model with this adapter (engines 'jax' and 'openai'). Returns the final context."""
+    if critic_adapter is not None and engine == "teacher":
+        raise InputError("a critic adapter replaces an LLM negotiator's critic: use it with engine 'jax' or 'openai'")
     arms = list(arms or INTERDRIVE_ARMS + A.BASELINES)
     options = {"engine": engine, "stage": stage, "arms": arms, "url": url, "served_model": served_model,
-               "adapter": adapter, "render_type": render_type, "json": json_path, "command": command,
+               "adapter": adapter, "critic_adapter": critic_adapter, "render_type": render_type, "json": json_path,
+               "command": command,
                "backgrounds": tuple(b for b in backgrounds if b in preset.backgrounds),
                "episode_png": os.path.splitext(json_path)[0] + "_episode.png"}
     os.makedirs(os.path.join(work_dir, "units"), exist_ok=True)

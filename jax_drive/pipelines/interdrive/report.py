@@ -76,6 +76,28 @@ def background_effect(units: dict) -> dict:
     return out
 
 
+def seed_rows(unit: dict) -> list[dict]:
+    """A unit's episodes as one row per (type, evaluation seed): {"tag", "ds", "sr"} (the
+    seed's mean over its episodes of that type)."""
+    return [{"tag": f"{name}/seed{row['seed']}", "ds": row["DS"], "sr": row["SR"]}
+            for name, scores in unit["per_type"].items() for row in scores["per_seed"]]
+
+
+def arm_difference(units: dict, arm: str, reference: str) -> dict:
+    """Per background setting where both were evaluated: ``arm`` minus ``reference`` in DS and
+    SR, paired over the same (type, seed) episodes, with a 95 % bootstrap interval
+    (:func:`~jax_drive.pipelines.coop_rl.paired_difference`)."""
+    from jax_drive.pipelines.coop_rl import paired_difference
+
+    out = {}
+    for bg in (False, True):
+        if (arm, bg) in units and (reference, bg) in units:
+            mine, base = seed_rows(units[(arm, bg)]), seed_rows(units[(reference, bg)])
+            out["with_background" if bg else "without_background"] = {
+                key.upper(): paired_difference({0: mine}, base, key) for key in ("ds", "sr")}
+    return out
+
+
 def _attach_studies(ctx, report: dict, table: dict) -> None:
     """The SFT data, probe, SFT and Fig. 5 records and the plots, where the work directory has them."""
     if os.path.exists(ctx.path("sft_data.json")):
@@ -114,6 +136,8 @@ def report(ctx, ws) -> dict:
         "table2": table, "goals": goals,
         "row_labels": {arm: ARM_LABELS[arm] for arm in ARMS + BASELINES},
         "background_effect": background_effect(units),
+        # what the consensus critic adds to the critic's safety / efficiency feedback (Table 2, 5 - 4)
+        "consensus_effect": arm_difference(units, "5_consensus", "4_critic_se"),
         "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
                                                        ("per_type", "overall", "negotiation", "engine",
                                                         "wall_seconds", "episodes", "negotiator")}
@@ -123,6 +147,9 @@ def report(ctx, ws) -> dict:
     write_json(ctx.option("json"), result)
     ctx.log(markdown_table(table))
     ctx.log(json.dumps(goals, indent=1))
+    for setting, diff in result["consensus_effect"].items():
+        ctx.log(f"arm 5 - arm 4 ({setting}): " + ", ".join(
+            f"{k} {d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" for k, d in diff.items()))
     return result
 
 
