@@ -33,6 +33,10 @@ def test_summary_averages_scenarios_per_seed_then_across_seeds():
     agg = out["average"]["aggregate"]["SR"]
     assert agg["mean"] == pytest.approx(62.5) and agg["se"] == pytest.approx(np.std([75, 50], ddof=1) / np.sqrt(2))
     assert out["bytes_per_message"] == 30.0 and out["parse_failures"] == {"no_json": 4} and out["episodes"] == 4
+    assert out["command_mix"] is None  # records that counted no commands (rule-based, older chunks)
+    counted = [dict(r, commands={"keep": 3, "stop": 1}) for r in records[:2]] + [dict(records[2], commands={"go": 4})]
+    mix = TV.summarise_records(counted + records[3:])["command_mix"]
+    assert mix == {"decisions": 12, "commands": {"keep": 6, "go": 4, "stop": 2}, "keep_share": 0.5}
 
 
 def test_same_outcomes_compares_every_scenario_and_seed():
@@ -63,6 +67,9 @@ def test_the_keep_only_reference_is_what_an_agent_that_never_parses_scores():
     reference = TV.evaluate(lambda: fallback_policy(True), specs, progress=False)
     assert garbled["parse_failures"] and not reference["latency"]["new_tokens_per_agent"]
     assert same_outcomes(garbled, reference)["all"]
+    # every decision was the fallback: all of them count as keep, as many as the agents asked
+    assert garbled["command_mix"]["keep_share"] == 1.0
+    assert garbled["command_mix"]["decisions"] == garbled["latency"]["agent_decisions"] > 0
 
 
 def test_episode_counts_and_presets():
@@ -107,6 +114,7 @@ def test_llm_method_chunks_resume_without_running_again(tmp_path):
     assert os.path.exists(os.path.join(run, f"zero_shot_eval_seed0_{key}.json"))
     lat = first["latency"]
     assert lat["calls"] == 3 and lat["agents_per_call_mean"] == 4.0  # 2 episodes x (car + truck), 3 decisions
+    assert first["command_mix"]["decisions"] == 12 and "keep %" in TV.table3_rows({"zero_shot": first})
     assert first["latency"]["agent_seconds_median"] > 0 and first["parse_failures"]
     assert set(first["keep_fallback"]["scenarios"]) == {"tv_red_light"} and "SR" in first["keep_fallback"]["average"]
     again = TV.run_method(preset, "zero_shot", run, engines=NoEngines(preset), progress=False)

@@ -432,9 +432,10 @@ class LanguagePolicy:
         trainer's rows; :mod:`jax_drive.coop.rl`).
 
     State: ``calls`` (one :class:`CallRecord` per engine call, kept until :meth:`reset`),
-    ``decisions`` (with ``record_tokens``, also until :meth:`reset`) and ``failures``
-    {episode: Counter of typed failures and ``cut_off`` answers} of the current batch of
-    episodes (cleared at its first decision).
+    ``decisions`` (with ``record_tokens``, also until :meth:`reset`), ``failures``
+    {episode: Counter of typed failures and ``cut_off`` answers} and ``commands`` {episode:
+    Counter of the commands taken, fallbacks included} of the current batch of episodes
+    (both cleared at its first decision).
     """
 
     def __init__(self, engine, config: AgentConfig = AgentConfig(), key=None, context: ContextFn | None = None,
@@ -448,6 +449,7 @@ class LanguagePolicy:
         self.decisions: list[DecisionTokens] = []
         self.calls: list[CallRecord] = []
         self.failures: dict[int, collections.Counter] = {}
+        self.commands: dict[int, collections.Counter] = {}
         self._count = 0
         if config.answer_prefix and getattr(engine, "tokenizer", None) is None:
             raise ValueError("answer_prefix needs an engine with a local chat template (engine.tokenizer)")
@@ -456,8 +458,8 @@ class LanguagePolicy:
                                                 grammar=config.answer_grammar())
 
     def reset(self) -> None:
-        """Forget call records, recorded tokens and failure counters (before a new batch of episodes)."""
-        self.calls, self.failures, self.decisions = [], {}, []
+        """Forget call records, recorded tokens, failure and command counters (before a new batch of episodes)."""
+        self.calls, self.failures, self.commands, self.decisions = [], {}, {}, []
 
     def rows(self, batch: DecisionBatch) -> np.ndarray:
         """(N, 2) agents to ask: every live focal agent; when silent, not the stopped ones."""
@@ -480,7 +482,7 @@ class LanguagePolicy:
         out = PolicyOutput.keep(batch)
         rows = self.rows(batch)
         if batch.decision == 0:  # a new batch of episodes: episode indices start again
-            self.failures = {}
+            self.failures, self.commands = {}, {}
         if len(rows) == 0:
             return out
         cfg = self.config
@@ -517,6 +519,7 @@ class LanguagePolicy:
             counter.update(action.failures)
             if completion.finish_reason == "length":
                 counter["cut_off"] += 1
+            self.commands.setdefault(e, collections.Counter())[CMD_NAMES[action.command]] += 1
             out.info[(e, i)] = {
                 "prompt": prompt, "answer": answer, "command": CMD_NAMES[action.command],
                 "message": action.message if talks else "", "failures": list(action.failures),

@@ -57,13 +57,30 @@ def latency_summary(calls: Sequence[dict]) -> dict:
     }
 
 
-def episode_record(spec: EpisodeSpec, result, failures=None) -> dict:
-    """JSON record of one evaluated episode (enough to recompute every metric)."""
+def episode_record(spec: EpisodeSpec, result, failures=None, commands=None) -> dict:
+    """JSON record of one evaluated episode (enough to recompute every metric); ``commands``:
+    the language policy's decisions by command (None for a policy that keeps no count)."""
     return {"episode": spec.tag, "scenario": spec.scenario, "seed": spec.seed, "index": spec.index,
             "accident_prone": result.accident_prone, "policy": result.policy, "end_time": result.end_time,
             "bytes_sent": result.bytes_sent, "messages_sent": result.messages_sent,
             "outcomes": [dataclasses.asdict(o) for o in result.outcomes], "metrics": result.metrics,
-            "parse_failures": dict(failures or {})}
+            "parse_failures": dict(failures or {}), "commands": None if commands is None else dict(commands)}
+
+
+def command_mix(records: Sequence[dict]) -> dict | None:
+    """The decisions of the records' language policy by command, summed over episodes, and
+    the share that kept the lane and speed (``keep``: a valid answer or the parse-failure
+    fallback); None when no record counted commands (rule-based policies, older records)."""
+    counted = [r["commands"] for r in records if r.get("commands") is not None]
+    if not counted:
+        return None
+    total: dict[str, int] = {}
+    for commands in counted:
+        for k, v in commands.items():
+            total[k] = total.get(k, 0) + int(v)
+    decisions = sum(total.values())
+    return {"decisions": decisions, "commands": dict(sorted(total.items(), key=lambda kv: -kv[1])),
+            "keep_share": total.get("keep", 0) / decisions if decisions else None}
 
 
 def result_from_record(record: dict):
@@ -101,7 +118,7 @@ def summarise_records(records: Sequence[dict]) -> dict:
                                                  "aggregate": M.aggregate_seeds(per_seed, TV_KEYS)},
             "bytes_per_message": sum(r.bytes_sent for r in results) / sent if sent else 0.0,
             "messages_per_episode": sent / max(len(results), 1), "parse_failures": counts,
-            "episodes": len(results)}
+            "command_mix": command_mix(records), "episodes": len(results)}
 
 
 def evaluate_chunk(policy, specs: Sequence[EpisodeSpec], *, progress: bool = True, story: str | None = None,
@@ -121,10 +138,11 @@ def evaluate_chunk(policy, specs: Sequence[EpisodeSpec], *, progress: bool = Tru
     results, _ = run_specs(specs, policy, keep_trajectory=pick is not None, progress=lambda d: bar.update(1),
                            max_time=max_time)
     bar.close()
-    failures = getattr(policy, "failures", {})
+    failures, commands = getattr(policy, "failures", {}), getattr(policy, "commands", None)
     from jax_drive.coop.render import episode_story  # matplotlib only when a storyboard is kept
 
-    return {"records": [episode_record(s, r, failures.get(n)) for n, (s, r) in enumerate(zip(specs, results))],
+    return {"records": [episode_record(s, r, failures.get(n), None if commands is None else commands.get(n, {}))
+                        for n, (s, r) in enumerate(zip(specs, results))],
             "calls": [dataclasses.asdict(c) for c in getattr(policy, "calls", [])],
             "seconds": time.perf_counter() - start,
             "storyboard": None if pick is None else episode_story(results[pick], specs[pick].tag)}
@@ -221,17 +239,25 @@ def table_rows(results: dict[str, dict], scenarios: Sequence[str], keys: Sequenc
     return "\n".join(lines)
 
 
+def keep_percent(mix: dict | None) -> str:
+    """A command mix's keep share in percent, '-' where none was counted."""
+    return "-" if not mix or mix.get("keep_share") is None else f"{100 * mix['keep_share']:.1f}"
+
+
 def table3_rows(results: dict[str, dict]) -> str:
     """Table 3-style rows: per method, decision latency both ways (s): a batch's wall time
     divided by its agents (median / p95 over calls: amortised cost, not what an agent waits)
     and a decision step's wall time (median / p95: what every agent of the step waits), then
-    agents per call and bytes per message."""
+    agents per call, bytes per message, parse failures (every kind, cut-off answers
+    included) and the share of decisions that were ``keep`` (language policies)."""
     lines = [f"{'method':18s}{'batch/agents med':>17s}{'p95':>8s}{'step med':>10s}{'p95':>8s}{'agents/call':>13s}"
-             f"{'bytes/msg':>11s}"]
+             f"{'bytes/msg':>11s}{'failures':>10s}{'keep %':>8s}"]
     for method, r in results.items():
         lat = r.get("latency") or {}
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"{method:18s}{fmt(lat.get('agent_seconds_median')):>17s}{fmt(lat.get('agent_seconds_p95')):>8s}"
                      f"{fmt(lat.get('batch_seconds_median')):>10s}{fmt(lat.get('batch_seconds_p95')):>8s}"
-                     f"{lat.get('agents_per_call_mean', 0):>13.1f}{r['bytes_per_message']:>11.1f}")
+                     f"{lat.get('agents_per_call_mean', 0):>13.1f}{r['bytes_per_message']:>11.1f}"
+                     f"{sum(r.get('parse_failures', {}).values()):>10d}"
+                     f"{keep_percent(r.get('command_mix')):>8s}")
     return "\n".join(lines)
