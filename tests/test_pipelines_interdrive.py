@@ -227,6 +227,18 @@ def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp
                          json_path=str(tmp_path / "r.json"))
 
 
+def test_equal_shares_repeats_the_rarer_label_and_keeps_every_index_valid():
+    from jax_drive.pipelines.interdrive.negotiator import equal_shares
+
+    labels = [True] * 2 + [False] * 9  # two agreements, nine others
+    picks = equal_shares(labels, 10)
+    assert sum(labels[i] for i in picks) == 5 and len(picks) == 10  # the two agreements drawn 5 times between them
+    assert sorted({i for i in picks if labels[i]}) == [0, 1]
+    assert len({i for i in picks if not labels[i]}) == 5  # the others distinct while they last
+    assert sum(labels[i] for i in equal_shares(labels, 7)) == 3 and equal_shares([], 4) == []  # False sorts first: 4
+    assert equal_shares(labels, 10) == picks  # fixed order (seed 0)
+
+
 def test_the_consensus_effect_is_paired_over_types_and_seeds():
     from jax_drive.pipelines.interdrive.report import arm_difference
 

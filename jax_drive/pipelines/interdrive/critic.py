@@ -69,7 +69,6 @@ class CriticStudy:
             raise ValueError(f"balance must be one of {BALANCE_RULES}, got {self.balance!r}")
 
 
-
 def critic_targets(pool: list[dict], study: CriticStudy, consensus_scores) -> list[dict]:
     """The critic's SFT targets drawn from the recorded consensus examples ``pool`` by the
     study's ``balance`` rule (scores snapped to ``consensus_scores``)."""
