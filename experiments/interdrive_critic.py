@@ -1,10 +1,11 @@
 """CoLMDriver's consensus critic alone: how well its score separates held-out negotiations
 that ended in agreement from those that did not (AUC), with the base model and after a
-critic-only LoRA fine-tune on balanced targets.
+critic-only LoRA fine-tune on balanced targets (the AUC against SFT steps in ``<json stem>.png``).
 
     nice -n 5 python experiments/interdrive_critic.py --preset cpu-demo \
         --json experiments/results/interdrive/interdrive_critic.json
-    python experiments/interdrive_critic.py --preset smoke --sft-steps 2 --probe-size 4 --json /tmp/c.json  # check
+    python experiments/interdrive_critic.py --preset smoke --train-seeds 100 --sft-steps 2 --probe-at 1 \
+        --probe-size 4 --json /tmp/c.json  # check
 
 The protocol (teacher seeds of the targets and of the held-out negotiations, target and
 probe counts, SFT steps) is fixed by the flags' defaults and written into the file; see
@@ -34,6 +35,30 @@ def parse_seeds(text: str) -> tuple[int, ...]:
         return tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def plot_curve(result: dict, path: str) -> None:
+    """The separation AUC against critic-only SFT steps: held-out negotiations (score read
+    out and number sampled) and the critic's own targets; chance at 0.5."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = result["curve"]
+    steps = [p["steps"] for p in curve]
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for key, label, style in (("auc", "held-out, expected score", "o-"), ("auc_sampled", "held-out, sampled number", "s--"),
+                              ("auc_targets", "its own targets, expected score", "^:")):
+        ax.plot(steps, [p[key] for p in curve], style, label=label)
+    ax.axhline(0.5, color="grey", lw=0.8)
+    ax.set(xlabel="critic-only LoRA SFT steps", ylabel="separation AUC", ylim=(0.3, 1.02),
+           title=f"Consensus critic: agreements vs not ({result['data']['held_out']} held-out negotiations)")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -78,6 +103,7 @@ def main(argv=None) -> int:
                            "consensus_scores": list(preset.consensus_scores),
                            "consensus_readout": preset.consensus_readout, **result,
                            "meta": run_metadata(benchmark="interdrive_critic", work_dir=work_dir)})
+    plot_curve(result, os.path.splitext(args.json)[0] + ".png")
     print(f"AUC base {result['base']['auc']} (sampled {result['base']['auc_sampled']}), tuned {result['tuned']['auc']} "
           f"(sampled {result['tuned']['auc_sampled']}) on {result['data']['held_out']} held-out negotiations")
     return 0
