@@ -37,9 +37,10 @@ $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 install: $(STAMP)
 
 # MTDrive end to end on the embedded SmolLM2 (cpu-demo preset: SFT -> RL curation -> mtGRPO ->
-# held-out multi-turn evaluation, PDMS per turn for the untrained, SFT and RL policies, then
-# the issue-18 quality goals judged on this run): 19.3 min on this 2-core CPU after
-# installation (a fresh seed-1 run of the current preset, quiet machine, 2026-11-27). A killed
+# held-out multi-turn evaluation, PDMS per turn for the untrained, SFT and RL policies, the SFT
+# policy's format decoded without the grammar, then the quality goals judged on this run):
+# 9.8-11.9 min on this 2-core CPU after installation (seeds 1 and 0 of the current preset,
+# answers under the trajectory grammar, 2026-11-30; 19.5 min beside another study). A killed
 # demo continues where it stopped (--resume); delete runs/demo_mtdrive to start over.
 demo: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) experiments/mtdrive.py --preset cpu-demo --out runs/demo_mtdrive --resume

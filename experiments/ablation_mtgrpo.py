@@ -1,19 +1,26 @@
 """Ablation of the advantage estimator (MTDrive Table 3): GRPO with a sequence reward,
 mtGRPO intra-group and mtGRPO cross-turn, from the same SFT checkpoint, with the same RL
-budget, seeds and held-out evaluation scenes.
+budget, seeds and held-out evaluation scenes; and the multi-turn vs single-turn claim: the
+arm ``single_turn`` trains with one turn per rollout (GRPO, the same steps, prompts and
+group size) and is read at a turn budget of 1.
 
-    python experiments/ablation_mtgrpo.py --preset cpu-demo --json OUT.json [--out runs/ablation_mtgrpo] [--resume]
+    python experiments/ablation_mtgrpo.py --preset tiny --seeds 0 1 2 3 4 --json OUT.json [--out runs/ablation_mtgrpo] [--resume]
 
-For each training seed the SFT stage runs once (or is loaded with ``--sft-from``, e.g. the
-run directory of an ``experiments/mtdrive.py`` run of the same preset and seed) and is
-evaluated once; then each variant starts from that checkpoint, runs RL curation + RL and is
-evaluated on the same held-out scenes (greedy decoding). The JSON holds the budget, every
+For each training seed the SFT stage runs once and is evaluated once; or every seed's RL
+starts from the one SFT checkpoint ``--sft-from RUN_DIR`` names (e.g. an
+``experiments/mtdrive.py --skip-rl`` run of the same preset), evaluated once, and the seeds
+vary RL only (curation, sampling). Then each arm starts from that checkpoint, runs RL
+curation + RL and is evaluated on the same held-out scenes (greedy decoding). The JSON holds the budget, every
 row (mean and standard error over the held-out evaluation seeds) and the timings; a
-markdown table is printed. Every pipeline run lives in a directory under ``--out``;
-``--resume`` continues killed ones (finished ones are loaded from their journals).
+markdown table is printed. ``paired`` holds each arm's final PDMS minus GRPO's (and minus
+SFT's), paired per held-out scene and training seed, with a 95 % hierarchical percentile
+bootstrap interval (training seeds, then scenes: :func:`jax_drive.stats.paired_bootstrap`),
+and ``multi_vs_single_turn`` the multi-turn policy (mtGRPO cross, last turn) minus the single-turn one (turn 1); the plot
+``<json stem>.png`` shows the rows with their standard errors. Every pipeline run lives in a
+directory under ``--out``; ``--resume`` continues killed ones (finished ones are loaded from their journals).
 
-To avoid recomputing what an ``experiments/mtdrive.py`` run of the same preset and seed
-already measured, ``--sft-from RUN_DIR --from-results RESULTS.json`` takes the SFT row and the
+To avoid recomputing what an ``experiments/mtdrive.py`` run of the same preset and (one)
+seed already measured, ``--sft-from RUN_DIR --from-results RESULTS.json`` takes the SFT row and the
 row of that run's own advantage variant (same SFT checkpoint, RL config and seed) from its
 results file; the JSON records which rows were taken over (``sources``).
 """
@@ -27,7 +34,9 @@ import os
 import sys
 import time
 
-from jax_drive.names import ADVANTAGE_MODES as VARIANTS
+from jax_drive.names import ADVANTAGE_MODES
+
+VARIANTS = (*ADVANTAGE_MODES, "single_turn")  # single_turn: GRPO on one-turn rollouts
 from jax_drive.names import MTDRIVE_PRESETS
 from jax_drive.runinfo import add_output_args, command_line, output_dir, require_min, run_main, run_metadata
 
@@ -36,9 +45,65 @@ METRICS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", 
 
 
 def stage_row(stage: dict) -> dict:
-    """One table row from an evaluated stage: mean, sem and PDMS by turn budget."""
+    """One table row from an evaluated stage: mean, sem, PDMS by turn budget and the per-scene
+    PDMS of the first and last answers (every held-out set, in order)."""
+    scenes = {k: [v for s in stage["per_seed"] for v in s.get(k, [])] for k in ("scene_pdms_first", "scene_pdms_final")}
     return {"mean": {k: stage["mean"][k] for k in METRICS}, "sem": {k: stage["sem"][k] for k in METRICS},
-            "pdms_by_budget": stage["pdms_by_budget"]}
+            "pdms_by_budget": stage["pdms_by_budget"], **scenes}
+
+
+def arm_scores(name: str, rows: list[dict]) -> list[list[float]]:
+    """(training seeds, scenes) PDMS an arm is judged by: the last answer, or the first for
+    ``single_turn`` (the policy that was trained to answer once)."""
+    key = "scene_pdms_first" if name == "single_turn" else "scene_pdms_final"
+    return [r[key] for r in rows]
+
+
+def paired(per_seed: dict[str, list[dict]]) -> dict:
+    """Each arm minus GRPO and minus SFT, and multi-turn (mtGRPO cross) minus single-turn,
+    paired per scene and training seed (rows without per-scene scores are left out)."""
+    from jax_drive.stats import paired_bootstrap
+
+    scores = {name: arm_scores(name, rows) for name, rows in per_seed.items()
+              if rows and all(len(r) for r in arm_scores(name, rows))}
+    out: dict = {}
+    pairs = [(a, b) for b in ("grpo", "sft") for a in scores if a not in (b, "sft")]
+    pairs += [("mtgrpo_cross", "single_turn")]
+    for a, b in pairs:
+        if a in scores and b in scores and len(scores[a]) == len(scores[b]):
+            diffs = [[x - y for x, y in zip(u, v)] for u, v in zip(scores[a], scores[b])]
+            name = "multi_vs_single_turn" if (a, b) == ("mtgrpo_cross", "single_turn") else f"{a}_vs_{b}"
+            out[name] = paired_bootstrap(diffs, resample_seeds=True)
+    return out
+
+
+def plot(out: dict, path: str) -> None:
+    """Left: final PDMS per arm (turn 1 for single_turn) with its standard error over training
+    seeds. Right: the paired differences against GRPO and multi- vs single-turn, with their
+    95 % intervals."""
+    from matplotlib.figure import Figure
+
+    table = out["table"]
+    names = list(table)
+    key = {n: "pdms_first" if n == "single_turn" else "pdms_final" for n in names}
+    fig = Figure(figsize=(11, 3.8))
+    bars, forest = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    bars.bar(names, [table[n]["mean"][key[n]] for n in names], yerr=[table[n]["sem"][key[n]] for n in names],
+             capsize=4, color="#4c78a8")
+    bars.set_ylabel("held-out PDMS (mean ± sem)")
+    bars.set_title(f"MTDrive Table 3 arms ({out['preset']}, {len(out['training_seeds'])} training seeds)")
+    bars.grid(axis="y", alpha=0.3)
+    shown = [(n, c) for n, c in out.get("paired", {}).items() if n.endswith("_vs_grpo") or n == "multi_vs_single_turn"]
+    for i, (name, cmp) in enumerate(shown):
+        lo, hi = cmp["ci95"]
+        forest.errorbar(cmp["mean"], i, xerr=[[cmp["mean"] - lo], [hi - cmp["mean"]]], fmt="o", capsize=4,
+                        color="#e45756")
+    forest.axvline(0.0, color="grey", lw=1)
+    forest.set_yticks(range(len(shown)), [n for n, _ in shown], fontsize=8)
+    forest.set_xlabel("paired PDMS difference (95 % interval)")
+    forest.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def combine(rows: list[dict]) -> dict:
@@ -89,13 +154,22 @@ def write(args, meta: dict, preset, per_seed: dict, runs: list, sources: dict, s
         "note": "sem: standard error over the held-out evaluation seeds (one training seed) or over training seeds",
         "sources": sources,
         "table": table,
+        "paired": paired(per_seed),
         "per_training_seed": per_seed,
         "runs": runs,
         "seconds": round(time.perf_counter() - start, 1),
     }
     if args.json:
         atomic_write_json(args.json, jsonable(out))
+        if complete:
+            plot(out, os.path.splitext(args.json)[0] + ".png")
     return out
+
+
+def single_turn(preset):
+    """The preset with one-turn RL rollouts (its evaluation keeps the preset's turn budget)."""
+    rollout = dataclasses.replace(preset.rl.rollout, max_turns=1)
+    return dataclasses.replace(preset, rl=dataclasses.replace(preset.rl, rollout=rollout))
 
 
 def main(argv=None) -> int:
@@ -106,17 +180,19 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue the runs in --out where they stopped")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     parser.add_argument("--sft-from", default=None,
-                        help="run directory holding the SFT checkpoint (one training seed only)")
+                        help="run directory holding the SFT checkpoint every training seed's RL starts from "
+                             "(then the seeds vary RL only, and the SFT row is evaluated once)")
     parser.add_argument("--from-results", default=None,
                         help="results.json of the experiments/mtdrive.py run that wrote --sft-from: reuse its "
                              "SFT row and the row of its advantage variant")
     parser.add_argument("--rl-steps", type=int, default=None, help="override the preset's RL steps")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="arms to run (default all: the three advantage estimators and single_turn)")
     add_output_args(parser)
     args = parser.parse_args(argv)
     require_min(1, rl_steps=args.rl_steps)
-    if args.sft_from is not None and len(args.seeds) != 1:
-        parser.error("--sft-from needs exactly one training seed")
+    if args.from_results is not None and len(args.seeds) != 1:
+        parser.error("--from-results needs exactly one training seed")
     if args.from_results is not None and args.sft_from is None:
         parser.error("--from-results needs --sft-from (the run directory of that run)")
     if args.from_results is not None and not os.path.isfile(args.from_results):
@@ -159,9 +235,10 @@ def ablate(args, parser, previous: dict | None, meta: dict) -> int:
         elif args.sft_from is None or not os.path.isdir(sft_checkpoint_dir(sft_dir)):
             results = run_mtdrive(preset, sft_dir, skip_rl=True, evaluate=("sft",), resume=args.resume,
                                   progress=not args.no_progress)
-        else:  # evaluate the given SFT checkpoint on the same held-out scenes
-            results = run_mtdrive(preset, os.path.join(args.out, f"sft_eval_s{seed}"), skip_rl=True,
-                                  sft_from=sft_dir, evaluate=("sft",), resume=args.resume,
+        else:  # evaluate the given SFT checkpoint on the same held-out scenes (once: greedy, seed-free)
+            first = with_seed(preset, args.seeds[0])
+            results = run_mtdrive(first, os.path.join(args.out, f"sft_eval_s{args.seeds[0]}"), skip_rl=True,
+                                  sft_from=sft_dir, evaluate=("sft",), resume=args.resume or seed != args.seeds[0],
                                   progress=not args.no_progress)
         if previous is None:
             per_seed["sft"].append(stage_row(results["stages"]["sft"]))
@@ -174,7 +251,10 @@ def ablate(args, parser, previous: dict | None, meta: dict) -> int:
                              "rl_history": previous["rl_history"], "rl_curation": previous["rl_curation"]})
                 sources[variant] = args.from_results
                 continue
-            results = run_mtdrive(preset, os.path.join(args.out, f"{variant}_s{seed}"), advantage=variant,
+            arm, advantage = preset, variant
+            if variant == "single_turn":
+                arm, advantage = single_turn(preset), "grpo"
+            results = run_mtdrive(arm, os.path.join(args.out, f"{variant}_s{seed}"), advantage=advantage,
                                   sft_from=sft_dir, evaluate=("rl",), resume=args.resume,
                                   progress=not args.no_progress)
             per_seed[variant].append(stage_row(results["stages"]["rl"]))

@@ -84,7 +84,8 @@ def borrow_sft(runs: list[dict], baselines: list[dict], names: list[str]) -> lis
 
 def summarise(runs: list[dict]) -> dict:
     """runs: results.json dicts -> {"seeds", "stages": {stage: {key: [mean, sem]}}, "goals"}."""
-    from jax_drive.pipelines.mtdrive.report import mean_sem, quality_goals
+    from jax_drive.pipelines.mtdrive.report import quality_goals
+    from jax_drive.stats import mean_sem
 
     if not runs:
         raise ValueError("no runs given")
@@ -102,7 +103,7 @@ def summarise(runs: list[dict]) -> dict:
         present = [r["stages"][stage]["mean"] for r in runs if stage in r.get("stages", {})]
         if len(present) != len(runs):
             continue
-        stages[stage] = {k: list(mean_sem([p[k] for p in present])) for k in KEYS}
+        stages[stage] = {k: list(mean_sem([p[k] for p in present]).values()) for k in KEYS}
     goals = quality_goals(runs)
     return {"seeds": [r["seed"] for r in runs], "stages": stages, "goals": goals}
 

@@ -142,6 +142,11 @@ CATALOGUE: dict[str, Entry] = {
                                             "trained actors on held-out episodes, paired differences, curves"),
     "mtdrive_cpu_demo": Entry("MTDrive, the cpu-demo preset (make demo) at training seeds 0-2: the summary "
                               "against the goals and each seed's run", runs=MTDRIVE_RUN),
+    "mtdrive_table3": Entry("MTDrive Table 3 and multi- vs single-turn on the tiny preset (a byte-level "
+                            "decoder trained from scratch): GRPO, mtGRPO intra / cross and single-turn RL "
+                            "from one SFT checkpoint, paired intervals, plot"),
+    "mtdrive_table3/table3.json": Entry(
+        "the four arms at RL seeds 0-4, the SFT row, paired differences per held-out scene and seed"),
     "mtdrive_studies": Entry("MTDrive budget studies beyond the demo, one folder each (docs/mtdrive.md, "
                              "The studies)", runs=MTDRIVE_RUN),
     "mtdrive_studies/sft_96_steps": Entry("96 SFT steps with 1,664-token samples, SFT only"),

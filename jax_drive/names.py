@@ -29,7 +29,7 @@ SCENARIOS = TALKING_VEHICLES_SCENARIOS + INTERDRIVE_SCENARIOS  # jax_drive.sim.s
 
 ADVANTAGE_MODES = ("grpo", "mtgrpo_intra", "mtgrpo_cross")  # MTDrive Table 3
 
-MTDRIVE_PRESETS = ("smoke", "smoke-vlm", "cpu-demo", "cpu-study", "paper")
+MTDRIVE_PRESETS = ("smoke", "smoke-vlm", "tiny", "cpu-demo", "cpu-study", "paper")
 MTDRIVE_POLICIES = ("untrained", "sft", "rl")  # the policies an MTDrive run can evaluate
 
 TALKING_VEHICLES_PRESETS = ("smoke", "cpu-demo", "paper")

@@ -10,7 +10,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # docs/ARCHITECTURE.md's layers: a module imports only from its own layer or the layers below it
 LAYERS = {
-    "types": 1, "geometry": 1, "runinfo": 1, "names": 1, "configs": 1, "faults": 1, "cpu_steal": 1, "compile_cache": 1, "parallel": 1,
+    "types": 1, "geometry": 1, "runinfo": 1, "stats": 1, "names": 1, "configs": 1, "faults": 1, "cpu_steal": 1, "compile_cache": 1, "parallel": 1,
     "scenes": 2, "sim": 2, "pdm": 2, "planners": 2, "render": 2, "pdm_reference": 2,
     "text": 3, "data": 3, "models": 3, "sampling": 3, "kernels": 3,
     "rollout": 4, "rl": 4, "coop": 4, "distributed": 4, "carla": 4, "serve": 4, "evaluate": 4, "adapters": 4,

@@ -143,3 +143,46 @@ def test_runs_evaluated_on_different_held_out_sets_are_not_pooled():
         mtdrive_seeds.summarise([small, large])
     large["eval"] = {"scenes_per_seed": 5}
     assert mtdrive_seeds.summarise([small, large])["seeds"] == [0, 1]
+
+
+def _scored(first, final, scenes_first, scenes_final):
+    """A stage whose one held-out set kept per-scene scores."""
+    stage = _stage(first, final)
+    stage["per_seed"][0].update(scene_pdms_first=list(scenes_first), scene_pdms_final=list(scenes_final))
+    return stage
+
+
+def test_per_scene_scores_make_the_goals_paired_intervals():
+    # every scene gains 0.1 over turn 1 in every seed: the interval is exactly [0.1, 0.1]
+    runs = [{"preset": "cpu-demo", "seed": s, "stages": {
+        "sft": _scored(0.3, 0.3, [0.2, 0.4], [0.2, 0.4]),
+        "rl": _scored(0.3, 0.4, [0.2, 0.4], [0.3, 0.5])}} for s in (0, 1)]
+    goals = mtdrive_seeds.summarise(runs)["goals"]
+    last = goals["last_turn_above_first"]
+    assert last["gain"] == pytest.approx(0.1) and last["ci95"] == pytest.approx([0.1, 0.1])
+    assert (last["scenes"], last["training_seeds"], last["met"]) == (2, 2, True)
+    assert last["rule"].startswith("95 % interval above 0 (hierarchical percentile bootstrap")
+    assert "last_turn_above_first: gain +0.100, 95 % interval [+0.100, +0.100] over 2 scenes x 2 seeds (met)" in \
+        goals_lines(goals)
+    # RL - SFT: seed 0 gains +0.3 and loses 0.1, seed 1 gains +0.1 on both scenes
+    runs[0]["stages"]["rl"] = _scored(0.3, 0.4, [0.2, 0.4], [0.5, 0.3])
+    rl = mtdrive_seeds.summarise(runs)["goals"]["rl_above_sft"]
+    # seeds then scenes resampled: -0.1 and +0.3 each have probability 1/16 (> 2.5 %), so the
+    # interval is [-0.1, 0.3] (pooling the seeds first would have given [0.0, 0.2])
+    assert rl["gain"] == pytest.approx(0.1) and rl["ci95"] == pytest.approx([-0.1, 0.3])
+    assert not rl["met"]
+
+
+def test_results_without_scene_scores_keep_the_standard_error_rule():
+    runs = [_run(s, (0.30 + d, 0.30 + d), (0.40 + d, 0.60 + d)) for s, d in enumerate((0.0, 0.01, 0.02))]
+    last = mtdrive_seeds.summarise(runs)["goals"]["last_turn_above_first"]
+    assert last["rule"] == "gain > standard error (no per-scene scores on the same scenes)" and "ci95" not in last
+
+
+def test_the_unconstrained_format_is_reported_without_a_goal():
+    runs = [_run(s, (0.3, 0.3), (0.4, 0.5)) for s in (0, 1)]
+    for run, rate in zip(runs, (0.6, 0.8)):
+        run["sft_unconstrained"] = {"format_rate": rate, "sem": 0.0, "per_seed": []}
+    free = mtdrive_seeds.summarise(runs)["goals"]["format_after_sft_unconstrained"]
+    assert free["value"] == pytest.approx(0.7) and free["sem"] == pytest.approx(0.1) and free["met"] is None
+    assert goals_lines({"format_after_sft_unconstrained": free}) == "format_after_sft_unconstrained: 0.700 (reported)"

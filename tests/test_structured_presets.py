@@ -25,7 +25,8 @@ def engine():
 
 
 def test_which_presets_constrain():
-    assert {n for n, p in MT.PRESETS.items() if p.constrain_answers} == {"smoke", "smoke-vlm", "cpu-demo", "cpu-study"}
+    assert {n for n, p in MT.PRESETS.items() if p.constrain_answers} == {"smoke", "smoke-vlm", "tiny", "cpu-demo",
+                                                                          "cpu-study"}
     assert {n for n, p in TV.PRESETS.items() if p.agent.constrain_answers} == {"smoke", "cpu-demo"}
     assert {n for n, p in ID.PRESETS.items() if p.constrain_answers} == {"smoke", "tiny-rl", "cpu-demo"}
     for name, preset in MT.PRESETS.items():  # evaluation, curation and RL rollouts follow the preset
@@ -43,7 +44,7 @@ def test_mtdrive_curation_predicts_under_the_evaluation_grammar():
 
 
 def test_mtdrive_smoke_budgets_hold_the_trajectory_grammar(engine):
-    for name in ("smoke", "smoke-vlm"):
+    for name in ("smoke", "smoke-vlm", "tiny"):  # the tiny-1m model has the same byte tokenizer
         preset = MT.PRESETS[name]
         compiled = engine_grammar(engine, MT.eval_config(preset).answer_grammar())
         check_budget(compiled, MT.eval_config(preset).sampling.max_new_tokens)
@@ -81,3 +82,23 @@ def test_the_smoke_reference_override_is_the_unconstrained_setting():
     assert not override(TV.PRESETS["smoke"], UNCONSTRAINED["talking_vehicles"]).agent.constrain_answers
     interdrive = override(ID.PRESETS["smoke"], UNCONSTRAINED["interdrive"])
     assert not interdrive.constrain_answers and interdrive.consensus_tokens == 8
+
+
+def test_the_sft_policys_unconstrained_format_is_measured_without_the_grammar(engine):
+    """The constrained presets also evaluate the SFT policy's first answers without the
+    trajectory grammar: the random model then writes no usable trajectory (format 0), while
+    under the grammar every answer is in format."""
+    from jax_drive.pipelines.mtdrive.pipeline import (constrained_sft_eval, evaluate_policy, make_held_out,
+                                                      unconstrained_format)
+    from jax_drive.pipelines.stages import RunContext
+
+    preset = MT.PRESETS["smoke"]
+    held_out = make_held_out(preset)
+    free = unconstrained_format(engine, engine.tokenizer, held_out, preset, progress=False)
+    assert free["format_rate"] == 0.0 and free["sem"] == 0.0
+    assert free["per_seed"] == [{"seed": 0, "scenes": preset.eval_scenes, "format_rate": 0.0}]
+    assert evaluate_policy(engine, engine.tokenizer, held_out, preset, progress=False)["mean"]["format_rate"] == 1.0
+    ctx = lambda p, evaluate=("sft",): RunContext(p, "unused", {"evaluate": evaluate})  # noqa: E731
+    assert constrained_sft_eval(ctx(preset))
+    assert not constrained_sft_eval(ctx(MT.PRESETS["paper"]))  # free answers: nothing extra to measure
+    assert not constrained_sft_eval(ctx(preset, ("rl",)))

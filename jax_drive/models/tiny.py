@@ -20,6 +20,13 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Qwen2.5-VL's image tokens, after the ChatML ones (ids 259-262) in the vision-language policy
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 TINY_VOCAB = 320  # 256 bytes + 3 specials (+ 4 vision tokens), rounded up
+# Named sizes of the random byte-level policy (``ModelConfig.tiny`` overrides): 'tiny' for
+# tests (2 layers, width 64, ~0.1 M parameters); 'tiny-1m' for studies that train a policy
+# from scratch in minutes on a CPU (4 layers, width 128, ~0.8 M parameters).
+TINY_SIZES = {
+    "tiny": {},
+    "tiny-1m": dict(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32),
+}
 
 
 def _backend(extra_special: tuple[str, ...] = ()):
@@ -49,15 +56,20 @@ def byte_tokenizer(extra_special: tuple[str, ...] = ()):
     )
 
 
-def tiny_policy(seed: int = 0, architecture: str = "llama", lora_rank: int | None = 4, **overrides):
+def tiny_policy(seed: int = 0, architecture: str = "llama", lora_rank: int | None = 4, size: str = "tiny",
+                **overrides):
     """(model, config, tokenizer): a random tiny CausalLM over the byte tokenizer.
 
     ``ModelConfig.tiny(architecture, vocab_size=TINY_VOCAB, max_position_embeddings=4096,
-    **overrides)`` initialised from ``seed``; equal arguments give equal, independent models.
+    **TINY_SIZES[size], **overrides)`` initialised from ``seed``; equal arguments give equal,
+    independent models.
     With ``lora_rank`` set, LoRA adapters are applied (B initialised to zero as usual, so the
     adapted model equals the base model until trained).
     """
-    config = ModelConfig.tiny(architecture, vocab_size=TINY_VOCAB, max_position_embeddings=4096, **overrides)
+    if size not in TINY_SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}; choose from {', '.join(TINY_SIZES)}")
+    config = ModelConfig.tiny(architecture, vocab_size=TINY_VOCAB, max_position_embeddings=4096,
+                              **{**TINY_SIZES[size], **overrides})
     model = CausalLM(config, rngs=nnx.Rngs(int(seed)))
     if lora_rank:
         from jax_drive.models.lora import apply_lora

@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -44,9 +43,9 @@ from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim.scenarios import TALKING_VEHICLES
 from jax_drive.sim.variations import VARIATIONS
+from jax_drive.stats import BOOTSTRAP_SAMPLES, mean_sem, paired_bootstrap
 
 EVAL_METHODS = ("rule_based", "start", "grpo", "grpo_messages_dropped")
-BOOTSTRAP_SAMPLES = 10_000
 STORY_SCENARIO = "tv_overtake_perception"  # the storyboard's scenario (its first accident-prone held-out episode)
 
 
@@ -317,13 +316,6 @@ def _cached(path: str, compute) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- statistics
-def mean_sem(values: Sequence[float]) -> dict:
-    """{"mean", "sem"} (sem 0 for a single value)."""
-    v = np.asarray(values, np.float64)
-    sem = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
-    return {"mean": float(v.mean()), "sem": sem}
-
-
 def method_summary(rows_by_seed: dict[int, list[dict]]) -> dict:
     """SR / CR of a method: each seed's mean over its held-out episodes, then the mean and
     standard error over seeds."""
@@ -347,14 +339,8 @@ def paired_difference(trained: dict[int, list[dict]], reference, key: str, seed:
     for s, rows in trained.items():
         mine, base = values(rows), values(reference[s] if isinstance(reference, dict) else reference)
         diffs.append([mine[t] - base[t] for t in tags])
-    diffs = np.asarray(diffs, np.float64)  # (seeds, episodes)
-    per_episode = diffs.mean(axis=0)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(tags), size=(BOOTSTRAP_SAMPLES, len(tags)))
-    boot = per_episode[draws].mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"mean": float(per_episode.mean()), "ci95": [float(lo), float(hi)], "episodes": len(tags),
-            "training_seeds": int(diffs.shape[0]),
+    out = paired_bootstrap(diffs, seed)
+    return {"mean": out["mean"], "ci95": out["ci95"], "episodes": out["units"], "training_seeds": out["training_seeds"],
             "interval": f"percentile bootstrap over episodes, {BOOTSTRAP_SAMPLES} resamples"}
 
 

@@ -23,8 +23,8 @@ class ModelSpec:
 
     Attributes:
       source: a ``load_pretrained`` source ('smollm2-135m-instruct', a safetensors directory,
-        a GGUF file), 'tiny' (a random tiny model over the byte tokenizer) or 'tiny-vlm' (a
-        random tiny Qwen2.5-VL with the vision tokens).
+        a GGUF file), 'tiny' / 'tiny-1m' (a random tiny model over the byte tokenizer, of
+        that size) or 'tiny-vlm' (a random tiny Qwen2.5-VL with the vision tokens).
       seed: initialisation of a random tiny model.
       lora_rank, lora_alpha, lora_seed: fresh LoRA adapters (rank 0: none), A initialised
         from ``lora_seed``.
@@ -81,10 +81,10 @@ def load_model(spec: ModelSpec) -> tuple[Any, Any]:
     """(model, tokenizer) as ``spec`` says."""
     from flax import nnx
 
-    if spec.source == "tiny":
-        from jax_drive.models.tiny import tiny_policy
+    from jax_drive.models.tiny import TINY_SIZES, tiny_policy
 
-        model, _, tokenizer = tiny_policy(seed=spec.seed, lora_rank=None)
+    if spec.source in TINY_SIZES:
+        model, _, tokenizer = tiny_policy(seed=spec.seed, lora_rank=None, size=spec.source)
     elif spec.source == "tiny-vlm":
         from jax_drive.models.tiny import tiny_vlm_policy
 

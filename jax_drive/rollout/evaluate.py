@@ -56,12 +56,20 @@ def evaluate_multiturn(
     return summarize(result), result
 
 
+def scene_scores(result: RolloutResult) -> dict[str, list[float]]:
+    """Per-scene PDMS of the first and the last answer, each a mean over the scene's G
+    rollouts: ``scene_pdms_first`` and ``scene_pdms_final``, (S,) lists for paired
+    comparisons of two policies on the same scenes."""
+    return {"scene_pdms_first": [float(v) for v in np.asarray(result.pdms)[..., 0].mean(axis=1)],
+            "scene_pdms_final": [float(v) for v in np.asarray(result.final_pdms).mean(axis=1)]}
+
+
 def evaluate_sets(engine, tokenizer, sets: Sequence[tuple[Scene, np.ndarray]], config: RolloutConfig, *,
                   seeds: Sequence[int], batch_size: int, transcripts: int, num_scenes: int | None = None,
                   progress: bool = True) -> dict:
     """Multi-turn evaluation on several held-out sets (their first ``num_scenes`` scenes
-    when given): per-set summaries, their mean and standard error, PDMS by turn budget,
-    and the turn logs of the first set's first ``transcripts`` scenes.
+    when given): per-set summaries (with :func:`scene_scores`), their mean and standard
+    error, PDMS by turn budget, and the turn logs of the first set's first ``transcripts`` scenes.
 
     ``sets``: [(scenes (S_i,), references (S_i, 40, 3))], one per evaluation ``seeds``. The
     sets are pooled into one rollout call (``batch_size`` scenes per batch), so the sampler's
@@ -82,7 +90,7 @@ def evaluate_sets(engine, tokenizer, sets: Sequence[tuple[Scene, np.ndarray]], c
     for seed, (_, refs) in zip(seeds, chosen):
         part = select_scenes(result, np.arange(start, start + len(refs)))
         start += len(refs)
-        per_seed.append({"seed": seed, "scenes": int(len(refs)), **summarize(part)})
+        per_seed.append({"seed": seed, "scenes": int(len(refs)), **summarize(part), **scene_scores(part)})
     mean = {k: float(np.mean([s[k] for s in per_seed])) for k in SET_SUMMARY_KEYS}
     sem = {k: float(np.std([s[k] for s in per_seed], ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else 0.0
            for k in SET_SUMMARY_KEYS}

@@ -17,7 +17,8 @@ import numpy as np
 
 from jax_drive.coop.negotiation.rl import NegotiationRLConfig, TrainedActor, negotiation_mtgrpo_train
 from jax_drive.pipelines import engines
-from jax_drive.pipelines.coop_rl import mean_sem, paired_difference
+from jax_drive.pipelines.coop_rl import paired_difference
+from jax_drive.stats import mean_sem
 from jax_drive.pipelines.interdrive import arms as A
 from jax_drive.pipelines.interdrive import negotiator as N
 from jax_drive.pipelines.interdrive.presets import Preset, engine_spec

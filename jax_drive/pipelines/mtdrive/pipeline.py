@@ -15,6 +15,8 @@ results dict (written as JSON with plots by ``jax-drive train`` / ``experiments/
                   unusable answers become expert and format-recovery rows, SFT rows replayed;
   sft_onpolicy    SFT continues on those rows (from here on "the SFT policy" is the continued one);
   eval_sft        evaluation after SFT;
+  eval_sft_unconstrained  (constrained presets) the SFT policy's first answers without the
+                  trajectory grammar: the format rate the model learnt;
   rl_curation     RL prompt curation with the SFT policy's first turn;
   rl              mtGRPO (or another advantage variant) on the curated scenes;
   eval_rl         evaluation after RL.
@@ -273,6 +275,29 @@ def eval_sft(ctx: RunContext, ws: Workspace) -> StageOutput:
     return _evaluation(ctx, ws, "after SFT")
 
 
+def unconstrained_format(engine, tokenizer, held_out, preset: Preset, progress: bool) -> dict:
+    """The policy's first answers on every held-out scene decoded without the trajectory
+    grammar (greedy): its format rate is what the model learnt, which the grammar hides.
+    Returns {"format_rate", "sem", "per_seed": [{"seed", "scenes", "format_rate"}]}."""
+    config = dataclasses.replace(eval_config(preset), constrain_answers=False, max_turns=1)
+    outcome = evaluate_sets(engine, tokenizer, held_out, config, seeds=preset.eval_seeds,
+                            batch_size=preset.eval_batch, transcripts=0, progress=progress)
+    return {"format_rate": outcome["mean"]["format_rate"], "sem": outcome["sem"]["format_rate"],
+            "per_seed": [{k: s[k] for k in ("seed", "scenes", "format_rate")} for s in outcome["per_seed"]]}
+
+
+def eval_sft_unconstrained(ctx: RunContext, ws: Workspace) -> StageOutput:
+    ws.hold(ctx.policy)
+    outcome = unconstrained_format(ws.engine, ws.tokenizer, ctx.values["scenes"][1], ctx.preset, ctx.progress)
+    ctx.log(f"[{ctx.preset.name}] after SFT, first answers without the grammar: format rate "
+            f"{outcome['format_rate']:.3f} +- {outcome['sem']:.3f}")
+    return StageOutput(outcome, outcome)
+
+
+def constrained_sft_eval(ctx: RunContext) -> bool:
+    return evaluates("sft")(ctx) and ctx.preset.constrain_answers
+
+
 def rl_curation(ctx: RunContext, ws: Workspace) -> StageOutput:
     preset, train = ctx.preset, ctx.values["scenes"][0]
     ws.hold(ctx.policy)
@@ -323,6 +348,7 @@ STAGES = (
     Stage("onpolicy_data", onpolicy_data, restore=restore_onpolicy_data, when=recovers_onpolicy),
     Stage("sft_onpolicy", sft_onpolicy, when=has_onpolicy_rows, policy=_onpolicy_policy),
     Stage("eval_sft", eval_sft, when=evaluates("sft")),
+    Stage("eval_sft_unconstrained", eval_sft_unconstrained, when=constrained_sft_eval),
     Stage("rl_curation", rl_curation, restore=restore_curation, when=trains_rl),
     Stage("rl", rl, when=trains_rl, policy=_rl_policy),
     Stage("eval_rl", eval_rl, when=lambda ctx: trains_rl(ctx) and evaluates("rl")(ctx)),
@@ -414,6 +440,7 @@ def mtdrive_results(ctx: RunContext, journal: RunJournal) -> dict[str, Any]:
         "rl_history": read_jsonl(ctx.path("rl", "metrics.jsonl")) if ctx.has("rl") else [],
         "data_card": data_card,
         "rl_curation": ctx.records["rl_curation"]["curation"] if ctx.has("rl_curation") else {},
+        "sft_unconstrained": ctx.values["eval_sft_unconstrained"] if ctx.has("eval_sft_unconstrained") else None,
         "sft_onpolicy": onpolicy,
         "timings_s": journal.timings,
         "cpu_timings_s": journal.cpu_timings,

@@ -3,7 +3,8 @@ trainer / model / engine configs derived from a preset (so SFT data, RL rollouts
 evaluation share one prompt and caption).
 
 ``smoke`` (tiny random model, seconds of compute per stage; tests and CI), ``smoke-vlm``
-(the same on a tiny random Qwen2.5-VL whose prompts hold rendered camera images), ``cpu-demo``
+(the same on a tiny random Qwen2.5-VL whose prompts hold rendered camera images), ``tiny``
+(a ~0.8 M-parameter byte-level decoder trained from scratch: the ablations' carrier), ``cpu-demo``
 (SmolLM2-135M on a 2-core CPU in about 20 minutes), ``cpu-study`` (the studied CPU recipe
 with the best RL result: more SFT steps, format-recovery and on-policy recovery rows, RL on
 the scenes whose first answer draws feedback, with a refinement bonus; hours per seed) and
@@ -51,7 +52,8 @@ class Preset:
     """One experiment setting. Defaults of ``paper`` follow MTDrive section 4.
 
     model: ``load_pretrained`` source ('smollm2-135m-instruct', a safetensors dir, a GGUF
-      file), 'tiny' (random tiny model + byte tokenizer, for smoke tests) or 'tiny-vlm' (a
+      file), 'tiny' / 'tiny-1m' (random tiny model + byte tokenizer: smoke tests / trained
+      from scratch) or 'tiny-vlm' (a
       random tiny Qwen2.5-VL + the byte tokenizer with image tokens).
     lora_rank, lora_alpha: LoRA adapters (rank 0 = full fine-tuning).
     train_scenes: generated training scenes (SFT data and RL prompts are drawn from them).
@@ -100,7 +102,7 @@ class Preset:
       format; the trainer scores the masked policy. ``max_new_tokens`` (and the RL
       rollouts') must then hold the grammar's shortest answer: 128 SmolLM2 tokens, 173 for
       the byte tokenizer of the tiny models. On in the small-model presets (smoke,
-      smoke-vlm, cpu-demo, cpu-study); off in ``paper`` (MTDrive's unconstrained setting)
+      smoke-vlm, tiny, cpu-demo, cpu-study); off in ``paper`` (MTDrive's unconstrained setting)
       and to reproduce it (``--set constrain_answers=false``). On-policy recovery
       (``sft_onpolicy_scenes``) then finds no unusable answer and adds no step.
     """
@@ -222,6 +224,23 @@ def _presets() -> dict[str, Preset]:
                 loss=LossConfig(kl_coef=0.0), bucket_size=128),
             max_new_tokens=168, eval_turns=2, caption=COMPACT_CAPTION, eval_batch=8, untrained_eval_scenes=1,
             curation_scenes=4, sft_max_tokens=1280, max_context_tokens=1408, constrain_answers=True,
+        ),
+        # The ablation carrier (MTDrive Table 3, multi- vs single-turn): the same pipeline,
+        # scorer, feedback and advantages on a ~0.8 M-parameter byte-level decoder trained
+        # from scratch (full fine-tuning): SFT ~19 min, 1-4.5 min per RL arm and seed on this
+        # CPU, so an ablation can use 5 seeds. The prompt has no scene description (a byte
+        # model this small cannot read a caption in minutes of training): turn 1 sees the
+        # ego's history and command, later turns also the PDM Agent's feedback.
+        "tiny": Preset(
+            name="tiny", model="tiny-1m", lora_rank=0, train_scenes=512, eval_scenes=16, eval_seeds=(0, 1, 2),
+            sft_single=512, sft_multi=512, sft_qa_scenes=0,
+            sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3, trainable="full"), batch_size=8, max_steps=200,
+                          bucket_size=64, max_length=2048, checkpoint_every=50),
+            rl=dataclasses.replace(cpu_rl, rollout=_rollout(8, 3, SMOKE_TOKENS, 1.0, NO_PERCEPTION),
+                                   optim=OptimConfig(learning_rate=1e-4, trainable="full"), prompts_per_step=2,
+                                   minibatch_size=16, steps=10, checkpoint_every=5),
+            max_new_tokens=SMOKE_TOKENS, eval_turns=3, prompt=NO_PERCEPTION, constrain_answers=True,
+            curation_scenes=64, max_context_tokens=2048,
         ),
         "paper": Preset(
             name="paper", model="Qwen2.5-VL-3B-Instruct", lora_rank=0, train_scenes=100_000, eval_scenes=12_146,
