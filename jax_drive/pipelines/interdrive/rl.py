@@ -18,7 +18,6 @@ import numpy as np
 from jax_drive.coop.negotiation.rl import NegotiationRLConfig, TrainedActor, negotiation_mtgrpo_train
 from jax_drive.pipelines import engines
 from jax_drive.pipelines.coop_rl import paired_difference
-from jax_drive.stats import mean_sem
 from jax_drive.pipelines.interdrive import arms as A
 from jax_drive.pipelines.interdrive import negotiator as N
 from jax_drive.pipelines.interdrive.presets import Preset, engine_spec
@@ -26,6 +25,7 @@ from jax_drive.rl.advantages import AdvantageConfig
 from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.sampling import SamplingParams
+from jax_drive.stats import mean_sem
 
 ARM = "5_consensus"  # the closed loop the actor is trained and evaluated in
 

@@ -53,8 +53,8 @@ class Preset:
 
     model: ``load_pretrained`` source ('smollm2-135m-instruct', a safetensors dir, a GGUF
       file), 'tiny' / 'tiny-1m' (random tiny model + byte tokenizer: smoke tests / trained
-      from scratch) or 'tiny-vlm' (a
-      random tiny Qwen2.5-VL + the byte tokenizer with image tokens).
+      from scratch) or 'tiny-vlm' (a random tiny Qwen2.5-VL + the byte tokenizer with image
+      tokens).
     lora_rank, lora_alpha: LoRA adapters (rank 0 = full fine-tuning).
     train_scenes: generated training scenes (SFT data and RL prompts are drawn from them).
     eval_scenes, eval_seeds: held-out scenes per evaluation seed.
