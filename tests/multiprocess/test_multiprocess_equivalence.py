@@ -1,6 +1,6 @@
 """2 processes x 4 devices give the 1-process x 8-device results: an mtGRPO update on a fixed
-batch (metrics, parameters and Adam moments within rtol 1e-5, atol 1e-7), a batched PDM
-evaluation and a batch of cooperative episodes (exactly). The reference is this pytest
+batch (metrics and Adam moments within rtol 1e-5, atol 1e-7; parameters within rtol 1e-5 and
+1 % of one Adam step), a batched PDM evaluation and a batch of cooperative episodes (exactly). The reference is this pytest
 process running the same code (tests/multiprocess/workload.py) with no runtime started."""
 
 import json
@@ -13,6 +13,10 @@ import workload
 from conftest import HERE, launch
 
 RTOL, ATOL = 1e-5, 1e-7
+# Adam moves an element by about lr * m / sqrt(v): where the gradient is near zero that ratio
+# turns the all-reduce's float rounding into a visible change (once 4e-6, 0.4 % of one step at
+# lr 1e-3). A wrong reduction would move parameters by whole steps, so 1 % of one still catches it.
+PARAM_ATOL = 1e-2 * workload.LEARNING_RATE
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +45,8 @@ def test_grpo_update_in_two_processes_equals_one(reference, two_processes):
     want, got = (np.load(d / "update.npz") for d in (reference, two_processes))
     assert sorted(got.files) == sorted(want.files) and any(k.startswith("opt") for k in want.files)
     for key in want.files:
-        np.testing.assert_allclose(got[key], want[key], rtol=RTOL, atol=ATOL, err_msg=key)
+        atol = PARAM_ATOL if key.startswith("params") else ATOL
+        np.testing.assert_allclose(got[key], want[key], rtol=RTOL, atol=atol, err_msg=key)
     # the update moved the adapters (B starts at zero)
     assert any(np.abs(want[k]).max() > 0 for k in want.files if k.startswith("params") and "lora_b" in k)
 

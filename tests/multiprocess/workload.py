@@ -19,6 +19,7 @@ import numpy as np
 MESH = (2, 4)
 SCORE = dict(name="pdm_closed", num_scenes=16, seed=7, batch_size=8)
 EPISODES = dict(scenarios=["tv_red_light"], seeds=[0], episodes=8, max_time=4.0)
+LEARNING_RATE = 1e-3  # of the mtGRPO update
 
 
 def grpo_batch(rows: int = 16, length: int = 32) -> dict:
@@ -45,7 +46,7 @@ def grpo_step():
     from jax_drive.rl.optim import OptimConfig, copy_tree, make_optimizer, split_model
 
     mesh_config = parallel.MeshConfig(*MESH)
-    config = GRPOConfig(optim=OptimConfig(learning_rate=1e-3), loss=LossConfig(kl_coef=0.05), minibatch_size=8,
+    config = GRPOConfig(optim=OptimConfig(learning_rate=LEARNING_RATE), loss=LossConfig(kl_coef=0.05), minibatch_size=8,
                         ppo_epochs=2, chunk_size=64, mesh=mesh_config)
     batch = grpo_batch()
     own = jax.tree.map(lambda x: x[parallel.process_block(len(x))], batch)
