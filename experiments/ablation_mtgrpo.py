@@ -10,18 +10,19 @@ For each training seed the SFT stage runs once and is evaluated once; or every s
 starts from the one SFT checkpoint ``--sft-from RUN_DIR`` names (e.g. an
 ``experiments/mtdrive.py --skip-rl`` run of the same preset), evaluated once, and the seeds
 vary RL only (curation, sampling). Then each arm starts from that checkpoint, runs RL
-curation + RL and is evaluated on the same held-out scenes (greedy decoding). The JSON holds the budget, every
-row (mean and standard error over the held-out evaluation seeds) and the timings; a
-markdown table is printed. ``paired`` holds each arm's final PDMS minus GRPO's (and minus
+curation + RL and is evaluated on the same held-out scenes (greedy decoding). The JSON holds
+the budget, every row (mean and standard error over the held-out evaluation seeds) and the
+timings; a markdown table is printed. ``paired`` holds each arm's final PDMS minus GRPO's (and minus
 SFT's), paired per held-out scene and training seed, with a 95 % hierarchical percentile
 bootstrap interval (training seeds, then scenes: :func:`jax_drive.stats.paired_bootstrap`),
-and ``multi_vs_single_turn`` the multi-turn policy (mtGRPO cross, last turn) minus the single-turn one (turn 1); the plot
-``<json stem>.png`` shows the rows with their standard errors. Every pipeline run lives in a
-directory under ``--out``; ``--resume`` continues killed ones (finished ones are loaded from their journals).
+and ``multi_vs_single_turn`` the multi-turn policy (mtGRPO cross, last turn) minus the
+single-turn one (turn 1); the plot ``<json stem>.png`` shows the rows and the differences.
+Every pipeline run lives in a directory under ``--out``; ``--resume`` continues killed ones
+(finished ones are loaded from their journals).
 
 To avoid recomputing what an ``experiments/mtdrive.py`` run of the same preset and (one)
-seed already measured, ``--sft-from RUN_DIR --from-results RESULTS.json`` takes the SFT row and the
-row of that run's own advantage variant (same SFT checkpoint, RL config and seed) from its
+seed already measured, ``--sft-from RUN_DIR --from-results RESULTS.json`` takes the SFT row
+and the row of that run's own advantage variant (same SFT checkpoint, RL config and seed) from its
 results file; the JSON records which rows were taken over (``sources``).
 """
 
@@ -34,11 +35,10 @@ import os
 import sys
 import time
 
-from jax_drive.names import ADVANTAGE_MODES
+from jax_drive.names import ADVANTAGE_MODES, MTDRIVE_PRESETS
+from jax_drive.runinfo import add_output_args, command_line, output_dir, require_min, run_main, run_metadata
 
 VARIANTS = (*ADVANTAGE_MODES, "single_turn")  # single_turn: GRPO on one-turn rollouts
-from jax_drive.names import MTDRIVE_PRESETS
-from jax_drive.runinfo import add_output_args, command_line, output_dir, require_min, run_main, run_metadata
 
 METRICS = ("pdms_first", "pdms_final", "format_rate", "turns_mean", "final_nc", "final_dac", "final_ttc",
            "final_ep", "final_comfort")
@@ -52,11 +52,15 @@ def stage_row(stage: dict) -> dict:
             "pdms_by_budget": stage["pdms_by_budget"], **scenes}
 
 
-def arm_scores(name: str, rows: list[dict]) -> list[list[float]]:
-    """(training seeds, scenes) PDMS an arm is judged by: the last answer, or the first for
+def judged_by(name: str) -> str:
+    """The PDMS an arm is judged by: 'pdms_final' (its last answer), or 'pdms_first' for
     ``single_turn`` (the policy that was trained to answer once)."""
-    key = "scene_pdms_first" if name == "single_turn" else "scene_pdms_final"
-    return [r[key] for r in rows]
+    return "pdms_first" if name == "single_turn" else "pdms_final"
+
+
+def arm_scores(name: str, rows: list[dict]) -> list[list[float]]:
+    """(training seeds, scenes) PDMS the arm is judged by (:func:`judged_by`)."""
+    return [r["scene_" + judged_by(name)] for r in rows]
 
 
 def paired(per_seed: dict[str, list[dict]]) -> dict:
@@ -85,7 +89,7 @@ def plot(out: dict, path: str) -> None:
 
     table = out["table"]
     names = list(table)
-    key = {n: "pdms_first" if n == "single_turn" else "pdms_final" for n in names}
+    key = {n: judged_by(n) for n in names}
     fig = Figure(figsize=(11, 3.8))
     bars, forest = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     bars.bar(names, [table[n]["mean"][key[n]] for n in names], yerr=[table[n]["sem"][key[n]] for n in names],
@@ -219,6 +223,7 @@ def ablate(args, parser, previous: dict | None, meta: dict) -> int:
     start = time.perf_counter()
     per_seed: dict[str, list[dict]] = {"sft": [], **{v: [] for v in args.variants}}
     runs = []
+    shared_sft = None  # the evaluation of --sft-from's checkpoint, shared by every seed
     for seed in args.seeds:
         preset = with_seed(PRESETS[args.preset], seed)
         if args.rl_steps is not None:
@@ -235,11 +240,12 @@ def ablate(args, parser, previous: dict | None, meta: dict) -> int:
         elif args.sft_from is None or not os.path.isdir(sft_checkpoint_dir(sft_dir)):
             results = run_mtdrive(preset, sft_dir, skip_rl=True, evaluate=("sft",), resume=args.resume,
                                   progress=not args.no_progress)
-        else:  # evaluate the given SFT checkpoint on the same held-out scenes (once: greedy, seed-free)
-            first = with_seed(preset, args.seeds[0])
-            results = run_mtdrive(first, os.path.join(args.out, f"sft_eval_s{args.seeds[0]}"), skip_rl=True,
-                                  sft_from=sft_dir, evaluate=("sft",), resume=args.resume or seed != args.seeds[0],
-                                  progress=not args.no_progress)
+        elif shared_sft is None:  # evaluate the given SFT checkpoint once (greedy: the same for every seed)
+            results = shared_sft = run_mtdrive(preset, os.path.join(args.out, f"sft_eval_s{seed}"), skip_rl=True,
+                                               sft_from=sft_dir, evaluate=("sft",), resume=args.resume,
+                                               progress=not args.no_progress)
+        else:
+            results = shared_sft
         if previous is None:
             per_seed["sft"].append(stage_row(results["stages"]["sft"]))
             runs.append({"seed": seed, "variant": "sft", "timings_s": results["timings_s"]})
