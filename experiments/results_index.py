@@ -126,8 +126,10 @@ CATALOGUE: dict[str, Entry] = {
         "python experiments/diagnostics/memory_logprob.py --json experiments/results/diagnostics/memory_logprob.json"),
     "coop_baselines": Entry("Silent and rule-based baselines on the TalkingVehicles and InterDrive scenarios, "
                             "3 seeds (JSON and plot)"),
-    "talking_vehicles": Entry("TalkingVehicles Table 1 (cpu-demo): rule-based, silent, SmolLM2 zero-shot, "
-                              "reflection, debrief and distilled rows (JSON, CR / SR plot, storyboard)"),
+    "talking_vehicles": Entry("TalkingVehicles Table 1 (cpu-demo): under the grammars (table1_grammar.json: "
+                              "rule-based, silent and SmolLM2 zero-shot rows with command mix) and with free "
+                              "answers (talking_vehicles.json: zero-shot, reflection, debrief and distilled "
+                              "rows); JSON, CR / SR plots, storyboards"),
     "coop_rl": Entry("Talking vehicles trained by RL (jax-drive coop-rl): tiny-study here, tiny-distilled in "
                      "tiny_distilled/; SR / CR of the start, trained and messages-dropped policies on held-out "
                      "episodes and a held-out variation, paired differences, curves, storyboard, each training "

@@ -58,13 +58,19 @@ def seed_reference() -> dict:
 
 
 def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
-    """CR and SR per scenario (and their average) per method, SE over seeds as error bars."""
+    """CR and SR per scenario (and their average) per method, SE over seeds as error bars;
+    with held-out variations, a third panel: each method's average SR at nominal and in each."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(max(10, 1.6 * (len(scenarios) + 1) * max(len(results), 1) / 3), 7))
+    variations = sorted({v for r in results.values() for v in r.get("variations", {})})
+    fig = Figure(figsize=(max(10, 1.6 * (len(scenarios) + 1) * max(len(results), 1) / 3),
+                          10 if variations else 7))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 1, sharex=True)
+    grid = fig.subplots(3 if variations else 2, 1)
+    axes = grid[:2]
+    axes[0].sharex(axes[1])
+    axes[0].tick_params(labelbottom=False)
     labels = [s.replace("tv_", "") for s in scenarios] + ["average"]
     x = np.arange(len(labels))
     width = 0.8 / max(len(results), 1)
@@ -81,6 +87,20 @@ def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
                       fontsize=10)
     axes[0].legend(fontsize=7, ncol=min(len(results), 5))
     axes[1].set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
+    if variations:
+        ax, names = grid[2], ["nominal", *variations]
+        x = np.arange(len(results))
+        for k, name in enumerate(names):
+            aggs = [(r if name == "nominal" else r.get("variations", {}).get(name, {})).get("average", {})
+                    .get("aggregate", {}).get("SR", {"mean": np.nan, "se": 0.0}) for r in results.values()]
+            ax.bar(x + (k - (len(names) - 1) / 2) * 0.8 / len(names), [a["mean"] for a in aggs],
+                   0.8 / len(names), yerr=[a["se"] for a in aggs], capsize=2, label=name)
+        ax.set_xticks(x, list(results), rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("average SR (%)")
+        ax.set_ylim(0, 105)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, title="episodes", title_fontsize=7)
+        ax.set_title("The same episodes in held-out variations (sim.variations)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -167,6 +187,13 @@ def main(argv=None) -> int:
     print(TV.table_rows(results, list(preset.scenarios)))
     print()
     print(TV.table3_rows(results))
+    if preset.eval_variations:
+        print()
+        print(TV.variation_rows(results))
+    differences = TV.method_differences(results)
+    if differences:
+        print()
+        print(TV.difference_lines(differences))
     story_method = next((m for m in ("distilled", "debrief", "zero_shot") if m in results), methods[0])
     payload = {
         "command": command_line(__file__, argv),
@@ -174,6 +201,7 @@ def main(argv=None) -> int:
         "seed_reference": seed_reference(),
         "results": {m: {k: v for k, v in r.items() if k != "storyboard"} for m, r in results.items()},
         "table": TV.table_rows(results, list(preset.scenarios)), "table3": TV.table3_rows(results),
+        "variation_table": TV.variation_rows(results), "differences": differences,
         "storyboard": {"method": story_method, **results[story_method].get("storyboard", {})},
         "meta": run_metadata(benchmark="talking_vehicles", run_dir=run_dir),
     }

@@ -30,7 +30,8 @@ RL_KEYS = ("pdms_final", "loss", "reward_mean")
 # --set overrides giving each pipeline's smoke preset the unconstrained setting it was recorded in.
 UNCONSTRAINED = {
     "mtdrive": {"constrain_answers": False, "max_new_tokens": 24, "rl.rollout.sampling.max_new_tokens": 24},
-    "talking_vehicles": {"agent.constrain_answers": False},
+    "talking_vehicles": {"agent.constrain_answers": False, "learning.constrain_answers": False,
+                         "learning.reflection_tokens": 8, "learning.discussion_tokens": 8},
     "interdrive": {"constrain_answers": False, "consensus_tokens": 8, "rl.steps": 0},
 }
 

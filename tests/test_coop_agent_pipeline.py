@@ -50,6 +50,23 @@ def test_same_outcomes_compares_every_scenario_and_seed():
     assert rows[2].startswith("x =keep") and rows[3].startswith("y ") and "=keep" not in rows[3]
 
 
+def test_method_differences_pair_rows_over_seeds_and_scenarios():
+    """Communication's effect: the same episodes, row minus baseline per seed and scenario;
+    the hierarchical interval draws seeds first, so one seed's gain spans 0 to 100."""
+    def summary(outcomes):  # {seed: outcome} in both scenarios
+        return TV.summarise_records([_record(n, seed, [o]) for n in ("a", "b") for seed, o in outcomes.items()])
+
+    silent, comm = summary({0: "collision", 1: "collision"}), summary({0: "success", 1: "collision"})
+    assert TV.evaluation.seed_scenario_matrix(comm, "SR").tolist() == [[100.0, 100.0], [0.0, 0.0]]
+    d = TV.method_differences({"zero_shot_silent": silent, "zero_shot": comm, "distilled": comm})
+    assert list(d) == ["communication"] and (d["communication"]["row"], d["communication"]["baseline"]) == (
+        "zero_shot", "zero_shot_silent")
+    sr, cr = d["communication"]["SR"], d["communication"]["CR"]
+    assert (sr["mean"], sr["ci95"], sr["training_seeds"], sr["units"]) == (50.0, [0.0, 100.0], 2, 2)
+    assert cr["mean"] == -50.0 and "communication (zero_shot - zero_shot_silent): SR +50.0 [+0.0, +100.0]" in \
+        TV.difference_lines(d)
+
+
 class Unparseable:
     def generate_chat(self, conversations, params, key):
         from jax_drive.sampling.engine import Completion
@@ -220,6 +237,33 @@ def test_experiment_script_writes_json_table_and_plots(tmp_path):
     assert data["seed_reference"]["debrief"]["SR_avg"] == pytest.approx(91.65, abs=0.01)
     assert (tmp_path / "tv.png").stat().st_size > 0 and (tmp_path / "tv_storyboard.png").stat().st_size > 0
     assert data["storyboard"]["method"] == "rule_based" and data["storyboard"]["messages"]
+
+
+def test_every_method_is_also_evaluated_in_the_held_out_variations(tmp_path, capsys):
+    """eval_variations: the same episodes in a scaled world, as their own chunks (resumable),
+    with the keep-only check, in the result, the printed table and the plot; the silent LLM
+    agent answers under the grammar without a message."""
+    import talking_vehicles as script
+
+    out, run = tmp_path / "tv.json", tmp_path / "run"
+    args = ["--preset", "smoke", "--method", "rule_based", "--method", "zero_shot_silent", "--set", "max_time=1.1",
+            "--set", 'scenarios=["tv_red_light"]', "--set", 'eval_variations=["scale1.3"]', "--run-dir", str(run),
+            "--json", str(out), "--no-progress"]
+    assert script.main(args) == 0
+    data = json.loads(out.read_text())
+    for method in ("rule_based", "zero_shot_silent"):
+        nominal, varied = data["results"][method], data["results"][method]["variations"]["scale1.3"]
+        assert varied["episodes"] == nominal["episodes"] and varied["chunk_keys"] != nominal["chunk_keys"]
+        (chunk,) = _chunks(run, f"{method}@scale1.3")
+        episodes = json.loads((run / chunk).read_text())["records"]
+        assert all(r["episode"].endswith("/scale1.3") for r in episodes)
+    llm = data["results"]["zero_shot_silent"]
+    assert "all" in llm["variations"]["scale1.3"]["keep_fallback"]
+    assert not llm["parse_failures"] and llm["bytes_per_message"] == 0.0 and llm["command_mix"]["decisions"] > 0
+    assert "scale1.3" in data["variation_table"] and "scale1.3" in capsys.readouterr().out
+    assert (tmp_path / "tv.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="eval_variations"):
+        dataclasses.replace(TV.PRESETS["smoke"], eval_variations=("nominal",))
 
 
 def test_keep_check_compares_a_results_file_with_the_keep_only_fallback(tmp_path):

@@ -2,6 +2,8 @@
 random model, the protocol's bookkeeping (solved / reset / done), memories flowing into the
 prompts, checkpoints and episode keys."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -97,6 +99,41 @@ def test_debrief_loop_on_the_tiny_model():
     for key in ("tv_red_light/seed0/109", "tv_red_light/seed0/117"):
         last = bank.agents[key].versions[-1]
         assert last["source"].startswith("debrief") and [t[0] for t in last["discussion"]] == [109, 117]
+
+
+def test_constrained_debrief_writes_prose_memories_on_the_tiny_model():
+    """Under the post-episode grammars even the random model's reflections and summaries
+    are structured memories (never 'unstructured' or empty) and its debrief turns plain prose."""
+    import re
+
+    from jax_drive.sampling.grammar.formats import words_regex
+
+    config = L.LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=64,
+                              discussion_tokens=24, constrain_answers=True, memory_words=3, discussion_words=3,
+                              max_time=2.0)
+    bank = MemoryBank()
+    lanes = L.lanes_for(SCENARIOS, [0])
+    engine = Recording(tiny_engine())
+    learner = L.Learner("debrief", engine, bank, config, L.AgentConfig(max_new_tokens=6))
+    learner.learn(lanes, progress=False)
+    memory_field, turn = re.compile(words_regex(3, 3)), re.compile(words_regex(3))
+    assert len(bank.agents) == 4 and [c["kind"] for c in learner.llm_calls] == ["debrief", "debrief", "summary"]
+    for mem in bank.agents.values():
+        assert mem.versions[-1]["source"] == "debrief"  # parsed: no "(unstructured)" / "(empty)"
+        assert memory_field.fullmatch(mem.knowledge) and memory_field.fullmatch(mem.strategy)
+        assert all(turn.fullmatch(text) for _, text in mem.versions[-1]["discussion"])
+
+
+def test_silent_agents_answer_the_command_alone_under_the_grammar():
+    from jax_drive.coop.agent import parse_action
+
+    talk = L.AgentConfig(constrain_answers=True, max_message_chars=16)
+    silent = dataclasses.replace(talk, communicate=False)
+    assert '"message"' in talk.answer_grammar().pattern and '"message"' not in silent.answer_grammar().pattern
+    engine = tiny_engine()
+    assert silent.answer_budget(engine) == talk.answer_budget(engine) - 16 - len(', "message": ""')
+    action = parse_action('{"command": "stop"}')  # what the silent grammar writes
+    assert action.command_text == "stop" and not action.failures
 
 
 def test_correction_rag_stores_corrections_and_retrieves_them():

@@ -51,6 +51,26 @@ def test_talking_vehicles_actions_parse_with_the_derived_budget(engine):
         A.AgentConfig(constrain_answers=True, answer_prefix='{"command": "')
 
 
+def test_reflection_and_debrief_grammars_accept_prose_only():
+    import re
+
+    from jax_drive.coop.learning import parse_memory
+    from jax_drive.sampling.grammar import GrammarError, memory_grammar, prose_grammar
+
+    memory, turn = re.compile(memory_grammar(8).pattern), re.compile(prose_grammar(6).pattern)
+    good = '{"knowledge": "The truck hides cars.", "strategy": "Slow down; wait for the all-clear."}'
+    assert memory.fullmatch(good) and parse_memory(good)[2] is None
+    for bad in ('{"knowledge": "", "strategy": "Wait here now."}',  # empty and too short fields
+                '{"knowledge": "Two words.", "strategy": "Wait here now."}',
+                '{"knowledge": "One two three four five six seven eight nine.", "strategy": "Wait here now."}',
+                '{"knowledge": "Say \\"stop\\" now.", "strategy": "Wait here now."}'):  # quotes: not prose
+        assert not memory.fullmatch(bad), bad
+    assert turn.fullmatch("I go first, then you merge.") and turn.fullmatch("Agreed.")
+    assert not any(turn.fullmatch(t) for t in ("No full stop", "Line\nbreak.", "{json}.", "one two three four five six seven."))
+    with pytest.raises(GrammarError):
+        prose_grammar(0)
+
+
 def _groups():
     out = []
     for episode, vids in ((0, [201, 202]), (0, [203, 204, 205])):

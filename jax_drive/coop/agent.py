@@ -304,8 +304,9 @@ class AgentConfig:
         (``engine.tokenizer``); "" = off (the seed's protocol).
       constrain_answers: sample every answer under the action grammar
         (``sampling.grammar.action_grammar``: ``{"command": <one of the seven>, "message":
-        <at most max_message_chars characters>}``, with a one-line reasoning of at most
-        ``max_reasoning_chars`` before it when ``chain_of_thought``), so every answer parses.
+        <at most max_message_chars characters>}``, ``{"command": ...}`` alone when silent,
+        with a one-line reasoning of at most ``max_reasoning_chars`` before it when
+        ``chain_of_thought``), so every answer parses.
         The answer budget is then derived from the grammar, not ``max_new_tokens``: its
         fewest tokens over the engine's tokenizer plus the message (and reasoning) cap plus
         the stop token. Default False (the seed's unconstrained protocol).
@@ -344,7 +345,8 @@ class AgentConfig:
             return None
         from jax_drive.sampling.grammar import Grammar, action_grammar
 
-        action = action_grammar(tuple(COMMANDS), self.max_message_chars)
+        # the silent prompt asks for {"command": ...} alone
+        action = action_grammar(tuple(COMMANDS), self.max_message_chars if self.communicate else None)
         if not self.chain_of_thought:
             return action
         return Grammar.regex(f"(?:[^{{}}\\x00-\\x1f]{{1,{self.max_reasoning_chars}}} )?{action.pattern}")
@@ -365,7 +367,7 @@ class AgentConfig:
             raise ValueError("constrain_answers needs an engine with a local tokenizer (engine.tokenizer) to size "
                              "the answer budget")
         commands = [len(c) for c in COMMANDS]
-        extra = max(commands) - min(commands) + self.max_message_chars
+        extra = max(commands) - min(commands) + (self.max_message_chars if self.communicate else 0)
         extra += self.max_reasoning_chars + 1 if self.chain_of_thought else 0
         budget = compiled.min_tokens + extra + 1
         return budget if compiled.max_tokens is None else min(budget, compiled.max_tokens + 1)

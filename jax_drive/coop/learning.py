@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from jax_drive.configs import at_least, one_of
 from jax_drive.coop.agent import (
+    COMMANDS,
     AgentConfig,
     AgentContext,
     EMPTY_CONTEXT,
@@ -136,7 +137,14 @@ class LearningConfig:
       debrief_rounds: round-robin rounds of a debrief discussion.
       max_memory_chars: K and S are each cut to this many characters.
       reflection_tokens, discussion_tokens: answer budgets of reflections / summaries and of
-        discussion turns.
+        discussion turns (and of corrections).
+      constrain_answers: sample the post-episode answers under grammars, so every one is
+        usable: reflections and summaries as ``{"knowledge": <prose>, "strategy": <prose>}``
+        (``sampling.grammar.memory_grammar``, each field ``memory_words`` words at most),
+        debrief turns as plain prose of ``discussion_words`` words at most
+        (``prose_grammar``), corrections under the drivers' action grammar. Default False
+        (the seed's free-form answers).
+      memory_words, discussion_words: the grammars' word caps.
       rag_examples: retrieved corrections shown per decision (Correction+RAG).
       temperature: sampling temperature of the post-episode calls (seed: 0.2).
       seed: batch context sampling.
@@ -152,6 +160,9 @@ class LearningConfig:
     max_memory_chars: int = 600
     reflection_tokens: int = 160
     discussion_tokens: int = 96
+    constrain_answers: bool = False
+    memory_words: int = 40
+    discussion_words: int = 50
     rag_examples: int = 2
     temperature: float = 0.2
     seed: int = 0
@@ -160,6 +171,16 @@ class LearningConfig:
     def __post_init__(self):
         at_least(self, 1, "max_episodes", "solved_streak", "batch_size", "debrief_rounds")
         at_least(self, 0, "max_resets", "rag_examples")
+        at_least(self, 3, "memory_words", "discussion_words")
+
+    def grammars(self, agent: AgentConfig) -> dict:
+        """The grammar of each post-episode call kind (all None unless ``constrain_answers``)."""
+        if not self.constrain_answers:
+            return {"reflection": None, "debrief": None, "correction": None}
+        from jax_drive.sampling.grammar import action_grammar, memory_grammar, prose_grammar
+
+        return {"reflection": memory_grammar(self.memory_words), "debrief": prose_grammar(self.discussion_words),
+                "correction": action_grammar(tuple(COMMANDS), agent.max_message_chars)}
 
 
 @dataclasses.dataclass
@@ -366,8 +387,13 @@ class Learner:
         self.context = MemoryContext(bank, mode, embedder, config.rag_examples)
         self.policy = LanguagePolicy(engine, agent, jax.random.fold_in(self.key, 1), context=self.context,
                                      name=method)
-        self.params = SamplingParams(max_new_tokens=config.reflection_tokens, temperature=config.temperature)
-        self.talk = SamplingParams(max_new_tokens=config.discussion_tokens, temperature=config.temperature)
+        grammars = config.grammars(agent)
+        self.params = SamplingParams(max_new_tokens=config.reflection_tokens, temperature=config.temperature,
+                                     grammar=grammars["reflection"])
+        self.talk = SamplingParams(max_new_tokens=config.discussion_tokens, temperature=config.temperature,
+                                   grammar=grammars["debrief"])
+        self.correct = SamplingParams(max_new_tokens=config.discussion_tokens, temperature=config.temperature,
+                                      grammar=grammars["correction"])
         self.llm_calls: list[dict] = []
         self._calls = 0
 
@@ -487,7 +513,7 @@ class Learner:
                 for tr, frame in zip(a.sampled, a.frames):
                     (jobs if f else keep).append((a, tr, frame))
         answers = self._generate([correction_prompt(a.header, frame, a.feedback) for a, _, frame in jobs],
-                                 self.talk, "correction")
+                                 self.correct, "correction")
         entries = []
         for (a, tr, _), text in zip(jobs, answers):
             action = parse_action(text)

@@ -42,7 +42,7 @@ from jax_drive.rl.loss import LossConfig
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim.scenarios import TALKING_VEHICLES
-from jax_drive.sim.variations import VARIATIONS
+from jax_drive.sim.variations import check_held_out
 from jax_drive.stats import BOOTSTRAP_SAMPLES, mean_sem, paired_bootstrap
 
 EVAL_METHODS = ("rule_based", "start", "grpo", "grpo_messages_dropped")
@@ -105,10 +105,7 @@ class Preset:
             raise ValueError("training_seeds and eval_seeds must each name at least one seed")
         if self.eval_episodes < 1 or self.lora_rank < 0 or self.max_batch < 1:
             raise ValueError("eval_episodes and max_batch must be >= 1, lora_rank >= 0")
-        held_out = [v for v in VARIATIONS if v != "nominal"]
-        if len(set(self.eval_variations)) != len(self.eval_variations) or set(self.eval_variations) - set(held_out):
-            raise ValueError(f"eval_variations must be distinct names among {held_out} (nominal is always "
-                             f"evaluated), got {list(self.eval_variations)}")
+        check_held_out(self.eval_variations)
         if self.distill_episodes < 0 or len(self.distill_epsilons) != len(self.distill_seeds):
             raise ValueError("distill_episodes must be >= 0, with one exploration epsilon per distillation seed")
         if not self.eval_temperature >= 0:

@@ -32,6 +32,15 @@ def variation_scale(name: str) -> float:
     return VARIATIONS[name]
 
 
+def check_held_out(names) -> None:
+    """ValueError unless ``names`` are distinct held-out variations (nominal is always evaluated,
+    so it is not one of them): the check of every preset's ``eval_variations``."""
+    held_out = [v for v in VARIATIONS if v != "nominal"]
+    if len(set(names)) != len(names) or set(names) - set(held_out):
+        raise ValueError(f"eval_variations must be distinct names among {held_out} (nominal is always "
+                         f"evaluated), got {list(names)}")
+
+
 def _scaled(x, s: float):
     """``x * s`` where ``|x|`` is a real length, sentinels kept."""
     return jnp.where(jnp.abs(x) < _SENTINEL, x * s, x)

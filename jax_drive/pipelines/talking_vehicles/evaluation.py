@@ -28,8 +28,9 @@ from jax_drive.sim import metrics as M
 TV_KEYS = ("CR", "SR", "TR")
 
 
-def eval_specs(preset: Preset, method: str) -> list[EpisodeSpec]:
-    return episode_specs(preset.scenarios, preset.seeds, preset.episodes_for(method), "eval")
+def eval_specs(preset: Preset, method: str, variation: str = "nominal") -> list[EpisodeSpec]:
+    """``method``'s evaluation episodes (in a held-out ``variation``: the same episodes, scaled)."""
+    return episode_specs(preset.scenarios, preset.seeds, preset.episodes_for(method), "eval", variation=variation)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -239,9 +240,81 @@ def table_rows(results: dict[str, dict], scenarios: Sequence[str], keys: Sequenc
     return "\n".join(lines)
 
 
+def variation_rows(results: dict[str, dict], keys: Sequence[str] = ("CR", "SR")) -> str:
+    """Plain-text table of the average ``keys`` (mean ± SE over seeds) per method at nominal
+    and in each held-out variation its result holds (``variations``); ``=keep`` marks a cell
+    that equals the keep-only fallback on every scenario and seed."""
+    names = ["nominal"] + sorted({v for r in results.values() for v in r.get("variations", {})})
+    width = 12 * len(keys) + 6
+    lines = [f"{'method':24s}" + "".join(f"{n:>{width}s}" for n in names),
+             " " * 24 + ("      " + "".join(f"{k:>12s}" for k in keys)) * len(names)]
+    for method, r in results.items():
+        blocks = {"nominal": r} | r.get("variations", {})
+        cells = ""
+        for n in names:
+            block = blocks.get(n)
+            if block is None:
+                cells += f"{'-':>{width}s}"
+                continue
+            agg = block["average"]["aggregate"]
+            mark = "=keep" if (block.get("keep_fallback") or {}).get("all") else ""
+            cells += f"{mark:>6s}" + "".join(f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}".rjust(12) for k in keys)
+        lines.append(f"{method:24s}" + cells)
+    return "\n".join(lines)
+
+
+# (row, baseline row, what their difference measures): Table 1's questions
+METHOD_PAIRS = (("zero_shot", "zero_shot_silent", "communication"),
+                ("reflection", "zero_shot", "reflection"),
+                ("debrief", "zero_shot", "debrief"),
+                ("debrief", "reflection", "debrief over reflection"))
+
+
+def seed_scenario_matrix(result: dict, key: str) -> np.ndarray:
+    """(seeds, scenarios) of a summary's ``key`` (CR / SR / TR), seeds and scenarios sorted."""
+    scenarios = sorted(result["scenarios"])
+    seeds = sorted(p["seed"] for p in result["scenarios"][scenarios[0]]["per_seed"])
+    by = {(n, p["seed"]): p[key] for n in scenarios for p in result["scenarios"][n]["per_seed"]}
+    return np.array([[by[(n, s)] for n in scenarios] for s in seeds], np.float64)
+
+
+def method_differences(results: dict[str, dict], pairs=METHOD_PAIRS, keys: Sequence[str] = ("SR", "CR")) -> dict:
+    """Whether communication, reflection and debrief change anything: for each pair of rows
+    both present, the paired difference of each ``key`` over the same episodes (row minus
+    baseline per seed and scenario; mean and the hierarchical bootstrap 95 % interval of
+    :func:`jax_drive.stats.paired_bootstrap`, seeds then scenarios, since the learning
+    methods learn per seed). {label: {"row", "baseline", key: {...}}}."""
+    from jax_drive.stats import paired_bootstrap
+
+    out = {}
+    for row, base, label in pairs:
+        if row in results and base in results:
+            out[label] = {"row": row, "baseline": base} | {
+                k: paired_bootstrap(seed_scenario_matrix(results[row], k) - seed_scenario_matrix(results[base], k),
+                                    resample_seeds=True) for k in keys}
+    return out
+
+
+def difference_lines(differences: dict) -> str:
+    """One line per :func:`method_differences` entry: mean and interval per metric, in points."""
+    lines = []
+    for label, d in differences.items():
+        cells = [f"{k} {d[k]['mean']:+.1f} [{d[k]['ci95'][0]:+.1f}, {d[k]['ci95'][1]:+.1f}]"
+                 for k in d if k not in ("row", "baseline")]
+        lines.append(f"{label} ({d['row']} - {d['baseline']}): " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def keep_percent(mix: dict | None) -> str:
     """A command mix's keep share in percent, '-' where none was counted."""
     return "-" if not mix or mix.get("keep_share") is None else f"{100 * mix['keep_share']:.1f}"
+
+
+def mix_text(mix: dict | None, top: int = 3) -> str:
+    """A command mix's ``top`` most frequent commands with their shares, e.g. ``go 62, stop 20, keep 18``."""
+    if not mix or not mix.get("decisions"):
+        return "-"
+    return ", ".join(f"{k} {100 * v / mix['decisions']:.0f}" for k, v in list(mix["commands"].items())[:top])
 
 
 def table3_rows(results: dict[str, dict]) -> str:
@@ -249,9 +322,10 @@ def table3_rows(results: dict[str, dict]) -> str:
     divided by its agents (median / p95 over calls: amortised cost, not what an agent waits)
     and a decision step's wall time (median / p95: what every agent of the step waits), then
     agents per call, bytes per message, parse failures (every kind, cut-off answers
-    included) and the share of decisions that were ``keep`` (language policies)."""
+    included), the share of decisions that were ``keep`` and the most frequent commands
+    (language policies, in percent)."""
     lines = [f"{'method':18s}{'batch/agents med':>17s}{'p95':>8s}{'step med':>10s}{'p95':>8s}{'agents/call':>13s}"
-             f"{'bytes/msg':>11s}{'failures':>10s}{'keep %':>8s}"]
+             f"{'bytes/msg':>11s}{'failures':>10s}{'keep %':>8s}  command mix %"]
     for method, r in results.items():
         lat = r.get("latency") or {}
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
@@ -259,5 +333,5 @@ def table3_rows(results: dict[str, dict]) -> str:
                      f"{fmt(lat.get('batch_seconds_median')):>10s}{fmt(lat.get('batch_seconds_p95')):>8s}"
                      f"{lat.get('agents_per_call_mean', 0):>13.1f}{r['bytes_per_message']:>11.1f}"
                      f"{sum(r.get('parse_failures', {}).values()):>10d}"
-                     f"{keep_percent(r.get('command_mix')):>8s}")
+                     f"{keep_percent(r.get('command_mix')):>8s}  {mix_text(r.get('command_mix'))}")
     return "\n".join(lines)

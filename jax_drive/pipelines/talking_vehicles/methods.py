@@ -17,6 +17,7 @@ are built on first use by :class:`Engines`, the pipeline's workspace.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -136,7 +137,9 @@ def zero_shot(method: str, preset: Preset, engines: Engines, run_dir: str, progr
 
 def learning(method: str, preset: Preset, engines: Engines, run_dir: str, progress: bool):
     lanes, bank, calls = learn_method(preset, method, engines, run_dir, progress=progress)
-    extra = {"learning": lane_summary(lanes) | {"llm_calls": calls},
+    # "reflection (unstructured)" / "debrief (empty)": answers that were not a usable memory
+    sources = collections.Counter(v["source"] for m in bank.agents.values() for v in m.versions)
+    extra = {"learning": lane_summary(lanes) | {"llm_calls": calls, "memory_sources": dict(sorted(sources.items()))},
              "memory_examples": {k: {"knowledge": m.knowledge, "strategy": m.strategy, "versions": m.versions}
                                  for k, m in list(sorted(bank.agents.items()))[:4]}}
 

@@ -10,7 +10,9 @@ in the run directory too, so a killed run resumes. Evaluation chunks are keyed b
 policy's identity (:mod:`~jax_drive.pipelines.talking_vehicles.identity`), so a retrained
 or otherwise changed policy is evaluated again. Every LLM method's result also says whether
 it equals, scenario by scenario and seed by seed, what the keep-only fallback scores on the
-same episodes (``keep_fallback``).
+same episodes (``keep_fallback``). With the preset's ``eval_variations`` every method is
+evaluated again on the same episodes in each held-out variation (``variations`` in its result,
+with its own ``keep_fallback``).
 """
 
 from __future__ import annotations
@@ -36,11 +38,21 @@ def method_result(method: str, ctx: RunContext, engines: Engines) -> StageOutput
 
     preset, start = ctx.preset, time.perf_counter()
     make_policy, extra, identity = METHODS[method](method, preset, engines, ctx.run_dir, ctx.progress)
-    result = evaluate(make_policy, eval_specs(preset, method), progress=ctx.progress,
-                      story=ctx.option("story", DEFAULT_STORY), label=method, max_time=preset.max_time,
-                      chunk_dir=ctx.run_dir, identity=identity)
-    if method not in BASELINES:
-        result["keep_fallback"] = keep_fallback(method, preset, result, ctx)
+    policy = functools.cache(make_policy)  # built once, when an evaluation chunk is not on disk
+
+    def evaluated(variation: str) -> dict:
+        nominal = variation == "nominal"
+        out = evaluate(policy, eval_specs(preset, method, variation), progress=ctx.progress,
+                       story=ctx.option("story", DEFAULT_STORY) if nominal else None,
+                       label=method if nominal else f"{method}@{variation}", max_time=preset.max_time,
+                       chunk_dir=ctx.run_dir, identity=identity)
+        if method not in BASELINES:
+            out["keep_fallback"] = keep_fallback(method, preset, out, ctx, variation)
+        return out
+
+    result = evaluated("nominal")
+    if preset.eval_variations:
+        result["variations"] = {v: evaluated(v) for v in preset.eval_variations}
     model = preset.student_model if method == "distilled" else (None if method in BASELINES else preset.model)
     engine = None if method in BASELINES else ("jax" if method == "distilled" else preset.engine)
     payload = {"method": method, "preset": preset.name, "model": model, "engine": engine,
@@ -50,14 +62,15 @@ def method_result(method: str, ctx: RunContext, engines: Engines) -> StageOutput
     return StageOutput(payload, payload)
 
 
-def keep_fallback(method: str, preset: Preset, result: dict, ctx: RunContext) -> dict:
+def keep_fallback(method: str, preset: Preset, result: dict, ctx: RunContext, variation: str = "nominal") -> dict:
     """Whether ``result`` equals, scenario by scenario and seed by seed, what the keep-only
     fallback scores on the same episodes (:func:`fallback_policy`, no model; saved as its own
     chunks), with the fallback's average: an LLM row that parsed nothing looks like this."""
     communicate = {"zero_shot_silent": False, "zero_shot": True,  # as methods.zero_shot sets it
                    "distilled": preset.student_agent.communicate}.get(method, preset.agent.communicate)
-    reference = evaluate(lambda: fallback_policy(communicate), eval_specs(preset, method), progress=ctx.progress,
-                         label=f"keep_only_{'comm' if communicate else 'silent'}", max_time=preset.max_time,
+    label = f"keep_only_{'comm' if communicate else 'silent'}" + ("" if variation == "nominal" else f"@{variation}")
+    reference = evaluate(lambda: fallback_policy(communicate), eval_specs(preset, method, variation),
+                         progress=ctx.progress, label=label, max_time=preset.max_time,
                          chunk_dir=ctx.run_dir, identity={"fallback": "keep", "communicate": communicate})
     return same_outcomes(result, reference) | {"average": reference["average"]["aggregate"]}
 

@@ -17,6 +17,7 @@ from jax_drive.names import BASELINES, TALKING_VEHICLES_PRESETS, check_names
 from jax_drive.rl.optim import OptimConfig
 from jax_drive.rl.sft import SFTConfig
 from jax_drive.sim.scenarios import TALKING_VEHICLES
+from jax_drive.sim.variations import check_held_out
 
 # Sampler prompt buckets: multiples of 8 up to 128 (the distilled policy's ~40-token
 # prompts pad to 40 or 48, not 64), then coarser.
@@ -48,7 +49,9 @@ class Preset:
         the message cap, not ``max_new_tokens``). On in the small-model presets (smoke,
         cpu-demo); off in ``paper`` and to reproduce the seed's unconstrained protocol
         (``--set agent.constrain_answers=false``: the ``max_new_tokens`` budget again).
-      learning: the learning protocol.
+      learning: the learning protocol. Its ``constrain_answers`` samples reflections,
+        summaries, debrief turns and corrections under their grammars (``LearningConfig``);
+        on in smoke and cpu-demo, off in ``paper``.
       distill_episodes, distill_seeds, distill_epsilons: teacher episodes per scenario per
         seed of the ``distill`` split, one exploration epsilon per distillation seed.
       distill_keep_fraction: share of uninformative teacher decisions kept
@@ -69,6 +72,9 @@ class Preset:
       embed_tokens: texts are cut to this many tokens for retrieval embeddings.
       max_time: optional cap on evaluation episodes' length, s (quick checks; None = each
         scenario's own time limit).
+      eval_variations: held-out variations (:mod:`jax_drive.sim.variations`: the same
+        episodes in a world scaled outside the training ranges) every method is also
+        evaluated on, after the nominal episodes; () = none.
     """
 
     name: str
@@ -97,6 +103,7 @@ class Preset:
     max_batch: int = 128
     embed_tokens: int = 192
     max_time: float | None = None
+    eval_variations: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.engine not in ("jax", "openai"):
@@ -107,6 +114,7 @@ class Preset:
             raise ValueError("evaluation episode counts must be >= 1")
         if self.dagger_rounds < 0 or min(self.dagger_episodes, self.dagger_epochs) < 1:
             raise ValueError("dagger_rounds must be >= 0, dagger_episodes and dagger_epochs >= 1")
+        check_held_out(self.eval_variations)
 
     def episodes_for(self, method: str) -> int:
         """Evaluation episodes per scenario per seed of ``method``."""
@@ -130,8 +138,9 @@ def _presets() -> dict[str, Preset]:
             # the action grammar over the byte tokenizer with a 16-character message: 64 tokens
             agent=AgentConfig(max_new_tokens=8, constrain_answers=True, max_message_chars=16),
             student_agent=AgentConfig(style="compact", max_new_tokens=8),
-            learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=8,
-                                    discussion_tokens=8, max_time=6.0),
+            learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=64,
+                                    discussion_tokens=24, constrain_answers=True, memory_words=3,
+                                    discussion_words=3, max_time=6.0),
             distill_episodes=2, distill_seeds=(0,), distill_epsilons=(0.0,),
             student=StudentConfig(sft=SFTConfig(optim=OptimConfig(learning_rate=1e-3, trainable="full"),
                                                 batch_size=4, max_steps=2, bucket_size=32, max_length=512)),
@@ -149,13 +158,18 @@ def _presets() -> dict[str, Preset]:
             # every answer parses, in at most 11 + 15 + 80 + 1 = 107 SmolLM2 tokens (the
             # unconstrained 24 tokens are too few for a JSON answer with a sentence-long message)
             agent=AgentConfig(max_new_tokens=24, constrain_answers=True),
+            # reflections, summaries and debrief turns under their grammars too: memories of
+            # at most 40 + 40 words, turns of at most 50 (the budgets cut them shorter)
             learning=LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflection_tokens=128,
-                                    discussion_tokens=80),
+                                    discussion_tokens=80, constrain_answers=True),
             distill_episodes=6, distill_seeds=(0, 1, 2), distill_epsilons=(0.0, 0.1, 0.2),
             dagger_rounds=2, dagger_episodes=4,
             student=StudentConfig(sft=SFTConfig(optim=OptimConfig(learning_rate=1e-4, trainable="full"),
                                                 batch_size=16, epochs=2, bucket_size=16, max_length=128,
                                                 checkpoint_every=20), min_command_share=MIN_COMMAND_SHARE),
+            # every row also on the same episodes in a world 1.3x larger and faster (outside the
+            # +-3 m / +-0.5 m/s jitter the student's teacher data has)
+            eval_variations=("scale1.3",),
         ),
         # The seed's protocol on a GPU: a vLLM-served instruct model as the LLM agents (the seed
         # used gpt-4o-mini), chain of thought on, 60 learning episodes / 20-success streak / 3

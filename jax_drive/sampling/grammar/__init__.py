@@ -16,6 +16,7 @@ Public API:
   to_gbnf, request_fields,              the same grammar for llama.cpp / vLLM / OpenAI servers
     vllm_structured_outputs, openai_response_format
   trajectory_grammar, action_grammar,   the project's answer formats
+    memory_grammar, prose_grammar,
     actor_reply_grammar, sum_actions_grammar, consensus_grammar
 """
 
@@ -36,6 +37,8 @@ from jax_drive.sampling.grammar.formats import (
     action_grammar,
     actor_reply_grammar,
     consensus_grammar,
+    memory_grammar,
+    prose_grammar,
     sum_actions_grammar,
     trajectory_grammar,
 )
@@ -79,7 +82,9 @@ __all__ = [
     "forced_token",
     "is_accepting",
     "mask_logits",
+    "memory_grammar",
     "openai_response_format",
+    "prose_grammar",
     "replay_states",
     "request_fields",
     "stack_grammars",

@@ -5,6 +5,8 @@
   or ``0.0``), with every value inside the plausible ranges of ``text.format_score``.
 * :func:`action_grammar`: the TalkingVehicles driving decision ``{"command": ..., "message": ...}``
   (the commands given by the caller, a message of at most ``max_message_chars`` characters).
+* :func:`memory_grammar`, :func:`prose_grammar`: a TalkingVehicles reflection
+  ``{"knowledge": ..., "strategy": ...}`` and a debrief turn, both as plain word prose.
 * :func:`actor_reply_grammar`, :func:`sum_actions_grammar`, :func:`consensus_grammar`:
   CoLMDriver's negotiation message (one line, ``I will ...``, at most ``max_words`` words),
   the critic's speed classes per member and its consensus score.
@@ -86,21 +88,49 @@ def trajectory_grammar(num_points: int = NUM_POINTS, ranges: FormatConfig = Form
     return Grammar.regex(rf"{ANSWER_PREFIX} {block}\." if prefix else block)
 
 
-def action_grammar(commands: Sequence[str], max_message_chars: int = 80,
+def action_grammar(commands: Sequence[str], max_message_chars: int | None = 80,
                    separators: tuple[str, str] = JSON_SEPARATORS) -> Grammar:
     """The TalkingVehicles decision ``{"command": <one of commands>, "message": <string>}``.
 
     commands: the command names (``tuple(jax_drive.coop.agent.COMMANDS)``); max_message_chars:
-    the message's length cap in JSON string characters (an escape counts as one).
+    the message's length cap in JSON string characters (an escape counts as one); None: the
+    silent answer ``{"command": ...}`` with no message key (what the silent prompt asks for).
     """
     commands = list(commands)
-    if not commands or max_message_chars < 0:
-        raise GrammarError("action_grammar needs commands and max_message_chars >= 0")
-    schema = {"type": "object",
-              "properties": {"command": {"type": "string", "enum": commands},
-                             "message": {"type": "string", "maxLength": int(max_message_chars)}},
-              "required": ["command", "message"], "additionalProperties": False}
+    if not commands or (max_message_chars is not None and max_message_chars < 0):
+        raise GrammarError("action_grammar needs commands and max_message_chars >= 0 (or None)")
+    properties = {"command": {"type": "string", "enum": commands}}
+    if max_message_chars is not None:
+        properties["message"] = {"type": "string", "maxLength": int(max_message_chars)}
+    schema = {"type": "object", "properties": properties, "required": list(properties),
+              "additionalProperties": False}
     return Grammar.json_schema(schema, separators)
+
+
+WORD = r"[A-Za-z0-9'\-]+"
+
+
+def words_regex(max_words: int, min_words: int = 1) -> str:
+    """Plain prose of ``min_words`` to ``max_words`` words (letters, digits, ``'`` and ``-``),
+    each word optionally followed by one of ``, ; : .``, one space between words, ending with a
+    full stop: no quotes, braces or newlines (safe inside a JSON string). Word length is left
+    to the token budget (a per-word cap multiplies the states)."""
+    if not 1 <= min_words <= max_words:
+        raise GrammarError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
+    return f"{WORD}(?:[,;:.]? {WORD}){{{min_words - 1},{max_words - 1}}}\\."
+
+
+def prose_grammar(max_words: int) -> Grammar:
+    """One turn of a discussion (a TalkingVehicles debrief): :func:`words_regex` prose."""
+    return Grammar.regex(words_regex(max_words))
+
+
+def memory_grammar(max_words: int, min_words: int = 3) -> Grammar:
+    """A TalkingVehicles reflection: ``{"knowledge": "<prose>", "strategy": "<prose>"}``, each
+    field :func:`words_regex` prose of ``min_words`` to ``max_words`` words, so the memory
+    holds sentences, never an empty, cut-off or symbol-only entry."""
+    field = words_regex(max_words, min_words)
+    return Grammar.regex(f'\\{{"knowledge": "{field}", "strategy": "{field}"\\}}')
 
 
 def actor_reply_grammar(max_words: int) -> Grammar:
@@ -109,7 +139,7 @@ def actor_reply_grammar(max_words: int) -> Grammar:
     Word length is left to the token budget (a per-word cap multiplies the states)."""
     if max_words < 3:
         raise GrammarError(f"max_words must be >= 3 ('I will' and one word), got {max_words}")
-    return Grammar.regex(f"I will(?: [A-Za-z0-9'\\-]+[,;.!?]?){{1,{max_words - 2}}}")
+    return Grammar.regex(f"I will(?: {WORD}[,;.!?]?){{1,{max_words - 2}}}")
 
 
 def sum_actions_grammar(vids: Sequence[int], classes: Sequence[str] = tuple(s.name for s in SpeedIntent),
