@@ -22,14 +22,20 @@ QUICK = L.LearningConfig(max_episodes=1, solved_streak=1, max_resets=0, reflecti
 
 
 class Recording:
-    """Wraps an engine and keeps every call's conversations."""
+    """Wraps an engine and keeps every call's conversations and answers."""
 
     def __init__(self, engine):
-        self.engine, self.calls = engine, []
+        self.engine, self.calls, self.answers = engine, [], []
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
 
     def generate_chat(self, conversations, params, key):
         self.calls.append([list(c) for c in conversations])
-        return self.engine.generate_chat(conversations, params, key)
+        out = self.engine.generate_chat(conversations, params, key)
+        self.answers.append([c.text for c in out])
+        return out
 
 
 class Scripted:
@@ -149,6 +155,28 @@ def test_correction_rag_stores_corrections_and_retrieves_them():
     assert all("Which command and message should you have chosen" in _user(c) for c in engine.calls[-1])
     learner.learn(lanes, progress=False)  # second episode: the stored corrections are shown
     assert any("A similar past situation" in _user(c) and "Good answer: {" in _user(c) for c in engine.calls[5])
+
+
+def test_constrained_corrections_are_drivers_answers_on_the_tiny_model():
+    """Under the post-episode grammars a correction is sized like a talking driver's answer (not
+    by the discussion budget, here below the grammar's fewest tokens), so every one parses."""
+    from jax_drive.coop.agent import parse_action
+
+    model, tokenizer = tiny_model()
+    engine = Recording(tiny_engine())
+    agent = L.AgentConfig(max_new_tokens=6, max_message_chars=8)
+    config = L.LearningConfig(max_episodes=1, solved_streak=5, max_resets=0, discussion_tokens=6,
+                              constrain_answers=True, max_time=2.0)
+    learner = L.Learner("correction_rag", engine, MemoryBank(), config, agent,
+                        embedder=Embedder(model, tokenizer, max_tokens=96))
+    talking = dataclasses.replace(agent, constrain_answers=True)
+    assert learner.correct.max_new_tokens == talking.answer_budget(engine) > config.discussion_tokens
+    assert learner.correct.grammar.pattern == talking.answer_grammar().pattern
+    learner.learn(L.lanes_for(SCENARIOS[:1], [0]), progress=False, max_rounds=1)
+    corrections = [a for call, answers in zip(engine.calls, engine.answers)
+                   if "Which command and message should you have chosen" in _user(call[0]) for a in answers]
+    assert len(corrections) == config.batch_size * 2
+    assert all(not parse_action(text).failures for text in corrections)
 
 
 def test_learnt_memory_reaches_the_decision_prompts():

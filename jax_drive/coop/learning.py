@@ -137,13 +137,13 @@ class LearningConfig:
       debrief_rounds: round-robin rounds of a debrief discussion.
       max_memory_chars: K and S are each cut to this many characters.
       reflection_tokens, discussion_tokens: answer budgets of reflections / summaries and of
-        discussion turns (and of corrections).
+        discussion turns (and of unconstrained corrections).
       constrain_answers: sample the post-episode answers under grammars, so every one is
         usable: reflections and summaries as ``{"knowledge": <prose>, "strategy": <prose>}``
         (``sampling.grammar.memory_grammar``, each field ``memory_words`` words at most),
         debrief turns as plain prose of ``discussion_words`` words at most
-        (``prose_grammar``), corrections under the drivers' action grammar. Default False
-        (the seed's free-form answers).
+        (``prose_grammar``), corrections as a talking driver's answer (:meth:`corrector`).
+        Default False (the seed's free-form answers).
       memory_words, discussion_words: the grammars' word caps.
       rag_examples: retrieved corrections shown per decision (Correction+RAG).
       temperature: sampling temperature of the post-episode calls (seed: 0.2).
@@ -173,14 +173,21 @@ class LearningConfig:
         at_least(self, 0, "max_resets", "rag_examples")
         at_least(self, 3, "memory_words", "discussion_words")
 
-    def grammars(self, agent: AgentConfig) -> dict:
-        """The grammar of each post-episode call kind (all None unless ``constrain_answers``)."""
+    def grammars(self) -> dict:
+        """The grammar of reflections / summaries and of debrief turns (None unless ``constrain_answers``)."""
         if not self.constrain_answers:
-            return {"reflection": None, "debrief": None, "correction": None}
-        from jax_drive.sampling.grammar import action_grammar, memory_grammar, prose_grammar
+            return {"reflection": None, "debrief": None}
+        from jax_drive.sampling.grammar import memory_grammar, prose_grammar
 
-        return {"reflection": memory_grammar(self.memory_words), "debrief": prose_grammar(self.discussion_words),
-                "correction": action_grammar(tuple(COMMANDS), agent.max_message_chars)}
+        return {"reflection": memory_grammar(self.memory_words), "debrief": prose_grammar(self.discussion_words)}
+
+    def corrector(self, agent: AgentConfig) -> AgentConfig:
+        """The answer a correction asks for: a talking driver's ``{"command", "message"}`` with no
+        reasoning, so its grammar and token budget are :meth:`AgentConfig.answer_grammar` /
+        ``answer_budget`` of this config (constrained only with ``constrain_answers``)."""
+        return dataclasses.replace(agent, communicate=True, chain_of_thought=False, answer_prefix="",
+                                   constrain_answers=self.constrain_answers,
+                                   max_new_tokens=self.discussion_tokens)
 
 
 @dataclasses.dataclass
@@ -387,13 +394,13 @@ class Learner:
         self.context = MemoryContext(bank, mode, embedder, config.rag_examples)
         self.policy = LanguagePolicy(engine, agent, jax.random.fold_in(self.key, 1), context=self.context,
                                      name=method)
-        grammars = config.grammars(agent)
+        grammars, corrector = config.grammars(), config.corrector(agent)
         self.params = SamplingParams(max_new_tokens=config.reflection_tokens, temperature=config.temperature,
                                      grammar=grammars["reflection"])
         self.talk = SamplingParams(max_new_tokens=config.discussion_tokens, temperature=config.temperature,
                                    grammar=grammars["debrief"])
-        self.correct = SamplingParams(max_new_tokens=config.discussion_tokens, temperature=config.temperature,
-                                      grammar=grammars["correction"])
+        self.correct = SamplingParams(max_new_tokens=corrector.answer_budget(engine), temperature=config.temperature,
+                                      grammar=corrector.answer_grammar())
         self.llm_calls: list[dict] = []
         self._calls = 0
 
