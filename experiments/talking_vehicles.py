@@ -63,6 +63,8 @@ def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from jax_drive.pipelines.talking_vehicles import by_variation
+
     variations = sorted({v for r in results.values() for v in r.get("variations", {})})
     fig = Figure(figsize=(max(10, 1.6 * (len(scenarios) + 1) * max(len(results), 1) / 3),
                           10 if variations else 7))
@@ -91,8 +93,8 @@ def bar_plot(results: dict, scenarios: list[str], path: str) -> None:
         ax, names = grid[2], ["nominal", *variations]
         x = np.arange(len(results))
         for k, name in enumerate(names):
-            aggs = [(r if name == "nominal" else r.get("variations", {}).get(name, {})).get("average", {})
-                    .get("aggregate", {}).get("SR", {"mean": np.nan, "se": 0.0}) for r in results.values()]
+            blocks = [by_variation(r).get(name) for r in results.values()]
+            aggs = [b["average"]["aggregate"]["SR"] if b else {"mean": np.nan, "se": 0.0} for b in blocks]
             ax.bar(x + (k - (len(names) - 1) / 2) * 0.8 / len(names), [a["mean"] for a in aggs],
                    0.8 / len(names), yerr=[a["se"] for a in aggs], capsize=2, label=name)
         ax.set_xticks(x, list(results), rotation=20, ha="right", fontsize=8)

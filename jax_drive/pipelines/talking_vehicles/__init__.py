@@ -15,6 +15,7 @@ from jax_drive.names import TALKING_VEHICLES_PRESETS as PRESET_NAMES
 from jax_drive.pipelines.talking_vehicles.distillation import distill_method, load_student
 from jax_drive.pipelines.talking_vehicles.evaluation import (
     TV_KEYS,
+    by_variation,
     difference_lines,
     evaluate,
     evaluate_chunk,
@@ -30,6 +31,6 @@ from jax_drive.pipelines.talking_vehicles.pipeline import run, run_method
 from jax_drive.pipelines.talking_vehicles.presets import PRESETS, Preset
 
 __all__ = ["BASELINES", "LLM_METHODS", "METHODS", "PRESETS", "PRESET_NAMES", "TV_KEYS", "Engines", "Preset",
-           "difference_lines", "distill_method", "evaluate", "evaluate_chunk", "latency_summary", "learn_method",
-           "load_student", "method_differences", "run", "run_method", "summarise_records", "table3_rows",
-           "table_rows", "variation_rows"]
+           "by_variation", "difference_lines", "distill_method", "evaluate", "evaluate_chunk",
+           "latency_summary", "learn_method", "load_student", "method_differences", "run", "run_method",
+           "summarise_records", "table3_rows", "table_rows", "variation_rows"]

@@ -223,6 +223,22 @@ def same_outcomes(result: dict, reference: dict, keys: Sequence[str] = TV_KEYS) 
     return {"scenarios": same, "all": all(same.values())}
 
 
+def _cell(aggregate: dict, key: str) -> str:
+    """One table cell: an aggregate's mean ± SE of ``key``."""
+    return f"{aggregate[key]['mean']:5.1f}±{aggregate[key]['se']:4.1f}"
+
+
+def scores_as_keep(result: dict) -> bool:
+    """Whether a result (or one variation's block) scores what the keep-only fallback scores on
+    every scenario and seed (its ``keep_fallback["all"]``)."""
+    return bool((result.get("keep_fallback") or {}).get("all"))
+
+
+def by_variation(result: dict) -> dict[str, dict]:
+    """{"nominal": result, <variation>: its block, ...}: a method's result in every setting it holds."""
+    return {"nominal": result} | result.get("variations", {})
+
+
 def table_rows(results: dict[str, dict], scenarios: Sequence[str], keys: Sequence[str] = ("CR", "SR")) -> str:
     """Plain-text table of ``keys`` (CR, SR and optionally TR): one row per method (mean ± SE
     over seeds), scenarios then the average. A method whose result carries
@@ -234,8 +250,8 @@ def table_rows(results: dict[str, dict], scenarios: Sequence[str], keys: Sequenc
     for method, r in results.items():
         cells = []
         for agg in [r["scenarios"][s]["aggregate"] for s in scenarios] + [r["average"]["aggregate"]]:
-            cells += [f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}" for k in keys]
-        name = method + (" =keep" if (r.get("keep_fallback") or {}).get("all") else "")
+            cells += [_cell(agg, k) for k in keys]
+        name = method + (" =keep" if scores_as_keep(r) else "")
         lines.append(f"{name:24s}" + "".join(f"{c:>12s}" for c in cells))
     return "\n".join(lines)
 
@@ -249,7 +265,7 @@ def variation_rows(results: dict[str, dict], keys: Sequence[str] = ("CR", "SR"))
     lines = [f"{'method':24s}" + "".join(f"{n:>{width}s}" for n in names),
              " " * 24 + ("      " + "".join(f"{k:>12s}" for k in keys)) * len(names)]
     for method, r in results.items():
-        blocks = {"nominal": r} | r.get("variations", {})
+        blocks = by_variation(r)
         cells = ""
         for n in names:
             block = blocks.get(n)
@@ -257,8 +273,8 @@ def variation_rows(results: dict[str, dict], keys: Sequence[str] = ("CR", "SR"))
                 cells += f"{'-':>{width}s}"
                 continue
             agg = block["average"]["aggregate"]
-            mark = "=keep" if (block.get("keep_fallback") or {}).get("all") else ""
-            cells += f"{mark:>6s}" + "".join(f"{agg[k]['mean']:5.1f}±{agg[k]['se']:4.1f}".rjust(12) for k in keys)
+            mark = "=keep" if scores_as_keep(block) else ""
+            cells += f"{mark:>6s}" + "".join(_cell(agg, k).rjust(12) for k in keys)
         lines.append(f"{method:24s}" + cells)
     return "\n".join(lines)
 
