@@ -21,12 +21,9 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jax_drive.models import positions_from_mask
-from jax_drive.sampling.sampler import count_bucket
+from jax_drive.sampling.options import candidate_logprobs
 
 # The critic's allowed scores: their first digits differ (one next-token decision), and the
 # consensus feedback threshold (80) separates 100 from the rest as it separated the
@@ -70,17 +67,6 @@ def score_first_tokens(tokenizer, context: str, scores: Sequence[int]) -> tuple[
     return spelled[0][:common], firsts
 
 
-@nnx.jit
-def _next_token_logprobs(model, ids, mask, candidates):
-    """log p(candidates[b, k] | ids[b]) at each row's last real token: (B, K) float32.
-    ``ids`` / ``mask`` (B, L) left-padded."""
-    hidden = model.hidden_states(ids, positions_from_mask(mask), mask)[:, -1]  # (B, H)
-    logits = model.logits_from_hidden(hidden)  # (B, V)
-    logp = logits - jnp.max(logits, axis=-1, keepdims=True)
-    logp = logp - jnp.log(jnp.sum(jnp.exp(logp), axis=-1, keepdims=True))
-    return jnp.take_along_axis(logp, candidates, axis=-1)
-
-
 @dataclasses.dataclass(frozen=True)
 class ScoreReadout:
     """The critic's score of one answer: ``expected`` (0..100) under ``probs`` (one per
@@ -93,9 +79,9 @@ class ScoreReadout:
 def expected_scores(model, tokenizer, prompts: Sequence[Sequence[int]], answers: Sequence[str],
                     scores: Sequence[int] = CONSENSUS_SCORES, bucket: int = 64) -> list[ScoreReadout]:
     """The expected consensus score of each answer: one forward pass over every
-    ``prompt ids + answer up to the score`` (left-padded to a multiple of ``bucket``; the
-    batch padded to :func:`count_bucket` rows), the allowed values' first-token log-probs at
-    its end, renormalised over them (the masked distribution).
+    ``prompt ids + answer up to the score``
+    (:func:`~jax_drive.sampling.options.candidate_logprobs`), the allowed values' first-token
+    log-probs at its end, renormalised over them (the masked distribution).
 
     Args: prompts: N prompt token id lists (the templated chat prompts); answers: N texts.
     """
@@ -112,18 +98,7 @@ def expected_scores(model, tokenizer, prompts: Sequence[Sequence[int]], answers:
     out = [ScoreReadout(None)] * len(answers)
     if not rows:
         return out
-    pad = int(getattr(tokenizer, "pad_token_id", None) or 0)
-    length = -(-max(len(r) for r in rows) // bucket) * bucket
-    size = count_bucket(len(rows))
-    ids = np.full((size, length), pad, np.int32)
-    mask = np.zeros((size, length), bool)
-    for k, r in enumerate(rows):
-        ids[k, length - len(r):], mask[k, length - len(r):] = r, True
-    mask[len(rows):, -1] = True  # padding rows: one token, discarded
-    cand = np.zeros((size, len(scores)), np.int32)
-    cand[: len(rows)] = firsts
-    logp = np.asarray(_next_token_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(cand)),
-                      np.float64)[: len(rows)]
+    logp = candidate_logprobs(model, rows, firsts, int(getattr(tokenizer, "pad_token_id", None) or 0), bucket)
     probs = np.exp(logp - logp.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     values = np.asarray(scores, np.float64)
