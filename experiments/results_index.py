@@ -130,6 +130,11 @@ CATALOGUE: dict[str, Entry] = {
                               "rule-based, silent and SmolLM2 zero-shot rows with command mix) and with free "
                               "answers (talking_vehicles.json: zero-shot, reflection, debrief and distilled "
                               "rows); JSON, CR / SR plots, storyboards"),
+    "talking_vehicles/command_prior.json": Entry(
+        "SmolLM2's masked command distribution on TalkingVehicles decision prompts, commands listed as "
+        "prompted and reversed (the order decides the favourite)",
+        "python experiments/diagnostics/tv_command_prior.py "
+        "--json experiments/results/talking_vehicles/command_prior.json"),
     "coop_rl": Entry("Talking vehicles trained by RL (jax-drive coop-rl): tiny-study here, tiny-distilled in "
                      "tiny_distilled/; SR / CR of the start, trained and messages-dropped policies on held-out "
                      "episodes and a held-out variation, paired differences, curves, storyboard, each training "
