@@ -177,6 +177,8 @@ def test_constrained_corrections_are_drivers_answers_on_the_tiny_model():
                    if "Which command and message should you have chosen" in _user(call[0]) for a in answers]
     assert len(corrections) == config.batch_size * 2
     assert all(not parse_action(text).failures for text in corrections)
+    # the other methods never size a correction, so a served engine (no local tokenizer) still works
+    assert L.Learner("reflection", Scripted(), MemoryBank(), config, L.AgentConfig()).correct is None
 
 
 def test_learnt_memory_reaches_the_decision_prompts():

@@ -1,20 +1,22 @@
 """Diagnostic: which command SmolLM2 gives TalkingVehicles' drivers, read as its masked
-distribution over the seven commands, and whether the order the prompt lists them in decides it.
+distribution over the seven commands, and whether the order the prompt lists them in moves it.
 
 Under the action grammar SmolLM2-135M answered ``go`` in 100 % of its silent decisions and
 85 % of its talking ones, and both rows scored what ``keep`` scores (docs/talking_vehicles.md).
 ``go`` is the first command the role text lists. This reads, on real decision prompts, the
-probability the constrained sampler gives each command after ``{"command": "``
-(:func:`jax_drive.sampling.options.option_probabilities`, no sampling) with the commands
-listed as the prompts list them and in reverse order: if the favourite follows the order, the
-model reads the list, not the scene.
+probability of each command after ``{"command": "`` under the commands-only mask
+(:func:`jax_drive.sampling.options.option_probabilities`, no sampling), at temperature 1 (the
+model's distribution) and at the agents' sampling temperature (what the sampler draws from),
+with the commands listed as the prompts list them and in reverse order: if the favourite
+follows the order, the model reads the list, not the scene.
 
 Protocol (fixed before the run): the ``cpu-demo`` preset's agents and model; the decision
 prompts of its evaluation episodes of seed 0 (both episodes of each of the six scenarios,
-nominal), recorded while every agent keeps its command (the keep-only fallback drives like
-``go`` here); moving agents only (a stopped vehicle's command is ignored); per scenario
-``--per-scenario`` prompts (default 4) evenly spaced over the recorded ones; the talking and
-the silent prompt; the listed order and its reverse.
+nominal), recorded while every agent keeps its command and says nothing (the keep-only
+fallback drives like ``go`` here; so talking prompts carry no received messages); moving
+agents only (a stopped vehicle's command is ignored); per scenario ``--per-scenario`` prompts
+(default 4) evenly spaced over the recorded ones; the talking and the silent prompt; the listed
+order and its reverse.
 
 Usage:
   python experiments/diagnostics/tv_command_prior.py --json experiments/results/talking_vehicles/command_prior.json
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import numpy as np
 from tqdm import tqdm
@@ -37,17 +40,20 @@ LISTED = "go, stop, slow down, speed up, change lane left, change lane right, ke
 CONTEXT = '{"command": "'
 
 
-class RecordingEmpty:
-    """An engine that answers nothing (so every agent keeps its command) and keeps every prompt."""
+def recording_empty():
+    """An engine that answers nothing (so every agent keeps its command and says nothing) and
+    keeps every prompt in ``conversations``."""
+    from jax_drive.pipelines.talking_vehicles.evaluation import EmptyAnswers
 
-    def __init__(self):
-        self.conversations: list[list[dict]] = []
+    class RecordingEmpty(EmptyAnswers):
+        def __init__(self):
+            self.conversations: list[list[dict]] = []
 
-    def generate_chat(self, conversations, params, key):
-        from jax_drive.sampling.engine import Completion
+        def generate_chat(self, conversations, params, key):
+            self.conversations += [list(c) for c in conversations]
+            return super().generate_chat(conversations, params, key)
 
-        self.conversations += [list(c) for c in conversations]
-        return [Completion((), (), "", (), "stop") for _ in conversations]
+    return RecordingEmpty()
 
 
 def decision_prompts(preset, communicate: bool) -> dict[str, list[list[dict]]]:
@@ -60,7 +66,7 @@ def decision_prompts(preset, communicate: bool) -> dict[str, list[list[dict]]]:
 
     out = {}
     for scenario in preset.scenarios:
-        engine = RecordingEmpty()
+        engine = recording_empty()
         agent = dataclasses.replace(preset.agent, communicate=communicate, constrain_answers=False)
         specs = [s for s in eval_specs(preset, "zero_shot") if s.seed == 0 and s.scenario == scenario]
         run_specs(specs, LanguagePolicy(engine, agent, name="record"), max_time=preset.max_time)
@@ -90,8 +96,10 @@ def main(argv=None) -> int:
     preset = PRESETS["cpu-demo"]
     commands = tuple(COMMANDS)
     orders = {"listed": commands, "reversed": commands[::-1]}
+    temperatures = {"t1": 1.0, "agent": preset.agent.temperature}
     model, tokenizer = Engines(preset).local_model()
     results = {}
+    start = time.perf_counter()
     for setting, communicate in (("comm", True), ("silent", False)):
         recorded = decision_prompts(preset, communicate)
         picked = {s: [convs[int(k)] for k in np.linspace(0, len(convs) - 1, min(args.per_scenario, len(convs)))]
@@ -99,32 +107,40 @@ def main(argv=None) -> int:
         for order_name, order in orders.items():
             rows = [(s, reorder(c, order)) for s, convs in picked.items() for c in convs]
             ids = [tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=True)) for _, c in rows]
-            probs = np.concatenate([
-                option_probabilities(model, tokenizer, ids[k: k + args.batch], CONTEXT, commands)
-                for k in tqdm(range(0, len(ids), args.batch), desc=f"{setting} / {order_name}",
-                              disable=args.no_progress)])
-            entropy = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(axis=1)
-            favourite = probs.argmax(axis=1)
-            results[f"{setting}/{order_name}"] = {
-                "prompts": len(rows), "prompt_tokens_mean": float(np.mean([len(i) for i in ids])),
-                "mean_probability": {c: float(probs[:, j].mean()) for j, c in enumerate(commands)},
-                "favourite_share": {c: float(np.mean(favourite == j)) for j, c in enumerate(commands)},
-                "entropy_nats_mean": float(entropy.mean()),
-                "go_probability_by_scenario": {s: float(np.mean([p[0] for (sc, _), p in zip(rows, probs) if sc == s]))
-                                               for s in picked},
-            }
-            line = ", ".join(f"{c} {v:.2f}" for c, v in results[f"{setting}/{order_name}"]["mean_probability"].items())
-            print(f"{setting:6s} {order_name:8s}: {line}; entropy {entropy.mean():.2f} nats", file=sys.stderr)
+            name = f"{setting}/{order_name}"
+            results[name] = {"prompts": len(rows), "prompt_tokens_mean": float(np.mean([len(i) for i in ids]))}
+            for label, temperature in temperatures.items():
+                probs = np.concatenate([
+                    option_probabilities(model, tokenizer, ids[k: k + args.batch], CONTEXT, commands, temperature)
+                    for k in tqdm(range(0, len(ids), args.batch), desc=f"{name} T={temperature:g}",
+                                  disable=args.no_progress)])
+                results[name][label] = summarise(probs, [s for s, _ in rows], commands)
+                line = ", ".join(f"{c} {v:.2f}" for c, v in results[name][label]["mean_probability"].items())
+                print(f"{name:15s} T={temperature:<4g}: {line}; entropy "
+                      f"{results[name][label]['entropy_nats_mean']:.2f} nats", file=sys.stderr)
     write_json(args.json, {"command": command_line(__file__, argv), "preset": "cpu-demo", "model": preset.model,
                            "context": CONTEXT, "orders": {k: list(v) for k, v in orders.items()},
-                           "per_scenario": args.per_scenario, "results": results,
+                           "temperatures": temperatures, "per_scenario": args.per_scenario, "results": results,
+                           "wall_seconds": time.perf_counter() - start,
                            "meta": run_metadata(benchmark="tv_command_prior")})
     _plot(results, commands, args.json.rsplit(".", 1)[0] + ".png")
     return 0
 
 
+def summarise(probs: np.ndarray, scenarios: list[str], commands: tuple[str, ...]) -> dict:
+    """Mean probability and favourite share per command, mean entropy and p(go) per scenario
+    of (N, C) option probabilities of N prompts (``scenarios``: each prompt's)."""
+    entropy = -(probs * np.log(np.clip(probs, 1e-12, None))).sum(axis=1)
+    favourite, go = probs.argmax(axis=1), commands.index("go")
+    return {"mean_probability": {c: float(probs[:, j].mean()) for j, c in enumerate(commands)},
+            "favourite_share": {c: float(np.mean(favourite == j)) for j, c in enumerate(commands)},
+            "entropy_nats_mean": float(entropy.mean()),
+            "go_probability_by_scenario": {s: float(probs[[k for k, sc in enumerate(scenarios) if sc == s], go].mean())
+                                           for s in dict.fromkeys(scenarios)}}
+
+
 def _plot(results: dict, commands: tuple[str, ...], path: str) -> None:
-    """Mean probability of each command, one bar per (setting, order)."""
+    """Mean probability of each command at temperature 1, one bar per (setting, order)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -133,14 +149,15 @@ def _plot(results: dict, commands: tuple[str, ...], path: str) -> None:
     ax = fig.subplots()
     x, width = np.arange(len(commands)), 0.8 / len(results)
     for k, (name, r) in enumerate(results.items()):
-        ax.bar(x + (k - (len(results) - 1) / 2) * width, [r["mean_probability"][c] for c in commands], width,
+        ax.bar(x + (k - (len(results) - 1) / 2) * width, [r["t1"]["mean_probability"][c] for c in commands], width,
                label=name)
     ax.set_xticks(x, commands, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("mean probability")
     ax.set_ylim(0, 1)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, title="prompt / command order", title_fontsize=7)
-    ax.set_title("SmolLM2-135M's masked command distribution on TalkingVehicles decision prompts", fontsize=10)
+    ax.set_title("SmolLM2-135M's masked command distribution on TalkingVehicles decision prompts (T = 1)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -171,6 +171,7 @@ class LearningConfig:
     def __post_init__(self):
         at_least(self, 1, "max_episodes", "solved_streak", "batch_size", "debrief_rounds")
         at_least(self, 0, "max_resets", "rag_examples")
+        at_least(self, 1, "reflection_tokens", "discussion_tokens")
         at_least(self, 3, "memory_words", "discussion_words")
 
     def grammars(self) -> dict:
@@ -399,8 +400,10 @@ class Learner:
                                      grammar=grammars["reflection"])
         self.talk = SamplingParams(max_new_tokens=config.discussion_tokens, temperature=config.temperature,
                                    grammar=grammars["debrief"])
-        self.correct = SamplingParams(max_new_tokens=corrector.answer_budget(engine), temperature=config.temperature,
-                                      grammar=corrector.answer_grammar())
+        # sized only where used: the budget needs a local tokenizer under the grammar
+        self.correct = None if method != "correction_rag" else SamplingParams(
+            max_new_tokens=corrector.answer_budget(engine), temperature=config.temperature,
+            grammar=corrector.answer_grammar())
         self.llm_calls: list[dict] = []
         self._calls = 0
 

@@ -1,12 +1,12 @@
-"""A model's masked distribution over a few allowed answers, read in one forward pass per branch.
+"""A model's masked distribution over a few allowed answers, read in one forward pass.
 
 A grammar that allows only a list of options (the critic's scores, a driver's commands)
 makes the sampler choose among the options' tokens wherever two options part ways and
-forces every other token. The probability the sampler gives an option is then the product,
-over the points where it parts from the others, of the model's next-token probability of
-its token renormalised over the tokens allowed there. :func:`option_probabilities` reads
-that distribution with one row per such point (a trie over the options as the tokenizer
-spells ``context + option``), not by sampling.
+forces every other token. The probability the sampler (at a temperature, no top-k / top-p)
+gives an option is then the product, over the points where it parts from the others, of the
+model's tempered next-token probability of its token renormalised over the tokens allowed
+there. :func:`option_probabilities` reads that distribution with one row per such point (a
+trie over the options as the tokenizer spells ``context + option``), not by sampling.
 
 It reads the canonical spelling only: a grammar over bytes also allows an option spelled
 with other tokens (``g`` + ``o``), which the sampler rarely picks and this read-out ignores.
@@ -40,14 +40,19 @@ def candidate_logprobs(model, rows: Sequence[Sequence[int]], candidates: Sequenc
                        bucket: int = 64) -> np.ndarray:
     """(N, K) log p(candidates[n][k] | rows[n]) in one forward pass: rows left-padded to a
     multiple of ``bucket``, the batch to :func:`count_bucket` rows; K = the longest candidate
-    list (shorter lists' extra columns are meaningless). float64."""
+    list (a shorter list's extra columns are -inf). float64."""
+    if not rows:
+        return np.zeros((0, max((len(c) for c in candidates), default=0)))
     size, length = count_bucket(len(rows)), -(-max(len(r) for r in rows) // bucket) * bucket
     ids, mask, _ = left_pad(rows, length, size, pad_id)
     cand = np.zeros((size, max(len(c) for c in candidates)), np.int32)
     for k, c in enumerate(candidates):
         cand[k, : len(c)] = c
     logp = next_token_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(cand))
-    return np.asarray(logp, np.float64)[: len(rows)]
+    out = np.asarray(logp, np.float64)[: len(rows)]
+    for k, c in enumerate(candidates):
+        out[k, len(c):] = -np.inf
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +71,15 @@ class OptionTrie:
 
 def option_trie(tokenizer, context: str, options: Sequence[str]) -> OptionTrie:
     """Spells ``context + option`` for each option and finds where they part. Raises
-    ValueError for fewer than two options, duplicates, or an option whose spelling is the start
-    of another's (where it ends would need an end-of-answer decision)."""
+    ValueError for fewer than two options, duplicates, or an option that is the start of
+    another, as text or as tokens (where it ends would need an end-of-answer decision)."""
     if len(options) < 2 or len(set(options)) != len(options):
         raise ValueError(f"need two or more distinct options, got {list(options)}")
+    for a in options:
+        for b in options:
+            if a != b and b.startswith(a):
+                raise ValueError(f"option {a!r} is the start of {b!r}: choose options that part ways before "
+                                 "either ends")
     spelled = [list(tokenizer.encode(context + o)) for o in options]
     common = 0
     while all(len(t) > common for t in spelled) and len({t[common] for t in spelled}) == 1:
@@ -90,14 +100,20 @@ def option_trie(tokenizer, context: str, options: Sequence[str]) -> OptionTrie:
 
 
 def option_probabilities(model, tokenizer, prompts: Sequence[Sequence[int]], context: str, options: Sequence[str],
-                         bucket: int = 64) -> np.ndarray:
+                         temperature: float = 1.0, bucket: int = 64) -> np.ndarray:
     """(N, len(options)) probability of each option after ``prompt ids + context`` under the
-    options-only mask (rows sum to 1): one forward pass over every prompt x branch point.
+    options-only mask at ``temperature`` (rows sum to 1): one forward pass over every prompt x
+    branch point.
 
     Args: prompts: N prompt token id lists (e.g. templated chat prompts); context: the answer
-    text before the option (e.g. ``'{"command": "'``).
+    text before the option (e.g. ``'{"command": "'``); temperature: > 0, the sampler's;
+    bucket: rows are left-padded to a multiple of it (fewer compiled shapes).
     """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     trie = option_trie(tokenizer, context, options)
+    if not prompts:
+        return np.zeros((0, len(options)))
     rows, cands = [], []
     for prompt in prompts:
         for prefix, ids in trie.branches:
@@ -106,7 +122,7 @@ def option_probabilities(model, tokenizer, prompts: Sequence[Sequence[int]], con
     logp = candidate_logprobs(model, rows, cands, int(getattr(tokenizer, "pad_token_id", None) or 0), bucket)
     probs = np.ones((len(prompts), len(options)))
     for k, (prefix, allowed) in enumerate(trie.branches):
-        block = logp[k:: len(trie.branches), : len(allowed)]  # (N, |allowed|)
+        block = logp[k:: len(trie.branches), : len(allowed)] / temperature  # (N, |allowed|)
         p = np.exp(block - block.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
         for j, tail in enumerate(trie.tails):

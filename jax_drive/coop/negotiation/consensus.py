@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jax_drive.sampling.options import candidate_logprobs
+from jax_drive.sampling.options import candidate_logprobs, option_trie
 
 # The critic's allowed scores: their first digits differ (one next-token decision), and the
 # consensus feedback threshold (80) separates 100 from the rest as it separated the
@@ -54,17 +54,16 @@ def answer_context(answer: str) -> str | None:
 
 def score_first_tokens(tokenizer, context: str, scores: Sequence[int]) -> tuple[list[int], list[int]]:
     """(the ids shared by ``context + str(s)`` for every allowed ``s``, each value's first
-    own token id). Raises ValueError when two values start with the same token after the
-    shared ids (the read-out would need more than one next-token decision)."""
-    spelled = [list(tokenizer.encode(context + str(int(s)))) for s in scores]
-    common = 0
-    while all(len(t) > common for t in spelled) and len({t[common] for t in spelled}) == 1:
-        common += 1
-    firsts = [t[common] if len(t) > common else -1 for t in spelled]
-    if -1 in firsts or len(set(firsts)) != len(firsts):
+    own token id). Raises ValueError unless the values part ways at one token after the
+    shared ids (the read-out is one next-token decision)."""
+    try:
+        trie = option_trie(tokenizer, context, [str(int(s)) for s in scores])
+    except ValueError:
+        trie = None
+    if trie is None or len(trie.branches) != 1:
         raise ValueError(f"the allowed consensus scores {tuple(scores)} do not each start with their own token "
                          "after 'Consensus score:' in this tokenizer: choose values whose first digits differ")
-    return spelled[0][:common], firsts
+    return list(trie.shared), [tail[0] for tail in trie.tails]
 
 
 @dataclasses.dataclass(frozen=True)
