@@ -132,7 +132,7 @@ CATALOGUE: dict[str, Entry] = {
                               "rows); JSON, CR / SR plots, storyboards"),
     "talking_vehicles/command_prior.json": Entry(
         "SmolLM2's masked command distribution on TalkingVehicles decision prompts, commands listed as "
-        "prompted and reversed (the order decides the favourite)",
+        "prompted and reversed, at T = 1 and the agents' 0.2 (silent, the first listed command wins)",
         "python experiments/diagnostics/tv_command_prior.py "
         "--json experiments/results/talking_vehicles/command_prior.json"),
     "coop_rl": Entry("Talking vehicles trained by RL (jax-drive coop-rl): tiny-study here, tiny-distilled in "
