@@ -127,7 +127,8 @@ CATALOGUE: dict[str, Entry] = {
     "coop_baselines": Entry("Silent and rule-based baselines on the TalkingVehicles and InterDrive scenarios, "
                             "3 seeds (JSON and plot)"),
     "talking_vehicles": Entry("TalkingVehicles Table 1 (cpu-demo): under the grammars (table1_grammar.json: "
-                              "rule-based, silent and SmolLM2 zero-shot rows with command mix) and with free "
+                              "rule-based, silent and SmolLM2 zero-shot, reflection and debrief rows with command mix and paired "
+                              "differences) and with free "
                               "answers (talking_vehicles.json: zero-shot, reflection, debrief and distilled "
                               "rows); JSON, CR / SR plots, storyboards"),
     "talking_vehicles/command_prior.json": Entry(
