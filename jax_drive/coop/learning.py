@@ -43,7 +43,6 @@ from tqdm.auto import tqdm
 
 from jax_drive.configs import at_least, one_of
 from jax_drive.coop.agent import (
-    COMMANDS,
     AgentConfig,
     AgentContext,
     EMPTY_CONTEXT,
