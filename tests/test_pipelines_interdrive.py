@@ -257,6 +257,31 @@ def test_the_consensus_effect_is_paired_over_types_and_seeds():
     assert ds["ci95"] == [0.0, 37.5]
 
 
+def test_the_critic_is_judged_on_the_negotiations_it_scored_in_the_loop():
+    from jax_drive.pipelines.interdrive.report import critic_in_loop
+
+    def talk(texts_by_round, scores, edges=((1, 2),)):
+        conversation = [{"round": r, "vid": v, "text": t} for r, texts in enumerate(texts_by_round)
+                        for v, t in zip((1, 2), texts)]
+        return {"edges": [list(e) for e in edges], "conversation": conversation,
+                "rounds": [{"round": r, "consensus": s} for r, s in enumerate(scores)]}
+
+    both_go = ["I will go first and faster; 2 stop please.", "I will go first and faster; 1 stop please."]
+    settled = ["I will go first and faster; 2 stop please.", "I will stop and yield; 1 go faster."]
+    log = [talk([both_go, settled], [1.0, 1.0]),   # a disagreement scored 100, then an agreement
+           talk([both_go], [0.25]),                # a disagreement seen
+           talk([settled], [None]),                # arm 4: no consensus score, not counted
+           talk([["I will stop.", "I will stop."]], [0.75], edges=())]  # no conflicting pair: agreed (90)
+    got = critic_in_loop(log)
+    assert got["rounds"] == 4 and got["agreed"] == 2
+    assert got["mean_score_agreed"] == 0.875 and got["mean_score_others"] == 0.625
+    assert got["others_below_threshold"] == 1
+    # agreed {1.0, 0.75} vs others {1.0, 0.25}: pairs above 2 (1.0 > .25, .75 > .25), one tie, one below
+    assert got["auc"] == (2 + 0.5) / 4
+    assert critic_in_loop([talk([settled], [None])]) is None
+    assert critic_in_loop([talk([settled], [1.0])])["auc"] is None  # one class only
+
+
 def test_critic_study_script_records_trains_and_probes_at_smoke_size(tmp_path):
     import json
     import os

@@ -289,8 +289,14 @@ class StatedIntentCritic:
     def consensus(self, groups):
         out = []
         for g in groups:
-            yields = {v: said in ("STOP", "SLOWER") for v, said in self._stated(g).items()}
             pairs = {tuple(sorted(e)) for e in g.edges}
-            out.append(consensus_answer(sum(yields.get(a, False) != yields.get(b, False) for a, b in pairs),
-                                        len(pairs)))
+            out.append(consensus_answer(stated_settled_pairs(dict(g.last_round()), pairs), len(pairs)))
         return out
+
+
+def stated_settled_pairs(replies: dict[int, str], pairs) -> int:
+    """How many of the conflicting ``pairs`` (vid, vid) a round's ``replies`` ({vid: text})
+    settle: exactly one side states a yield (STOP or SLOWER, :func:`stated_speed`; a vehicle
+    without a reply or a stated intention does not yield)."""
+    yields = {v: stated_speed(text) in ("STOP", "SLOWER") for v, text in replies.items()}
+    return sum(yields.get(a, False) != yields.get(b, False) for a, b in pairs)

@@ -36,7 +36,7 @@ from jax_drive.pipelines.interdrive import arms as A
 from jax_drive.pipelines.interdrive import convergence as C
 from jax_drive.pipelines.interdrive import negotiator as N
 from jax_drive.pipelines.interdrive.presets import Preset
-from jax_drive.pipelines.interdrive.report import report
+from jax_drive.pipelines.interdrive.report import log_path, report, unit_path
 from jax_drive.pipelines.journal import Laps
 from jax_drive.pipelines.stages import RunContext, Stage, StageOutput, Workspace, run_stages
 from jax_drive.runinfo import InputError, run_metadata, write_json
@@ -278,15 +278,11 @@ def rl(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
     return StageOutput()
 
 
-def unit_path(ctx: RunContext, arm: str, background: bool) -> str:
-    return ctx.path("units", f"{arm}__{'bg' if background else 'nobg'}.json")
-
-
 def _set_aside(ctx: RunContext, out: str) -> None:
     """Moves another negotiator's (or closed loop's) unit and its log to ``units/stale/<time>``."""
     stale = ctx.path("units", "stale", time.strftime("%Y%m%dT%H%M%S"))
     os.makedirs(stale, exist_ok=True)
-    for path in (out, out.replace(".json", ".log.json")):
+    for path in (out, log_path(out)):
         if os.path.exists(path):
             os.replace(path, os.path.join(stale, os.path.basename(path)))
 
@@ -308,7 +304,7 @@ def evaluation_unit(ctx: RunContext, ws: InterDriveWorkspace, arm: str, backgrou
     bar.close()
     result["episodes_detail"] = A.episodes_detail(*result.pop("results"))
     if hasattr(policy, "log"):
-        write_json(out.replace(".json", ".log.json"), jsonable(policy.log))
+        write_json(log_path(out), jsonable(policy.log))
     write_json(out, jsonable(dict(result, arm=arm, background=background,
                                   negotiator=ws.negotiator_id() if talks else None, loop_revision=A.LOOP_REVISION)))
     agg = result["overall"]["aggregate"]

@@ -23,6 +23,16 @@ def _beyond(a, b):
     return a["mean"] - a["se"] > b["mean"] + b["se"]
 
 
+def unit_path(ctx, arm: str, background: bool) -> str:
+    """Where one arm's evaluation in one background setting is kept."""
+    return ctx.path("units", f"{arm}__{'bg' if background else 'nobg'}.json")
+
+
+def log_path(unit: str) -> str:
+    """The negotiation log kept beside the evaluation unit at ``unit``."""
+    return unit.replace(".json", ".log.json")
+
+
 def current_units(ctx, ws) -> dict[tuple[str, bool], dict]:
     """{(arm, background): unit} of the work directory's units made by this run's negotiator
     in today's closed loop (others are left out, and said so)."""
@@ -98,6 +108,46 @@ def arm_difference(units: dict, arm: str, reference: str) -> dict:
     return out
 
 
+def critic_in_loop(log: list[dict]) -> dict | None:
+    """The consensus critic judged on the negotiations it took part in (an arm's negotiation
+    log): per round it scored, whether the replies state an agreement (every conflicting pair
+    settled with one side stating a yield, :func:`~jax_drive.coop.negotiation.teacher.stated_settled_pairs`,
+    on the teacher's scale and at the feedback threshold, as the critic was trained), the
+    critic's mean score per class and the AUC with which it separates them (None when the log
+    has no scored round, ``auc`` None when one class is empty)."""
+    from jax_drive.coop.negotiation.critic import CriticConfig, parse_consensus, separation_auc
+    from jax_drive.coop.negotiation.teacher import consensus_answer, stated_settled_pairs
+
+    scores, agreed = [], []
+    for talk in log:
+        pairs = {tuple(sorted(e)) for e in talk["edges"]}
+        for scored in talk["rounds"]:
+            if scored.get("consensus") is None:
+                continue
+            replies = {c["vid"]: c["text"] for c in talk["conversation"] if c["round"] == scored["round"]}
+            stated, _ = parse_consensus(consensus_answer(stated_settled_pairs(replies, pairs), len(pairs)))
+            scores.append(float(scored["consensus"]))
+            agreed.append(stated >= CriticConfig().consensus_feedback_below)
+    if not scores:
+        return None
+    s, y = np.asarray(scores), np.asarray(agreed, bool)
+    both = y.any() and (~y).any()
+    return {"rounds": len(s), "agreed": int(y.sum()), "auc": separation_auc(s, y) if both else None,
+            "mean_score_agreed": float(s[y].mean()) if y.any() else None,
+            "mean_score_others": float(s[~y].mean()) if (~y).any() else None,
+            "others_below_threshold": int((s[~y] < CriticConfig().consensus_feedback_below).sum())}
+
+
+def _critics_in_loop(ctx, units: dict) -> dict:
+    """{setting: critic_in_loop} of the arms whose negotiation log has consensus scores."""
+    out = {}
+    for (arm, bg), _ in sorted(units.items()):
+        path = log_path(unit_path(ctx, arm, bg))
+        if os.path.exists(path) and (found := critic_in_loop(_load(path))) is not None:
+            out.setdefault("with_background" if bg else "without_background", {})[arm] = found
+    return out
+
+
 def _attach_studies(ctx, report: dict, table: dict) -> None:
     """The SFT data, probe, SFT and Fig. 5 records and the plots, where the work directory has them."""
     if os.path.exists(ctx.path("sft_data.json")):
@@ -138,11 +188,14 @@ def report(ctx, ws) -> dict:
         "background_effect": background_effect(units),
         # what the consensus critic adds to the critic's safety / efficiency feedback (Table 2, 5 - 4)
         "consensus_effect": arm_difference(units, "5_consensus", "4_critic_se"),
+        # does the critic separate the agreements of the negotiations it judged in the loop?
+        "critic_in_loop": _critics_in_loop(ctx, units),
         "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
                                                        ("per_type", "overall", "negotiation", "engine",
                                                         "wall_seconds", "episodes", "negotiator")}
                   for (arm, bg), u in sorted(units.items())},
     }
+    os.makedirs(os.path.dirname(os.path.abspath(ctx.option("json"))), exist_ok=True)  # the plots go beside it
     _attach_studies(ctx, result, table)
     write_json(ctx.option("json"), result)
     ctx.log(markdown_table(table))
@@ -150,6 +203,10 @@ def report(ctx, ws) -> dict:
     for setting, diff in result["consensus_effect"].items():
         ctx.log(f"arm 5 - arm 4 ({setting}): " + ", ".join(
             f"{k} {d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" for k, d in diff.items()))
+    for setting, arms in result["critic_in_loop"].items():
+        for arm, found in arms.items():
+            ctx.log(f"critic in the loop ({arm}, {setting}): {found['agreed']} of {found['rounds']} scored rounds state "
+                    f"an agreement; AUC {found['auc']}")
     return result
 
 
