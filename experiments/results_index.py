@@ -144,6 +144,10 @@ CATALOGUE: dict[str, Entry] = {
         "the nominal held-out episodes and the scale1.3 variation"),
     "interdrive": Entry("CoLMDriver Table 2 on the InterDrive types, with Table 2, Fig. 5 and episode plots"),
     "interdrive/interdrive.json": Entry("the fine-tuned SmolLM2 negotiator"),
+    "interdrive/interdrive_critic.json": Entry("the consensus critic alone: base and critic-only LoRA, separation AUC "
+                                               "on held-out teacher negotiations"),
+    "interdrive/interdrive_critic_arms.json": Entry("arms 4 and 5 with the tuned critic and a retrained actor: paired "
+                                                    "arm 5 - arm 4, the critic judged in the loop, Fig. 5"),
     "interdrive/interdrive_teacher.json": Entry("the rule-based teacher as the negotiator (the SFT ceiling)"),
     "interdrive/negotiation_rl.json": Entry("the negotiator trained with mtGRPO (tiny-rl): the SFT start and the "
                                             "trained actors on held-out episodes, paired differences, curves"),
