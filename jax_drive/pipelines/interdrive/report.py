@@ -118,6 +118,7 @@ def critic_in_loop(log: list[dict]) -> dict | None:
     from jax_drive.coop.negotiation.critic import CriticConfig, parse_consensus, separation_auc
     from jax_drive.coop.negotiation.teacher import consensus_answer, stated_settled_pairs
 
+    threshold = CriticConfig().consensus_feedback_below
     scores, agreed = [], []
     for talk in log:
         pairs = {tuple(sorted(e)) for e in talk["edges"]}
@@ -127,7 +128,7 @@ def critic_in_loop(log: list[dict]) -> dict | None:
             replies = {c["vid"]: c["text"] for c in talk["conversation"] if c["round"] == scored["round"]}
             stated, _ = parse_consensus(consensus_answer(stated_settled_pairs(replies, pairs), len(pairs)))
             scores.append(float(scored["consensus"]))
-            agreed.append(stated >= CriticConfig().consensus_feedback_below)
+            agreed.append(stated >= threshold)
     if not scores:
         return None
     s, y = np.asarray(scores), np.asarray(agreed, bool)
@@ -135,13 +136,13 @@ def critic_in_loop(log: list[dict]) -> dict | None:
     return {"rounds": len(s), "agreed": int(y.sum()), "auc": separation_auc(s, y) if both else None,
             "mean_score_agreed": float(s[y].mean()) if y.any() else None,
             "mean_score_others": float(s[~y].mean()) if (~y).any() else None,
-            "others_below_threshold": int((s[~y] < CriticConfig().consensus_feedback_below).sum())}
+            "others_below_threshold": int((s[~y] < threshold).sum())}
 
 
 def _critics_in_loop(ctx, units: dict) -> dict:
     """{setting: critic_in_loop} of the arms whose negotiation log has consensus scores."""
     out = {}
-    for (arm, bg), _ in sorted(units.items()):
+    for arm, bg in sorted(units):
         path = log_path(unit_path(ctx, arm, bg))
         if os.path.exists(path) and (found := critic_in_loop(_load(path))) is not None:
             out.setdefault("with_background" if bg else "without_background", {})[arm] = found
