@@ -23,9 +23,14 @@ def _beyond(a, b):
     return a["mean"] - a["se"] > b["mean"] + b["se"]
 
 
+def unit_name(arm: str, background: bool) -> str:
+    """One arm in one background setting: its file's stem and its key in the report."""
+    return f"{arm}__{'bg' if background else 'nobg'}"
+
+
 def unit_path(ctx, arm: str, background: bool) -> str:
     """Where one arm's evaluation in one background setting is kept."""
-    return ctx.path("units", f"{arm}__{'bg' if background else 'nobg'}.json")
+    return ctx.path("units", f"{unit_name(arm, background)}.json")
 
 
 def log_path(unit: str) -> str:
@@ -191,9 +196,8 @@ def report(ctx, ws) -> dict:
         "consensus_effect": arm_difference(units, "5_consensus", "4_critic_se"),
         # does the critic separate the agreements of the negotiations it judged in the loop?
         "critic_in_loop": _critics_in_loop(ctx, units),
-        "units": {f"{arm}__{'bg' if bg else 'nobg'}": {k: u.get(k) for k in
-                                                       ("per_type", "overall", "negotiation", "engine",
-                                                        "wall_seconds", "episodes", "negotiator")}
+        "units": {unit_name(arm, bg): {k: u.get(k) for k in ("per_type", "overall", "negotiation", "engine",
+                                                               "wall_seconds", "episodes", "negotiator")}
                   for (arm, bg), u in sorted(units.items())},
     }
     os.makedirs(os.path.dirname(os.path.abspath(ctx.option("json"))), exist_ok=True)  # the plots go beside it
