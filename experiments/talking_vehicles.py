@@ -193,9 +193,11 @@ def main(argv=None) -> int:
         print()
         print(TV.variation_rows(results))
     differences = TV.method_differences(results)
-    if differences:
-        print()
-        print(TV.difference_lines(differences))
+    variation_differences = {v: TV.method_differences(results, variation=v) for v in preset.eval_variations}
+    for label, found in {"nominal": differences, **variation_differences}.items():
+        if found:
+            print(f"\n{label}:")
+            print(TV.difference_lines(found))
     story_method = next((m for m in ("distilled", "debrief", "zero_shot") if m in results), methods[0])
     payload = {
         "command": command_line(__file__, argv),
@@ -204,6 +206,7 @@ def main(argv=None) -> int:
         "results": {m: {k: v for k, v in r.items() if k != "storyboard"} for m, r in results.items()},
         "table": TV.table_rows(results, list(preset.scenarios)), "table3": TV.table3_rows(results),
         "variation_table": TV.variation_rows(results), "differences": differences,
+        "variation_differences": variation_differences,
         "storyboard": {"method": story_method, **results[story_method].get("storyboard", {})},
         "meta": run_metadata(benchmark="talking_vehicles", run_dir=run_dir),
     }

@@ -65,6 +65,13 @@ def test_method_differences_pair_rows_over_seeds_and_scenarios():
     assert (sr["mean"], sr["ci95"], sr["training_seeds"], sr["units"]) == (50.0, [0.0, 100.0], 2, 2)
     assert cr["mean"] == -50.0 and "communication (zero_shot - zero_shot_silent): SR +50.0 [+0.0, +100.0]" in \
         TV.difference_lines(d)
+    # in a held-out variation the same pairing reads each row's evaluation there; a row not
+    # evaluated in it pairs with nothing
+    varied = {"zero_shot_silent": dict(comm, variations={"scale1.3": silent}),
+              "zero_shot": dict(silent, variations={"scale1.3": comm}), "reflection": comm}
+    d = TV.method_differences(varied, variation="scale1.3")
+    assert list(d) == ["communication"] and d["communication"]["SR"]["mean"] == 50.0
+    assert TV.method_differences(varied)["communication"]["SR"]["mean"] == -50.0
 
 
 class Unparseable:

@@ -192,6 +192,10 @@ def test_render_dialogue_of_a_negotiated_episode(tmp_path):
 
     img = imread(path)
     assert img.shape[1] > 2 * img.shape[0]  # frames side by side, then the dialogue column
+    # a reply is drawn as written: its dollar signs are not TeX
+    odd = [dict(rec, conversation=[dict(m, text="I go $x^$ first") for m in rec["conversation"]])
+           for rec in policy.log]
+    assert imread(I.render_dialogue(results[0], odd, str(tmp_path / "odd.png"), frames=3)).shape == img.shape
     with pytest.raises(ValueError, match="keep_trajectory"):
         I.render_dialogue(dataclasses.replace(results[0], trajectory=None), policy.log, str(tmp_path / "x.png"))
 

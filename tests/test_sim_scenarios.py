@@ -126,3 +126,12 @@ def test_rule_based_avoids_accidents_with_messages_and_records():
     assert all(len(ax.patches) == 0 for ax in render_storyboard(empty, panels=2).axes)
     with tempfile.TemporaryDirectory() as d:
         assert os.path.getsize(render_episode(old, os.path.join(d, "old.png"))) > 10_000
+    # model text is drawn as written: dollar signs in a message are not TeX (a sampled message
+    # once stopped a whole Table 1 run at its storyboard)
+    odd = {**story, "messages": [[0.0, 197, "u:ii&&&(bb$$EEE"], [0.0, 198, "go $x^$ now"]]}
+    fig = render_storyboard(odd, panels=2)
+    with tempfile.TemporaryDirectory() as d:
+        fig.savefig(os.path.join(d, "odd.png"))
+        assert os.path.getsize(render_episode(odd, os.path.join(d, "odd_ep.png"))) > 10_000
+    # matplotlib shows an escaped dollar as a dollar
+    assert any("(bb$$EEE" in t.get_text().replace("\\$", "$") for ax in fig.axes for t in ax.texts)

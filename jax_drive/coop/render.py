@@ -65,6 +65,13 @@ def story_label(story: dict) -> str:
     return f"{story['scenario']} ({'accident-prone' if story['accident_prone'] else 'safe'}, {policy})"
 
 
+def as_written(text: str) -> str:
+    """``text`` (a model's message or reply) drawn as written: its dollar signs escaped, so
+    matplotlib does not read them as TeX (``parse_math=False`` is not enough: text wrapping
+    measures lines as mathtext regardless, and an odd reply then stops the plot)."""
+    return text.replace("$", r"\$")
+
+
 def story_extent(story: dict, pad: float) -> tuple[np.ndarray, np.ndarray] | None:
     """(2,) lower and upper corners of every present vehicle position, widened by ``pad`` m
     (None when no vehicle is ever present: let matplotlib fit the lanes)."""
@@ -120,7 +127,7 @@ def render_episode(episode, path, title: str | None = None, max_messages: int = 
     sent, size = story.get("messages_sent", len(story["messages"])), story.get("bytes_sent", "?")
     lines += ["", f"Messages ({sent}, {size} bytes):"]
     for t, vid, text in story["messages"][-max_messages:]:
-        lines.append(f"[{t:.1f}s] {vid}: {text[:70]}")
+        lines.append(as_written(f"[{t:.1f}s] {vid}: {text[:70]}"))
     side.text(0.0, 1.0, "\n".join(lines), va="top", fontsize=7, family="monospace", wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -156,7 +163,7 @@ def render_storyboard(episode, panels: int = 4, max_messages: int = 3, columns: 
         draw_frame(ax, story, int(k), extent)
         ax.set_title(f"t = {t:.1f} s", fontsize=9)
         sent = [(ts, vid, text) for ts, vid, text in story["messages"] if previous < ts <= t + 1e-9]
-        lines = [line for _, vid, text in sent[-max_messages:]
+        lines = [as_written(line) for _, vid, text in sent[-max_messages:]
                  for line in textwrap.wrap(f"{vid}: {text}", 58, max_lines=2, placeholder=" ...")]
         if len(sent) > max_messages:
             lines.insert(0, f"(+{len(sent) - max_messages} earlier)")

@@ -79,7 +79,7 @@ def render_dialogue(result, log: list[dict], path: str, frames: int = 4, max_lin
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from jax_drive.coop.render import as_story, draw_frame, story_extent, story_label
+    from jax_drive.coop.render import as_story, as_written, draw_frame, story_extent, story_label
 
     story = as_story(result)
     dt = story["decision_dt"]
@@ -112,7 +112,7 @@ def render_dialogue(result, log: list[dict], path: str, frames: int = 4, max_lin
                 lines.append(f"   critic: {f[:80]}")
     if len(lines) > max_lines:
         lines = lines[:max_lines - 1] + [f"... ({len(lines) - max_lines + 1} more lines)"]
-    side.text(0.0, 1.0, "\n".join(lines), va="top", fontsize=6.5, family="monospace")
+    side.text(0.0, 1.0, as_written("\n".join(lines)), va="top", fontsize=6.5, family="monospace")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return str(path)

@@ -294,19 +294,27 @@ def seed_scenario_matrix(result: dict, key: str) -> np.ndarray:
     return np.array([[by[(n, s)] for n in scenarios] for s in seeds], np.float64)
 
 
-def method_differences(results: dict[str, dict], pairs=METHOD_PAIRS, keys: Sequence[str] = ("SR", "CR")) -> dict:
+def method_differences(results: dict[str, dict], pairs=METHOD_PAIRS, keys: Sequence[str] = ("SR", "CR"),
+                       variation: str = "nominal") -> dict:
     """Whether communication, reflection and debrief change anything: for each pair of rows
-    both present, the paired difference of each ``key`` over the same episodes (row minus
-    baseline per seed and scenario; mean and the hierarchical bootstrap 95 % interval of
-    :func:`jax_drive.stats.paired_bootstrap`, seeds then scenarios, since the learning
-    methods learn per seed). {label: {"row", "baseline", key: {...}}}."""
+    both present (both evaluated in ``variation``), the paired difference of each ``key`` over
+    the same episodes (row minus baseline per seed and scenario; mean and the hierarchical
+    bootstrap 95 % interval of :func:`jax_drive.stats.paired_bootstrap`, seeds then scenarios,
+    since the learning methods learn per seed). {label: {"row", "baseline", key: {...}}}."""
     from jax_drive.stats import paired_bootstrap
+
+    def summary(method: str) -> dict | None:
+        result = results.get(method)
+        if result is None or variation == "nominal":
+            return result
+        return result.get("variations", {}).get(variation)
 
     out = {}
     for row, base, label in pairs:
-        if row in results and base in results:
+        mine, theirs = summary(row), summary(base)
+        if mine is not None and theirs is not None:
             out[label] = {"row": row, "baseline": base} | {
-                k: paired_bootstrap(seed_scenario_matrix(results[row], k) - seed_scenario_matrix(results[base], k),
+                k: paired_bootstrap(seed_scenario_matrix(mine, k) - seed_scenario_matrix(theirs, k),
                                     resample_seeds=True) for k in keys}
     return out
 
