@@ -127,11 +127,18 @@ def test_rule_based_avoids_accidents_with_messages_and_records():
     with tempfile.TemporaryDirectory() as d:
         assert os.path.getsize(render_episode(old, os.path.join(d, "old.png"))) > 10_000
     # model text is drawn as written: dollar signs in a message are not TeX (a sampled message
-    # once stopped a whole Table 1 run at its storyboard)
+    # once stopped a smoke run at its storyboard)
     odd = {**story, "messages": [[0.0, 197, "u:ii&&&(bb$$EEE"], [0.0, 198, "go $x^$ now"]]}
     fig = render_storyboard(odd, panels=2)
     with tempfile.TemporaryDirectory() as d:
         fig.savefig(os.path.join(d, "odd.png"))
         assert os.path.getsize(render_episode(odd, os.path.join(d, "odd_ep.png"))) > 10_000
-    # matplotlib shows an escaped dollar as a dollar
-    assert any("(bb$$EEE" in t.get_text().replace("\\$", "$") for ax in fig.axes for t in ax.texts)
+    # what matplotlib will show: every line plain text, equal to the message as written
+    from matplotlib.cbook import is_math_text
+
+    from jax_drive.coop.render import as_written
+
+    shown = [t._preprocess_math(line) for ax in fig.axes for t in ax.texts for line in t.get_text().split("\n")]
+    assert not any(math for _, math in shown) and any(s.endswith("197: u:ii&&&(bb$$EEE") for s, _ in shown)
+    for text in ("a $x^$ b", r"costs \$5", "$$"):
+        assert not is_math_text(as_written(text))

@@ -33,9 +33,9 @@ def unit_path(ctx, arm: str, background: bool) -> str:
     return ctx.path("units", f"{unit_name(arm, background)}.json")
 
 
-def log_path(unit: str) -> str:
-    """The negotiation log kept beside the evaluation unit at ``unit``."""
-    return unit.replace(".json", ".log.json")
+def log_path(unit_file: str) -> str:
+    """The negotiation log kept beside the evaluation unit saved at ``unit_file``."""
+    return os.path.splitext(unit_file)[0] + ".log.json"
 
 
 def current_units(ctx, ws) -> dict[tuple[str, bool], dict]:
