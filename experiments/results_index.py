@@ -129,7 +129,9 @@ CATALOGUE: dict[str, Entry] = {
     "talking_vehicles": Entry("TalkingVehicles Table 1 (cpu-demo): under the grammars (table1_grammar.json: "
                               "rule-based, silent and SmolLM2 zero-shot, reflection and debrief rows with command "
                               "mix and paired differences) and with free answers (talking_vehicles.json: "
-                              "zero-shot, reflection, debrief and distilled rows); JSON, CR / SR plots, storyboards"),
+                              "zero-shot, reflection, debrief and distilled rows), the distilled student retrained "
+                              "and evaluated on nominal and held-out scale1.3 episodes (distilled_heldout.json); "
+                              "JSON, CR / SR plots, storyboards"),
     "talking_vehicles/command_prior.json": Entry(
         "SmolLM2's masked command distribution on TalkingVehicles decision prompts, commands listed as "
         "prompted and reversed, at T = 1 and the agents' 0.2 (silent, the first listed command wins)",
