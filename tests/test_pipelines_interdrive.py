@@ -231,6 +231,31 @@ def test_results_of_another_negotiator_or_closed_loop_revision_are_run_again(tmp
                          json_path=str(tmp_path / "r.json"))
 
 
+def test_the_report_attaches_only_this_negotiators_probe_rl_and_fig5_records(tmp_path):
+    import json
+    import os
+
+    from jax_drive.pipelines.interdrive.pipeline import InterDriveWorkspace
+    from jax_drive.pipelines.interdrive.report import _attach_studies
+    from jax_drive.pipelines.stages import RunContext
+
+    options = {"engine": "teacher", "adapter": None, "json": str(tmp_path / "out" / "r.json"),
+               "episode_png": str(tmp_path / "none.png")}
+    ctx = RunContext(SMOKE, str(tmp_path), options)
+    os.makedirs(tmp_path / "rl")
+    records = {"probe.json": {"negotiator": "teacher", "n": 3, "agreement": 1.0},
+               "rl/summary.json": {"negotiator": "sft 300 steps"},
+               "fig5.json": {"negotiator": "teacher", "loop_revision": I.LOOP_REVISION - 1}}
+    for name, record in records.items():
+        (tmp_path / name).write_text(json.dumps(record))
+    report = {}
+    _attach_studies(ctx, InterDriveWorkspace(ctx), report, table={})
+    assert report["probe"] == records["probe.json"]
+    assert "negotiation_rl" not in report and "fig5" not in report
+    assert report["stale_records"] == {"rl/summary.json": "sft 300 steps, closed-loop revision 1",
+                                       "fig5.json": f"teacher, closed-loop revision {I.LOOP_REVISION - 1}"}
+
+
 def test_equal_shares_repeats_the_rarer_label_and_keeps_every_index_valid():
     from jax_drive.pipelines.interdrive.negotiator import equal_shares
 

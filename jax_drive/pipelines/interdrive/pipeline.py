@@ -264,7 +264,7 @@ def rl(ctx: RunContext, ws: InterDriveWorkspace) -> StageOutput:
         trained[seed] = load(out)["rows"]
     result = dict(R.summary(load(start_path)["rows"], trained), negotiator=ws.negotiator_id(), rl=settings,
                   curves=R.curves(ctx.run_dir, preset.rl.seeds), meta=run_metadata(command=ctx.option("command")))
-    if os.path.exists(ctx.path("probe.json")):  # what the start says, on held-out teacher prompts
+    if ws.current(ctx.path("probe.json"), closed_loop=False):  # what the start says, on held-out teacher prompts
         result["start_probe"] = {k: load(ctx.path("probe.json")).get(k) for k in ("n", "agreement", "majority", "model")}
     base = os.path.splitext(ctx.option("json"))[0] + "_rl"  # beside the report: <json>_rl.json / .png
     result["plot"] = R.plot(result, base + ".png")

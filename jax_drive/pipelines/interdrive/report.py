@@ -154,19 +154,33 @@ def _critics_in_loop(ctx, units: dict) -> dict:
     return out
 
 
-def _attach_studies(ctx, report: dict, table: dict) -> None:
-    """The SFT data, probe, SFT and Fig. 5 records and the plots, where the work directory has them."""
+def _negotiators_record(ctx, ws, path: str, closed_loop: bool, stale: dict) -> dict | None:
+    """The record at ``path`` when this run's negotiator made it (:meth:`made_here`); a record
+    another negotiator made is named in ``stale`` instead, so a report never shows it as its own."""
+    if not os.path.exists(path):
+        return None
+    record = _load(path)
+    if ws.made_here(record, closed_loop=closed_loop):
+        return record
+    stale[os.path.relpath(path, ctx.run_dir)] = ws.origin(record)
+    return None
+
+
+def _attach_studies(ctx, ws, report: dict, table: dict) -> None:
+    """The SFT data, probe, SFT, negotiation-RL and Fig. 5 records and the plots, where the work
+    directory has them; the probe, RL and Fig. 5 records only when this run's negotiator made them
+    (the others are listed under ``stale_records`` with who made them)."""
+    stale = {}
     if os.path.exists(ctx.path("sft_data.json")):
         report["sft_data"] = _load(ctx.path("sft_data.json"))["info"]
-    if os.path.exists(ctx.path("probe.json")):
-        report["probe"] = _load(ctx.path("probe.json"))
+    if (probe := _negotiators_record(ctx, ws, ctx.path("probe.json"), False, stale)) is not None:
+        report["probe"] = probe
     if os.path.exists(ctx.path("sft", "summary.json")):
         report["sft"] = _load(ctx.path("sft", "summary.json"))
-    if os.path.exists(ctx.path("rl", "summary.json")):
-        report["negotiation_rl"] = _load(ctx.path("rl", "summary.json"))
+    if (rl := _negotiators_record(ctx, ws, ctx.path("rl", "summary.json"), False, stale)) is not None:
+        report["negotiation_rl"] = rl
     base = os.path.splitext(ctx.option("json"))[0]
-    if os.path.exists(ctx.path("fig5.json")):
-        study = _load(ctx.path("fig5.json"))
+    if (study := _negotiators_record(ctx, ws, ctx.path("fig5.json"), True, stale)) is not None:
         report["fig5"] = {k: {kk: vv for kk, vv in v.items() if kk != "scores"} if isinstance(v, dict) else v
                           for k, v in study.items()}
         plot_fig5(study, base + "_fig5.png")
@@ -176,6 +190,8 @@ def _attach_studies(ctx, report: dict, table: dict) -> None:
         report["table2_plot"] = base + "_table2.png"
     if os.path.exists(ctx.option("episode_png")):
         report["episode_render"] = ctx.option("episode_png")
+    if stale:
+        report["stale_records"] = stale
 
 
 def report(ctx, ws) -> dict:
@@ -201,7 +217,7 @@ def report(ctx, ws) -> dict:
                   for (arm, bg), u in sorted(units.items())},
     }
     os.makedirs(os.path.dirname(os.path.abspath(ctx.option("json"))), exist_ok=True)  # the plots go beside it
-    _attach_studies(ctx, result, table)
+    _attach_studies(ctx, ws, result, table)
     write_json(ctx.option("json"), result)
     ctx.log(markdown_table(table))
     ctx.log(json.dumps(goals, indent=1))
