@@ -225,3 +225,7 @@ def test_distilled_start_stage_trains_once_and_becomes_the_start_and_distilled_r
     assert summary["summary"]["distilled"] == summary["summary"]["start"] | {"same_as": "start"}
     assert "distilled" not in summary["not_run"] and summary["distillation"] == info
     assert "distilled" in P.summarise(dataclasses.replace(base, eval_seeds=(0,)), one, {})["not_run"]
+    # a saved student passed as the model (the TalkingVehicles one) is the distilled row too
+    given = P.summarise(dataclasses.replace(base, eval_seeds=(0,), model=str(tmp_path / "start" / "model")), one, {})
+    assert given["summary"]["distilled"] == given["summary"]["start"] | {"same_as": "start"}
+    assert list(given["not_run"]) == ["zero_shot"] and str(tmp_path) in given["not_run"]["zero_shot"]

@@ -452,7 +452,7 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
         return None
     by_variation = {v: {m: {s: r[v] for s, r in seeds.items()} for m, seeds in rows.items()} for v in variations}
     results = summarise(preset, by_variation.pop("nominal"), curves, distilled)
-    results["variations"] = {v: comparison(preset, r, distilled is not None) | {"rows": _rows_record(r)}
+    results["variations"] = {v: comparison(preset, r, starts_distilled(preset, distilled)) | {"rows": _rows_record(r)}
                              for v, r in by_variation.items()}
     results["storyboard"] = story
     _write(os.path.join(out_dir, "results.json"), results)
@@ -485,19 +485,28 @@ def comparison(preset: Preset, rows: dict[str, dict[int, list[dict]]], distilled
                                          for k in ("sr_diff", "cr_diff")}}
 
 
+def starts_distilled(preset: Preset, distilled: dict | None) -> bool:
+    """Whether the start policy is a distilled student: distilled in this run (``distilled``,
+    its record) or a saved student's directory given as the preset's ``model``."""
+    return distilled is not None or os.path.isdir(preset.model)
+
+
 def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: dict,
               distilled: dict | None = None) -> dict:
     """The results on the nominal held-out episodes: preset, :func:`comparison`, the
     per-episode rows and the learning curves; with a distilled start (``distilled``: its data
-    and training record), its row is also the ``distilled`` row."""
-    compared = comparison(preset, rows, distilled is not None)
-    summary = compared["summary"]
+    and training record) or a saved student's directory as the preset's ``model`` (the
+    TalkingVehicles distilled student), its row is also the ``distilled`` row."""
+    compared = comparison(preset, rows, starts_distilled(preset, distilled))
     not_run = {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
                "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
                             "--method distilled); pass its directory as the preset's model to start from it"}
     if distilled is not None:
         not_run = {"zero_shot": f"the start policy is {preset.model!r} distilled from the language rule teacher; "
                                 "its zero-shot answers are not evaluated"}
+    elif starts_distilled(preset, distilled):
+        not_run = {"zero_shot": f"the start policy is the student saved in {preset.model} ({preset.start}); "
+                                "its base model's zero-shot answers are not evaluated"}
     return {"preset": preset_record(preset), "start_policy": preset.start, **compared, "not_run": not_run,
             "distillation": distilled, "rows": _rows_record(rows), "curves": {str(s): c for s, c in curves.items()}}
 
