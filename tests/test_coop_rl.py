@@ -97,6 +97,24 @@ def test_group_episodes_start_from_one_state_and_specs_differ():
     assert differs(0, 2 * G)
 
 
+def test_training_episodes_run_in_the_configured_world():
+    nominal = rl.training_specs(SCENARIOS, 0, 3, 4)
+    scaled = rl.training_specs(SCENARIOS, 0, 3, 4, variation="scale1.5")
+    assert [s.variation for s in scaled] == ["scale1.5"] * 4
+    assert [(s.scenario, s.index, s.split) for s in scaled] == [(s.scenario, s.index, s.split) for s in nominal]
+    # the same keys, the world scaled: every start position and speed x 1.5
+    base = EpisodeBatch([s.scenario for s in nominal], [s.key() for s in nominal],
+                        [s.accident_prone for s in nominal], max_time=2.0)
+    world = EpisodeBatch([s.scenario for s in scaled], [s.key() for s in scaled], [s.accident_prone for s in scaled],
+                         max_time=2.0, variations=[s.variation for s in scaled])
+    valid = np.stack([static["valid"] for static in base.statics])
+    assert valid.any(axis=1).all()
+    for name in ("x", "y", "speed"):
+        np.testing.assert_allclose(np.asarray(world.observe().state[name])[valid],
+                                   1.5 * np.asarray(base.observe().state[name])[valid], rtol=1e-5, atol=1e-4,
+                                   err_msg=name)
+
+
 def test_group_copies_sample_different_answers_from_the_same_prompt(rollout):
     first = collections.defaultdict(dict)  # (group, agent) -> {copy: DecisionTokens} at decision 0
     for d in rollout.policy.decisions:
@@ -298,6 +316,7 @@ def test_coop_grpo_train_two_steps(engine, tmp_path):
     (dict(scenarios=()), "scenarios"),
     (dict(max_rows=0), "max_rows"),
     (dict(agent=AgentConfig(temperature=0.0)), "temperature"),
+    (dict(variation="scale9"), "unknown scenario variation"),
 ])
 def test_config_errors(changes, message):
     with pytest.raises(ValueError, match=message):

@@ -155,6 +155,17 @@ def test_a_resume_that_adds_a_held_out_variation_only_adds_its_evaluations(refer
     assert code == 2 and "another preset (fields differ: distill_episodes)" in err
 
 
+def test_the_training_worlds_evaluation_is_named_so_and_other_scaled_worlds_held_out():
+    import dataclasses
+
+    smoke = P.PRESETS["smoke"]
+    preset = dataclasses.replace(smoke, train=dataclasses.replace(smoke.train, variation="scale1.5"),
+                                 eval_variations=("scale1.3", "scale1.5"))
+    assert P.variation_role(preset, "scale1.5") == "training world, held-out episodes"
+    assert P.variation_role(preset, "scale1.3") == "held-out variation"
+    assert P.variation_role(smoke, "scale1.5") == "held-out variation"  # smoke trains on nominal episodes
+
+
 def test_paired_difference_and_summary_on_hand_made_rows():
     start = [{"tag": t, "sr": s, "cr": c} for t, s, c in (("a", 0.0, 100.0), ("b", 50.0, 0.0), ("c", 100.0, 0.0))]
     trained = {0: [{"tag": "c", "sr": 100.0, "cr": 0.0}, {"tag": "a", "sr": 100.0, "cr": 0.0},

@@ -55,6 +55,7 @@ from jax_drive.rl.optim import OptimConfig, copy_tree
 from jax_drive.rollout import RolloutConfig
 from jax_drive.sampling import SamplingParams
 from jax_drive.sim import metrics as M
+from jax_drive.sim.variations import variation_scale
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -141,6 +142,8 @@ class CoopRLConfig(RecordUpdateSettings):
       groups_per_step: groups per trainer step (all run as one simulator batch).
       returns: the joint return.
       max_time: optional cap on training episodes' length, s.
+      variation: the world the training episodes run in (:mod:`jax_drive.sim.variations`;
+        'nominal', or a scaled world where the start policy still fails).
     """
 
     agent: AgentConfig = AgentConfig(style="compact", temperature=1.0, constrain_answers=True, max_message_chars=40)
@@ -148,10 +151,12 @@ class CoopRLConfig(RecordUpdateSettings):
     groups_per_step: int = 6
     returns: ReturnConfig = ReturnConfig()
     max_time: float | None = None
+    variation: str = "nominal"
 
     def __post_init__(self):
         if not self.scenarios:
             raise ValueError("scenarios must name at least one training scenario")
+        variation_scale(self.variation)  # ValueError naming the choices
         super().__post_init__()
         at_least(self, 1, "groups_per_step")
         if self.agent.temperature <= 0:
@@ -162,15 +167,17 @@ class CoopRLConfig(RecordUpdateSettings):
 
 
 # ----------------------------------------------------------------------------- groups
-def training_specs(scenarios: Sequence[str], seed: int, start: int, count: int) -> list[EpisodeSpec]:
-    """Episodes ``start .. start + count`` of the endless ``rl`` stream of ``seed``: episode k
+def training_specs(scenarios: Sequence[str], seed: int, start: int, count: int,
+                   variation: str = "nominal") -> list[EpisodeSpec]:
+    """Episodes ``start .. start + count`` of the endless ``rl`` stream of ``seed`` (in the
+    world ``variation``): episode k
     is scenario ``scenarios[k % S]`` in round ``r = k // S``, with index ``2 r + (r + k % S) % 2``
     (an even index is accident-prone): each scenario alternates accident-prone and safe from
     round to round, and consecutive scenarios of a round alternate too, so a step's groups mix
     both. Keys of the ``rl`` split never meet the evaluation's."""
     s = len(scenarios)
-    return [EpisodeSpec(scenarios[k % s], int(seed), 2 * (k // s) + (k // s + k % s) % 2, split="rl")
-            for k in range(start, start + count)]
+    return [EpisodeSpec(scenarios[k % s], int(seed), 2 * (k // s) + (k // s + k % s) % 2, split="rl",
+                        variation=variation) for k in range(start, start + count)]
 
 
 def group_specs(specs: Sequence[EpisodeSpec], group_size: int) -> list[EpisodeSpec]:
@@ -398,7 +405,7 @@ def coop_grpo_train(model, tokenizer, config: CoopRLConfig, *, engine=None,
 
     def step(state: RunState) -> StepOutcome:
         rng, k_roll, k_rows, k_mb = jax.random.split(state.rng, 4)
-        specs = training_specs(config.scenarios, config.seed, state.data_position, per_step)
+        specs = training_specs(config.scenarios, config.seed, state.data_position, per_step, config.variation)
         t0 = time.perf_counter()
         results, policy = rollout_groups(engine, config, specs, k_roll)
         t1 = time.perf_counter()

@@ -10,8 +10,9 @@ Stages, each resumable in the run directory:
    informative decisions, written in the action grammar's own format (what the trained policy
    will be made to write), fine-tune ``model`` into the start policy (``start/model``);
 1. **train** (``seed<s>/``, one per training seed): :func:`jax_drive.coop.rl.coop_grpo_train`
-   from the start policy (metrics.jsonl, TensorBoard, orbax checkpoints; a killed run
-   continues from its last checkpoint with ``--resume``);
+   from the start policy, on episodes of the ``rl`` split in the world ``train.variation``
+   (metrics.jsonl, TensorBoard, orbax checkpoints; a killed run continues from its last
+   checkpoint with ``--resume``);
 2. **evaluate** (``eval/<method>.json``, written when done, read back on resume): frozen
    weights on the held-out episodes (the ``eval`` split of ``eval_seeds``: disjoint from the
    ``rl`` training keys), the protocol of the TalkingVehicles Table 1 (accident-prone and safe
@@ -71,7 +72,9 @@ class Preset:
       eval_max_time: optional cap on evaluation episodes' length, s (None: each scenario's own).
       eval_variations: held-out variations (:mod:`jax_drive.sim.variations`) every policy is
         also evaluated on: the same held-out episodes in a world scaled outside the training
-        ranges. Adding one to a finished run only adds evaluations (a resume accepts it).
+        ranges. Adding one to a finished run only adds evaluations (a resume accepts it). The
+        training world (``train.variation``) may be one of them: its held-out episodes are
+        then new seeds of the training layouts, not a held-out world (:func:`variation_role`).
       max_batch: rows per sampler call.
       distill_episodes: 0 (``model`` is the start policy) or the language rule teacher's
         episodes per scenario per distillation seed; ``model`` fine-tuned on them is the start
@@ -452,11 +455,19 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
         return None
     by_variation = {v: {m: {s: r[v] for s, r in seeds.items()} for m, seeds in rows.items()} for v in variations}
     results = summarise(preset, by_variation.pop("nominal"), curves, distilled)
-    results["variations"] = {v: comparison(preset, r, starts_distilled(preset, distilled)) | {"rows": _rows_record(r)}
-                             for v, r in by_variation.items()}
+    results["variations"] = {v: {"role": variation_role(preset, v)} | comparison(
+        preset, r, starts_distilled(preset, distilled)) | {"rows": _rows_record(r)} for v, r in by_variation.items()}
     results["storyboard"] = story
     _write(os.path.join(out_dir, "results.json"), results)
     return results
+
+
+def variation_role(preset: Preset, variation: str) -> str:
+    """What an evaluated world is to the trained policies: the training world's evaluation
+    episodes are held-out seeds of the layouts they trained on; any other scaled world is held out."""
+    if variation == preset.train.variation:
+        return "training world, held-out episodes"
+    return "held-out variation"
 
 
 def _eval_path(out_dir: str, name: str, variation: str) -> str:
@@ -507,7 +518,8 @@ def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: di
     elif starts_distilled(preset, distilled):
         not_run = {"zero_shot": f"the start policy is the student saved in {preset.model} ({preset.start}); "
                                 "its base model's zero-shot answers are not evaluated"}
-    return {"preset": preset_record(preset), "start_policy": preset.start, **compared, "not_run": not_run,
+    return {"preset": preset_record(preset), "start_policy": preset.start, "role": variation_role(preset, "nominal"),
+            **compared, "not_run": not_run,
             "distillation": distilled, "rows": _rows_record(rows), "curves": {str(s): c for s, c in curves.items()}}
 
 
@@ -560,9 +572,11 @@ def _label(results: dict, method: str) -> str:
 
 def summary_table(results: dict) -> str:
     """Methods x (SR, CR, seeds) and the paired differences, as text: the nominal held-out
-    episodes, then each held-out variation."""
+    episodes, then each evaluated variation, each titled with its role (:func:`variation_role`)."""
     lines = []
-    for title, block in [("nominal", results)] + list(results.get("variations", {}).items()):
+    blocks = [("nominal", results)] + list(results.get("variations", {}).items())
+    for title, block in blocks:
+        title += f": {block['role']}" if "role" in block else ""  # older results have no roles
         lines.append(f"{'method (' + title + ')':32s} {'SR %':>14s} {'CR %':>14s} seeds")
         for name, row in block["summary"].items():
             sr, cr = row["sr"], row["cr"]

@@ -10,8 +10,10 @@ geometry all leave the training ranges (the builders jitter them by about +-0.5 
 (stopping distance grows as s^2), the IDM's gaps, sensing and radio ranges. A policy that
 learnt the nominal numbers meets speeds and distances it has never read.
 
-Names (:data:`VARIATIONS`): ``nominal`` (s = 1, the training distribution), ``scale0.75``
-and ``scale1.3``.
+Names (:data:`VARIATIONS`): ``nominal`` (s = 1, the training distribution), ``scale0.75``,
+``scale1.3`` and ``scale1.5``. A variation is either held out (evaluated, never trained on)
+or a training world of its own (coop-RL's ``train.variation``: episodes where a start policy
+distilled on nominal episodes still fails), never both in one run.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 
 from jax_drive.sim.state import Scenario
 
-VARIATIONS: dict[str, float] = {"nominal": 1.0, "scale0.75": 0.75, "scale1.3": 1.3}
+VARIATIONS: dict[str, float] = {"nominal": 1.0, "scale0.75": 0.75, "scale1.3": 1.3, "scale1.5": 1.5}
 # Sentinels above this magnitude (no stop line, no lane-change deadline, padding) stay as they are.
 _SENTINEL = 1e3
 
