@@ -139,10 +139,19 @@ def test_a_resume_that_adds_a_held_out_variation_only_adds_its_evaluations(refer
         "grpo_messages_dropped_seed0@scale1.3.json", "grpo_seed0@scale1.3.json", "rule_based@scale1.3.json",
         "start@scale1.3.json"]
     varied = after["variations"]["scale1.3"]
-    assert set(varied["summary"]) == {"rule_based", "start", "grpo", "grpo_messages_dropped"}
+    assert set(varied["summary"]) == {"rule_based", "start", "zero_shot", "grpo", "grpo_messages_dropped"}
+    assert varied["role"] == "held-out variation" and varied["summary"]["zero_shot"]["same_as"] == "start"
     tags = [r["tag"] for r in varied["rows"]["start"]["0"]]
     assert tags == [r["tag"] + "/scale1.3" for r in after["rows"]["start"]["0"]]  # the same episodes, scaled
-    assert varied["grpo_vs_start"]["sr_diff"]["episodes"] == len(tags) and "method (scale1.3)" in out
+    assert varied["grpo_vs_start"]["sr_diff"]["episodes"] == len(tags) and "method (scale1.3: held-out" in out
+    # a zero-shot model added on resume: its evaluations only, in every evaluated world
+    code, out, err = _cli(capsys, run, True, "--set", 'eval_variations=["scale1.3"]', "--set", "zero_shot_model=tiny")
+    assert code == 0, err[-2000:]
+    zero = json.loads((run / "results.json").read_text())
+    assert (run / "eval" / "zero_shot.json").exists() and (run / "eval" / "zero_shot@scale1.3.json").exists()
+    for block in (zero, zero["variations"]["scale1.3"]):
+        assert "same_as" not in block["summary"]["zero_shot"] and block["summary"]["zero_shot"]["seeds"] == 1
+    assert zero["rows"]["start"] == before["rows"]["start"] and list(zero["not_run"]) == ["distilled"]
     code, _, err = _cli(capsys, run, True, "--set", 'eval_variations=["nominal"]')
     assert code == 2 and "eval_variations must be distinct names among" in err
     # a run recorded before a field existed ran with its default: accepted; another value is not
@@ -240,3 +249,12 @@ def test_distilled_start_stage_trains_once_and_becomes_the_start_and_distilled_r
     given = P.summarise(dataclasses.replace(base, eval_seeds=(0,), model=str(tmp_path / "start" / "model")), one, {})
     assert given["summary"]["distilled"] == given["summary"]["start"] | {"same_as": "start"}
     assert list(given["not_run"]) == ["zero_shot"] and str(tmp_path) in given["not_run"]["zero_shot"]
+    # ... whose base model's zero-shot answers, when evaluated, are a row of their own
+    zero = [{"tag": "a", "seed": 0, "sr": 0.0, "cr": 0.0}, {"tag": "b", "seed": 0, "sr": 0.0, "cr": 100.0}]
+    with_zero = P.summarise(dataclasses.replace(base, eval_seeds=(0,), model=str(tmp_path / "start" / "model"),
+                                                zero_shot_model="tiny"), one | {"zero_shot": {0: zero}}, {})
+    assert with_zero["summary"]["zero_shot"]["sr"]["mean"] == 0.0 and with_zero["summary"]["zero_shot"]["seeds"] == 1
+    assert with_zero["summary"]["zero_shot"]["cr"]["mean"] == 50.0 and with_zero["not_run"] == {}
+    # a start that is not distilled is the zero-shot policy itself
+    plain = P.summarise(dataclasses.replace(base, eval_seeds=(0,)), one, {})
+    assert plain["summary"]["zero_shot"] == plain["summary"]["start"] | {"same_as": "start"}

@@ -16,7 +16,8 @@ Stages, each resumable in the run directory:
 2. **evaluate** (``eval/<method>.json``, written when done, read back on resume): frozen
    weights on the held-out episodes (the ``eval`` split of ``eval_seeds``: disjoint from the
    ``rl`` training keys), the protocol of the TalkingVehicles Table 1 (accident-prone and safe
-   episodes alternate): ``rule_based`` and ``start`` once, ``grpo`` and
+   episodes alternate): ``rule_based`` and ``start`` once (``zero_shot`` too with a
+   ``zero_shot_model``), ``grpo`` and
    ``grpo_messages_dropped`` (the trained policy with messages dropped: no agent sends,
    every inbox stays empty) per training seed;
 3. **summary** (``results.json``): per method SR / CR mean and standard error over seeds
@@ -76,6 +77,10 @@ class Preset:
         training world (``train.variation``) may be one of them: its held-out episodes are
         then new seeds of the training layouts, not a held-out world (:func:`variation_role`).
       max_batch: rows per sampler call.
+      zero_shot_model: None, or a model source (the base model of a distilled start, e.g.
+        'smollm2-135m-instruct') whose zero-shot answers, under the start's prompts, grammar
+        and decoding, are also evaluated: the ``zero_shot`` row. A start that is not distilled
+        is itself the ``zero_shot`` row. Adding it to a finished run only adds evaluations.
       distill_episodes: 0 (``model`` is the start policy) or the language rule teacher's
         episodes per scenario per distillation seed; ``model`` fine-tuned on them is the start
         policy (the ``distilled`` row).
@@ -96,6 +101,7 @@ class Preset:
     eval_temperature: float = 0.2
     eval_max_time: float | None = None
     eval_variations: tuple[str, ...] = ()
+    zero_shot_model: str | None = None
     max_batch: int = 128
     distill_episodes: int = 0
     distill_seeds: tuple[int, ...] = (0, 1, 2)
@@ -355,7 +361,7 @@ def preset_record(preset: Preset) -> dict:
 
 
 # Fields whose change only adds evaluations to a run: a resume accepts it (and records it).
-EVAL_ONLY_FIELDS = ("eval_variations",)
+EVAL_ONLY_FIELDS = ("eval_variations", "zero_shot_model")
 
 
 def check_run_dir(preset: Preset, out_dir: str, resume: bool) -> None:
@@ -435,6 +441,8 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
         return LanguagePolicy(make_engine(preset, model, tokenizer), preset.eval_agent(), name="start")
 
     rows["start"] = {0: evaluate("start", start_policy)}
+    if preset.zero_shot_model is not None:
+        rows["zero_shot"] = {0: evaluate("zero_shot", lambda: zero_shot_policy(preset))}
     rows["grpo"], rows["grpo_messages_dropped"], curves, story = {}, {}, {}, None
     for seed in preset.training_seeds if only_seed is None else (only_seed,):
         seed_dir = os.path.join(out_dir, f"seed{seed}")
@@ -470,6 +478,15 @@ def variation_role(preset: Preset, variation: str) -> str:
     return "held-out variation"
 
 
+def zero_shot_policy(preset: Preset):
+    """``zero_shot_model`` answering as the start policy does (prompts, grammar, decoding)."""
+    from jax_drive.coop.agent import LanguagePolicy
+    from jax_drive.pipelines.engines import ModelSpec, load_model
+
+    model, tokenizer = load_model(ModelSpec(preset.zero_shot_model))
+    return LanguagePolicy(make_engine(preset, model, tokenizer), preset.eval_agent(), name="zero_shot")
+
+
 def _eval_path(out_dir: str, name: str, variation: str) -> str:
     return os.path.join(out_dir, "eval", name + ("" if variation == "nominal" else f"@{variation}") + ".json")
 
@@ -481,13 +498,16 @@ def _rows_record(rows: dict[str, dict[int, list[dict]]]) -> dict:
 def comparison(preset: Preset, rows: dict[str, dict[int, list[dict]]], distilled: bool = False) -> dict:
     """On one set of held-out episodes: the per-method summary (untrained rows: one "seed"
     per evaluation seed; ``distilled``: the start is the distilled policy, its row also named
-    so), grpo - start and messages dropped - grpo paired differences."""
-    by_eval_seed = {m: {s: [r for r in rows[m][0] if r["seed"] == s] for s in preset.eval_seeds}
-                    for m in ("rule_based", "start")}
+    so; else the start is the zero-shot policy, also named so, unless a ``zero_shot`` row was
+    evaluated), grpo - start and messages dropped - grpo paired differences."""
+    untrained = [m for m in ("rule_based", "zero_shot", "start") if m in rows]
+    by_eval_seed = {m: {s: [r for r in rows[m][0] if r["seed"] == s] for s in preset.eval_seeds} for m in untrained}
     summary = {m: method_summary(by_eval_seed[m]) for m in by_eval_seed}
     summary |= {m: method_summary(rows[m]) for m in ("grpo", "grpo_messages_dropped")}
     if distilled:
         summary["distilled"] = summary["start"] | {"same_as": "start"}
+    elif "zero_shot" not in summary:
+        summary["zero_shot"] = summary["start"] | {"same_as": "start"}
     start = rows["start"][0]
     return {"summary": summary,
             "grpo_vs_start": {"sr_diff": paired_difference(rows["grpo"], start, "sr"),
@@ -509,15 +529,15 @@ def summarise(preset: Preset, rows: dict[str, dict[int, list[dict]]], curves: di
     and training record) or a saved student's directory as the preset's ``model`` (the
     TalkingVehicles distilled student), its row is also the ``distilled`` row."""
     compared = comparison(preset, rows, starts_distilled(preset, distilled))
-    not_run = {"zero_shot": "the start policy is the zero-shot policy of this preset's model",
-               "distilled": "needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
-                            "--method distilled); pass its directory as the preset's model to start from it"}
-    if distilled is not None:
-        not_run = {"zero_shot": f"the start policy is {preset.model!r} distilled from the language rule teacher; "
-                                "its zero-shot answers are not evaluated"}
-    elif starts_distilled(preset, distilled):
-        not_run = {"zero_shot": f"the start policy is the student saved in {preset.model} ({preset.start}); "
-                                "its base model's zero-shot answers are not evaluated"}
+    not_run = {}
+    if not starts_distilled(preset, distilled):
+        not_run["distilled"] = ("needs the TalkingVehicles distilled student (experiments/talking_vehicles.py "
+                                "--method distilled); pass its directory as the preset's model to start from it")
+    elif "zero_shot" not in rows:
+        start = (f"{preset.model!r} distilled from the language rule teacher" if distilled is not None
+                 else f"the student saved in {preset.model} ({preset.start})")
+        not_run["zero_shot"] = (f"the start policy is {start}; its base model's zero-shot answers are not evaluated "
+                                "(zero_shot_model names a model whose zero-shot answers are then evaluated)")
     return {"preset": preset_record(preset), "start_policy": preset.start, "role": variation_role(preset, "nominal"),
             **compared, "not_run": not_run,
             "distillation": distilled, "rows": _rows_record(rows), "curves": {str(s): c for s, c in curves.items()}}
