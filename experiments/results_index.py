@@ -138,7 +138,8 @@ CATALOGUE: dict[str, Entry] = {
         "python experiments/diagnostics/tv_command_prior.py "
         "--json experiments/results/talking_vehicles/command_prior.json"),
     "coop_rl": Entry("Talking vehicles trained by RL (jax-drive coop-rl): tiny-study here, tiny-distilled in "
-                     "tiny_distilled/, a SmolLM2 pilot (1 seed, 2 steps) in smollm2_pilot/; SR / CR of the start, trained and messages-dropped policies on held-out "
+                     "tiny_distilled/, SmolLM2 pilots in smollm2_pilot/ (1 seed, 2 steps) and smollm2_scaled/ (trained "
+                     "at scale 1.5, 1 seed, 10 steps); SR / CR of the start, trained and messages-dropped policies on held-out "
                      "episodes and a held-out variation, paired differences, curves, storyboard, each training "
                      "seed's metrics"),
     "coop_rl/tiny_distilled/coop_rl_distilled.json": Entry(
@@ -147,6 +148,10 @@ CATALOGUE: dict[str, Entry] = {
     "coop_rl/smollm2_pilot/coop_rl_smollm2_pilot.json": Entry(
         "a SmolLM2 pilot (cpu-demo from the TalkingVehicles distilled student, 1 training seed, 2 steps, "
         "12 held-out episodes): every advantage 0, the start never fails in training"),
+    "coop_rl/smollm2_scaled/coop_rl_smollm2_scaled.json": Entry(
+        "the second SmolLM2 pilot: the same start trained at scale 1.5 where it fails (1 training seed, 10 steps), "
+        "with the base model's zero-shot row; evaluated on nominal, held-out scale1.3 and the training world's "
+        "held-out episodes"),
     "interdrive": Entry("CoLMDriver Table 2 on the InterDrive types, with Table 2, Fig. 5 and episode plots"),
     "interdrive/interdrive.json": Entry("the fine-tuned SmolLM2 negotiator"),
     "interdrive/interdrive_critic.json": Entry("the consensus critic alone: base and critic-only LoRA, separation AUC "

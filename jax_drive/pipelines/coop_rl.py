@@ -567,7 +567,8 @@ def plot_curves(results: dict, path: str) -> str:
     for ax in axes[:2]:
         ax.legend(fontsize=8)
     names = [m for m, row in results["summary"].items() if "same_as" not in row]  # one bar per policy
-    sets = {"nominal": results["summary"]} | {v: b["summary"] for v, b in results.get("variations", {}).items()}
+    blocks = {"nominal": results} | results.get("variations", {})
+    sets = {_world_label(v, b): b["summary"] for v, b in blocks.items()}
     width = 0.8 / len(sets)
     for ax, key in zip(axes[2:], ("sr", "cr")):
         for k, (label, summary) in enumerate(sets.items()):
@@ -582,6 +583,11 @@ def plot_curves(results: dict, path: str) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _world_label(variation: str, block: dict) -> str:
+    """A world's legend entry: its name, and 'training world' where the policies trained."""
+    return variation + (" (training world)" if block.get("role", "").startswith("training") else "")
 
 
 def _label(results: dict, method: str) -> str:
