@@ -4,7 +4,8 @@ is, the command that produced each results file, and the README / docs sections 
     python experiments/results_index.py           # rewrite the index
     python experiments/results_index.py --check   # exit 1 if the index is stale or a check fails
 
-Commands come from a file's ``meta.command`` (or its top-level ``command``); files written
+Commands come from a file's ``meta.invocation`` (the whole command line), else its
+``meta.command`` (or its top-level ``command``); files written
 before scripts recorded their command take the documented one from ``CATALOGUE`` (marked so
 in the index). The checks, which ``tests/test_results_index.py`` runs: every entry is described
 in ``CATALOGUE`` and cited by the README or a ``docs/`` page; every ``experiments/results/...``
@@ -250,7 +251,7 @@ def _command(results: Path, rel: str, catalogue: dict[str, Entry]) -> tuple[str,
         payload = None
     if isinstance(payload, dict):
         meta = payload.get("meta") if isinstance(payload.get("meta"), dict) else {}
-        recorded = meta.get("command") or payload.get("command")
+        recorded = meta.get("invocation") or meta.get("command") or payload.get("command")
         if isinstance(recorded, str) and recorded.strip():
             return recorded.strip(), True
     documented = next((e.command for e in _ancestry(catalogue, rel) if e.command), "(not recorded)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import datetime as dt
 import json
 import math
@@ -183,6 +184,25 @@ def script_environment(*, cpu: bool = True) -> None:
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The command line of the entry point now running (set by :func:`invoked`), which
+# :func:`run_metadata` records: a results file then says exactly how it was made.
+_INVOCATION: contextvars.ContextVar[str | None] = contextvars.ContextVar("invocation", default=None)
+
+
+@contextlib.contextmanager
+def invoked(prog: str, argv: list[str] | None = None):
+    """Within the block, :func:`run_metadata` records ``prog`` and ``argv`` (default
+    ``sys.argv[1:]``) as ``invocation``; a script's path (``*.py``) is written as
+    :func:`command_line` writes it."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    text = command_line(prog, args) if prog.endswith(".py") else shlex.join([prog, *args])
+    token = _INVOCATION.set(text)
+    try:
+        yield text
+    finally:
+        _INVOCATION.reset(token)
+
+
 def command_line(script: str, argv: list[str] | None = None) -> str:
     """How to rerun a script: ``python <script relative to the checkout> <args>`` (args: sys.argv[1:] when None)."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -216,7 +236,8 @@ def run_metadata(**extra: Any) -> dict[str, Any]:
     Keys: ``date_utc``, ``git_commit`` (``+dirty`` after uncommitted changes), ``platform``, ``python``, ``cpu_count``, ``cpu_affinity``
     (the cores this process may use, e.g. under ``taskset``), ``load_average`` ([1, 5, 15] min), ``xla_flags``, ``jax_version``, ``jax_devices``
     (the last two only when JAX is already imported, so asking never starts a backend),
-    plus ``extra``.
+    ``invocation`` (the full command line, inside :func:`invoked`: every ``jax-drive``
+    command), plus ``extra``.
     """
     meta: dict[str, Any] = {
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -232,6 +253,8 @@ def run_metadata(**extra: Any) -> dict[str, Any]:
     if jax is not None:
         meta["jax_version"] = jax.__version__
         meta["jax_devices"] = [str(d) for d in jax.devices()]
+    if _INVOCATION.get() is not None:
+        meta["invocation"] = _INVOCATION.get()
     meta.update(extra)
     return meta
 
@@ -342,7 +365,8 @@ def parse_and_run(add_arguments: Callable[[argparse.ArgumentParser], None], run:
         args = parser.parse_args(argv)
     except SystemExit as stop:
         return int(stop.code or 0)
-    return run_main(lambda _: run(args))
+    with invoked(parser.prog, argv):
+        return run_main(lambda _: run(args))
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:

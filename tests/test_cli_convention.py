@@ -5,6 +5,7 @@ bad input, no results file written by a failed run."""
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import re
 import subprocess
@@ -151,6 +152,8 @@ def test_chat_one_shot_writes_json_with_meta(tmp_path, capsys):
                  "--json", str(out)]) == 0
     reply = json.loads(out.read_text())
     assert reply["meta"]["command"] == "chat" and "date_utc" in reply["meta"]
+    assert reply["meta"]["invocation"] == shlex.join(["jax-drive", "chat", "--model", str(tmp_path / "ckpt"), "--prompt",
+                                                      "hi", "--max-new-tokens", "3", "--json", str(out)])
     assert 1 <= reply["num_tokens"] <= 3 and reply["messages"][0] == {"role": "user", "content": "hi"}
     assert reply["reply"] == capsys.readouterr().out.strip()
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jax_drive.runinfo import (InputError, add_output_args, check_output, command_line, finite_float, output_problem,
-                               require_min, require_range, run_main, run_metadata, script_environment, wall_times,
-                               write_json, write_results)
+from jax_drive.runinfo import (InputError, add_output_args, check_output, command_line, finite_float, invoked,
+                               output_problem, parse_and_run, require_min, require_range, run_main, run_metadata,
+                               script_environment, wall_times, write_json, write_results)
 
 
 def test_metadata_keys():
@@ -18,6 +18,20 @@ def test_metadata_keys():
                 "xla_flags"):
         assert key in meta
     assert meta["benchmark"] == "x"
+
+
+def test_metadata_records_the_whole_command_line_inside_invoked():
+    assert "invocation" not in run_metadata()
+    with invoked("jax-drive", ["coop-rl", "--set", "start=a b"]) as text:
+        assert run_metadata()["invocation"] == text == "jax-drive coop-rl --set 'start=a b'"
+    assert "invocation" not in run_metadata()  # only while the command runs
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "coop_rl.py")
+    with invoked(script, ["--preset", "smoke"]):
+        assert run_metadata()["invocation"] == "python experiments/coop_rl.py --preset smoke"
+    seen = []
+    parse_and_run(lambda p: p.add_argument("--n"), lambda a: seen.append(run_metadata()["invocation"]) or 0,
+                  ["--n", "3"], prog="demo")
+    assert seen == ["demo --n 3"]
 
 
 def test_git_commit_marks_uncommitted_changes(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import argparse
 import importlib
 import sys
 
-from jax_drive.runinfo import run_main
+from jax_drive.runinfo import invoked, run_main
 
 # sub-command name -> module under jax_drive.cli that registers it
 COMMAND_MODULES = {
@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _dispatch(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    with invoked("jax-drive", argv):  # results files record the whole command line
+        return int(args.func(args) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
