@@ -470,12 +470,13 @@ def run(preset: Preset, out_dir: str, *, resume: bool = False, progress: bool = 
     return results
 
 
+TRAINING_WORLD, HELD_OUT_WORLD = "training world, held-out episodes", "held-out variation"
+
+
 def variation_role(preset: Preset, variation: str) -> str:
     """What an evaluated world is to the trained policies: the training world's evaluation
     episodes are held-out seeds of the layouts they trained on; any other scaled world is held out."""
-    if variation == preset.train.variation:
-        return "training world, held-out episodes"
-    return "held-out variation"
+    return TRAINING_WORLD if variation == preset.train.variation else HELD_OUT_WORLD
 
 
 def zero_shot_policy(preset: Preset):
@@ -587,7 +588,7 @@ def plot_curves(results: dict, path: str) -> str:
 
 def _world_label(variation: str, block: dict) -> str:
     """A world's legend entry: its name, and 'training world' where the policies trained."""
-    return variation + (" (training world)" if block.get("role", "").startswith("training") else "")
+    return variation + (" (training world)" if block.get("role") == TRAINING_WORLD else "")
 
 
 def _label(results: dict, method: str) -> str:
